@@ -1,0 +1,24 @@
+//! Builds profiler-ebpf for bpfel-unknown-none and leaves the object in OUT_DIR, where
+//! src/bpf embeds it. The eBPF crate is compiled by Debian's rustc-web (which ships a prebuilt
+//! `core` for the BPF target) while the rest of the workspace uses the default toolchain;
+//! `cargo xtask setup` installs it. See docs/toolchain.md.
+use std::{env, path::PathBuf};
+
+fn main() -> anyhow::Result<()> {
+    println!("cargo:rerun-if-env-changed=PROFILER_EBPF_TOOLCHAIN");
+    let toolchain = env::var("PROFILER_EBPF_TOOLCHAIN").unwrap_or_else(|_| "/usr".to_owned());
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
+    let root = manifest.join("../profiler-ebpf");
+    let root = root.to_str().expect("utf-8 path");
+    // aya-ebpf needs one unstable feature (asm_experimental_arch); allowing it for that crate
+    // alone keeps stable everywhere else and keeps aya-build from adding -Z build-std.
+    // SAFETY: build scripts are single-threaded at this point.
+    unsafe { env::set_var("RUSTC_BOOTSTRAP", "aya_ebpf") };
+    aya_build::build_ebpf(
+        [aya_build::Package { name: "profiler-ebpf", root_dir: root, ..Default::default() }],
+        aya_build::Toolchain::Custom(&toolchain),
+    )
+    .map_err(|e| {
+        anyhow::anyhow!("building the eBPF programs failed ({e:#}); run `cargo xtask setup` first")
+    })
+}

@@ -1,0 +1,155 @@
+//! First stage on the user side: load the embedded sampler object, set its load-time globals,
+//! attach it to a perf event on every online CPU, and hand the maps to the collector.
+use std::path::Path;
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        PerfEvent,
+        perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+use profiler_common::{
+    GLOBAL_FILTER_PIDS, MAP_COUNTERS, MAP_PID_FILTER, MAP_SAMPLES, PROGRAM_NAME, counter,
+};
+
+/// The sampler object, built by build.rs from profiler-ebpf.
+static SAMPLER_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
+
+/// What the sampler is driven by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Event {
+    /// Software timer (works everywhere, also in VMs without a PMU).
+    CpuClock,
+    /// Hardware CPU cycles (needs a hardware PMU).
+    Cycles,
+}
+
+impl Event {
+    pub fn name(self) -> &'static str {
+        match self {
+            Event::CpuClock => "cpu-clock",
+            Event::Cycles => "cycles",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error("loading the eBPF sampler failed: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("the eBPF sampler was rejected: {0}")]
+    Program(#[from] aya::programs::ProgramError),
+    #[error("eBPF map error: {0}")]
+    Map(#[from] aya::maps::MapError),
+    #[error("the eBPF object has no {0}")]
+    Missing(&'static str),
+    #[error("cannot list online CPUs ({0}): {1}")]
+    Cpus(&'static str, std::io::Error),
+    #[error(
+        "--event cycles needs a hardware PMU and this machine has none \
+         (no /sys/bus/event_source/devices/cpu); use --event cpu-clock"
+    )]
+    NoPmu,
+}
+
+/// The sampler, attached: dropping it detaches from every CPU.
+pub struct Sampler {
+    // Dropping Ebpf unloads the program and closes the perf events (see `detach`).
+    ebpf: Option<Ebpf>,
+    counters: PerCpuArray<MapData, u64>,
+    program_id: Option<u32>,
+    /// CPUs the program is attached on.
+    pub cpus: Vec<u32>,
+}
+
+/// Counters kept by the sampler (sums over CPUs); see `profiler_common::counter`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelCounters {
+    pub sent: u64,
+    pub lost_ringbuf_full: u64,
+    pub filtered: u64,
+    pub kstack_failed: u64,
+    pub ustack_failed: u64,
+}
+
+/// Options for `Sampler::start`.
+pub struct SamplerConfig<'a> {
+    pub event: Event,
+    /// Samples per second per CPU.
+    pub frequency_hz: u64,
+    /// Sample only these processes (tgids); empty = all.
+    pub pids: &'a [u32],
+}
+
+impl Sampler {
+    /// Loads and attaches. Needs CAP_BPF + CAP_PERFMON (or root). Returns the sampler and the
+    /// ring buffer its samples stream through.
+    pub fn start(config: &SamplerConfig<'_>) -> Result<(Self, RingBuf<MapData>), BpfError> {
+        if config.event == Event::Cycles && !Path::new("/sys/bus/event_source/devices/cpu").exists() {
+            return Err(BpfError::NoPmu);
+        }
+        let filter: u8 = u8::from(!config.pids.is_empty());
+        let mut ebpf = EbpfLoader::new()
+            .override_global(GLOBAL_FILTER_PIDS, &filter, true)
+            .load(SAMPLER_OBJECT)?;
+
+        if !config.pids.is_empty() {
+            let mut map: HashMap<_, u32, u8> =
+                HashMap::try_from(ebpf.map_mut(MAP_PID_FILTER).ok_or(BpfError::Missing("pid map"))?)?;
+            for pid in config.pids {
+                map.insert(pid, 1, 0)?;
+            }
+        }
+        let cpus = aya::util::online_cpus().map_err(|(what, e)| BpfError::Cpus(what, e))?;
+        let (perf_config, policy) = match config.event {
+            // A fixed period in ns gives evenly spaced samples on the timer.
+            Event::CpuClock => (
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                SamplePolicy::Period(1_000_000_000 / config.frequency_hz),
+            ),
+            Event::Cycles => (
+                PerfEventConfig::Hardware(HardwareEvent::CpuCycles),
+                SamplePolicy::Frequency(config.frequency_hz),
+            ),
+        };
+        let program: &mut PerfEvent = ebpf
+            .program_mut(PROGRAM_NAME)
+            .ok_or(BpfError::Missing("sampler program"))?
+            .try_into()?;
+        program.load()?;
+        let program_id = program.info().ok().map(|info| info.id());
+        for &cpu in &cpus {
+            program.attach(perf_config, PerfEventScope::AllProcessesOneCpu { cpu }, policy, false)?;
+        }
+        let samples = RingBuf::try_from(ebpf.take_map(MAP_SAMPLES).ok_or(BpfError::Missing("ring buffer"))?)?;
+        let counters =
+            PerCpuArray::try_from(ebpf.take_map(MAP_COUNTERS).ok_or(BpfError::Missing("counters"))?)?;
+        Ok((Sampler { ebpf: Some(ebpf), counters, program_id, cpus }, samples))
+    }
+
+    /// Stops sampling on every CPU; the ring buffer and counters stay readable.
+    pub fn detach(&mut self) {
+        self.ebpf = None;
+    }
+
+    /// The loaded program's id (for `bpftool prog show id N` and BPF statistics).
+    pub fn program_id(&self) -> Option<u32> {
+        self.program_id
+    }
+
+    /// Current counter values, summed over CPUs.
+    pub fn counters(&self) -> Result<KernelCounters, BpfError> {
+        let read = |index: u32| -> Result<u64, BpfError> {
+            Ok(self.counters.get(&index, 0)?.iter().sum())
+        };
+        Ok(KernelCounters {
+            sent: read(counter::SENT)?,
+            lost_ringbuf_full: read(counter::LOST_RINGBUF_FULL)?,
+            filtered: read(counter::FILTERED)?,
+            kstack_failed: read(counter::KSTACK_FAILED)?,
+            ustack_failed: read(counter::USTACK_FAILED)?,
+        })
+    }
+}

@@ -1,0 +1,130 @@
+//! Facts that vanish with a process, taken while it lives: its exe and comm, and for each user
+//! address the file it maps and the offset in that file ("normalization", via blazesym). With
+//! those, symbolization can happen later, even after the process exits.
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+};
+
+use blazesym::normalize::{Normalizer, UserMeta};
+
+use crate::profile::Process;
+
+/// A mapped file that user addresses fall in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserFile {
+    /// Path as the process saw it.
+    pub path: PathBuf,
+    /// GNU build id, when the file has one.
+    pub build_id: Option<Vec<u8>>,
+}
+
+/// Where a user address points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UserLoc {
+    /// In `ProcessTable::files[file]`, at this file offset.
+    File { file: u32, offset: u64 },
+    /// Anonymous memory, vdso, or the process was gone before we looked.
+    Unknown,
+}
+
+pub struct ProcessTable {
+    pub processes: BTreeMap<u32, Process>,
+    pub files: Vec<UserFile>,
+    file_ids: HashMap<PathBuf, u32>,
+    /// Every (pid, address) seen, resolved or not yet.
+    pub locs: HashMap<(u32, u64), UserLoc>,
+    /// Addresses seen since the last `resolve_pending`, per pid.
+    pending: HashMap<u32, Vec<u64>>,
+    normalizer: Normalizer,
+}
+
+impl Default for ProcessTable {
+    fn default() -> Self {
+        Self {
+            processes: BTreeMap::new(),
+            files: Vec::new(),
+            file_ids: HashMap::new(),
+            locs: HashMap::new(),
+            pending: HashMap::new(),
+            // No VMA caching: a process may map new code (dlopen) between two looks.
+            normalizer: Normalizer::builder()
+                .enable_vma_caching(false)
+                .enable_build_ids(true)
+                .enable_build_id_caching(true)
+                .build(),
+        }
+    }
+}
+
+impl ProcessTable {
+    /// Notes a sample of `pid` with these user addresses.
+    pub fn saw(&mut self, pid: u32, user_addrs: &[u64]) {
+        if pid == 0 {
+            return; // the idle task
+        }
+        self.processes.entry(pid).or_insert_with(|| read_process(pid));
+        for &addr in user_addrs {
+            self.locs.entry((pid, addr)).or_insert_with(|| {
+                self.pending.entry(pid).or_default().push(addr);
+                UserLoc::Unknown
+            });
+        }
+    }
+
+    /// Maps every pending address to (file, offset), reading /proc/PID/maps of live processes.
+    pub fn resolve_pending(&mut self) {
+        for (pid, addrs) in std::mem::take(&mut self.pending) {
+            let normalized = match self.normalizer.normalize_user_addrs(pid.into(), &addrs) {
+                Ok(n) => n,
+                Err(e) => {
+                    log::debug!("pid {pid}: cannot read its mappings: {e}");
+                    continue; // the addresses stay Unknown
+                }
+            };
+            let metas: Vec<Option<u32>> = normalized
+                .meta
+                .iter()
+                .map(|meta| match meta {
+                    UserMeta::Elf(elf) => Some(file_id(
+                        &mut self.files,
+                        &mut self.file_ids,
+                        &elf.path,
+                        elf.build_id.as_deref(),
+                    )),
+                    _ => None,
+                })
+                .collect();
+            for (&addr, &(offset, meta)) in addrs.iter().zip(&normalized.outputs) {
+                if let Some(Some(file)) = metas.get(meta) {
+                    self.locs.insert((pid, addr), UserLoc::File { file: *file, offset });
+                }
+            }
+        }
+    }
+}
+
+fn file_id(
+    files: &mut Vec<UserFile>,
+    ids: &mut HashMap<PathBuf, u32>,
+    path: &std::path::Path,
+    build_id: Option<&[u8]>,
+) -> u32 {
+    if let Some(&id) = ids.get(path) {
+        return id;
+    }
+    files.push(UserFile { path: path.to_owned(), build_id: build_id.map(<[u8]>::to_vec) });
+    let id = files.len() as u32 - 1;
+    ids.insert(path.to_owned(), id);
+    id
+}
+
+fn read_process(pid: u32) -> Process {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim_end().to_owned())
+        .unwrap_or_default();
+    Process { pid, comm, exe }
+}

@@ -1,0 +1,343 @@
+//! The capture file (`.capture`): a self-contained, versioned, compact copy of a `Profile`, so
+//! `profiler report` can re-render it on any machine. Layout in docs/capture-format.md:
+//! an 8-byte magic, a little-endian u32 version, then a gzip stream of LEB128 varints.
+use std::{
+    fs::File,
+    io::{self, BufReader, BufWriter, Read, Write},
+    path::Path,
+};
+
+use flate2::{Compression, read::GzDecoder, write::GzEncoder};
+
+use super::model::{Counters, Frame, FrameKind, Meta, Process, Profile, Sample, Stack};
+
+pub const MAGIC: &[u8; 8] = b"PROFCAP\0";
+/// Bumped on any change a reader of the previous version would misread.
+pub const CAPTURE_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error("not a profiler capture (the file does not start with the capture magic)")]
+    NotCapture,
+    #[error("capture format version {0} is newer than this profiler reads ({CAPTURE_VERSION}); use a newer profiler")]
+    NewerVersion(u32),
+    #[error("the capture is corrupt or truncated: {0}")]
+    Corrupt(String),
+}
+
+/// Writes `profile` to `path` (through a temporary file, so a crash never leaves half a file).
+pub fn write_file(profile: &Profile, path: &Path) -> Result<(), CaptureError> {
+    let io_err = |source| CaptureError::Io { path: path.display().to_string(), source };
+    let tmp = path.with_extension("capture.tmp");
+    let mut out = BufWriter::new(File::create(&tmp).map_err(io_err)?);
+    encode(profile, &mut out).map_err(io_err)?;
+    out.into_inner().map_err(|e| io_err(e.into_error()))?.sync_all().map_err(io_err)?;
+    std::fs::rename(&tmp, path).map_err(io_err)
+}
+
+/// Reads a capture file.
+pub fn read_file(path: &Path) -> Result<Profile, CaptureError> {
+    let file = File::open(path)
+        .map_err(|source| CaptureError::Io { path: path.display().to_string(), source })?;
+    decode(&mut BufReader::new(file))
+}
+
+pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
+    out.write_all(MAGIC)?;
+    out.write_all(&CAPTURE_VERSION.to_le_bytes())?;
+    let mut w = Writer(GzEncoder::new(out, Compression::new(6)));
+    let Meta {
+        start_unix_ns,
+        start_mono_ns,
+        duration_ns,
+        frequency_hz,
+        event,
+        hostname,
+        kernel_release,
+        cpus,
+        counters,
+    } = &p.meta;
+    w.u(*start_unix_ns)?;
+    w.u(*start_mono_ns)?;
+    w.u(*duration_ns)?;
+    w.u(u64::from(*frequency_hz))?;
+    w.s(event)?;
+    w.s(hostname)?;
+    w.s(kernel_release)?;
+    w.u(cpus.len() as u64)?;
+    for &cpu in cpus {
+        w.u(cpu.into())?;
+    }
+    let Counters { recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed } = counters;
+    for c in [recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed] {
+        w.u(*c)?;
+    }
+    w.u(p.strings.len() as u64)?;
+    for s in &p.strings {
+        w.s(s)?;
+    }
+    w.u(p.frames.len() as u64)?;
+    for Frame { name, module, kind } in &p.frames {
+        w.u((*name).into())?;
+        w.u((*module).into())?;
+        w.u(match kind {
+            FrameKind::Kernel => 0,
+            FrameKind::User => 1,
+        })?;
+    }
+    w.u(p.stacks.len() as u64)?;
+    for Stack { frames } in &p.stacks {
+        w.u(frames.len() as u64)?;
+        for &f in frames {
+            w.u(f.into())?;
+        }
+    }
+    w.u(p.processes.len() as u64)?;
+    for Process { pid, comm, exe } in &p.processes {
+        w.u((*pid).into())?;
+        w.s(comm)?;
+        w.s(exe)?;
+    }
+    w.u(p.samples.len() as u64)?;
+    let mut prev = 0u64;
+    for &Sample { offset_ns, cpu, pid, tid, cgroup_id, comm, stack } in &p.samples {
+        // Samples are (nearly) in time order: deltas are small and varints short.
+        w.i(offset_ns as i64 - prev as i64)?;
+        prev = offset_ns;
+        for v in [u64::from(cpu), pid.into(), tid.into(), cgroup_id, comm.into(), stack.into()] {
+            w.u(v)?;
+        }
+    }
+    w.0.finish()?.flush()
+}
+
+pub fn decode(input: &mut impl Read) -> Result<Profile, CaptureError> {
+    let mut head = [0u8; 12];
+    input.read_exact(&mut head).map_err(|_| CaptureError::NotCapture)?;
+    if &head[..8] != MAGIC {
+        return Err(CaptureError::NotCapture);
+    }
+    let version = u32::from_le_bytes(head[8..].try_into().expect("4 bytes"));
+    if version > CAPTURE_VERSION {
+        return Err(CaptureError::NewerVersion(version));
+    }
+    let mut r = Reader(BufReader::new(GzDecoder::new(input)));
+    let profile = read_body(&mut r).map_err(|e| CaptureError::Corrupt(e.to_string()))?;
+    // Reading to the end makes gzip check its CRC and length trailer.
+    let mut rest = Vec::new();
+    match r.0.read_to_end(&mut rest) {
+        Ok(0) => Ok(profile),
+        Ok(_) => Err(CaptureError::Corrupt("trailing data after the samples".into())),
+        Err(e) => Err(CaptureError::Corrupt(e.to_string())),
+    }
+}
+
+fn read_body<R: Read>(r: &mut Reader<R>) -> io::Result<Profile> {
+    let mut meta = Meta {
+        start_unix_ns: r.u()?,
+        start_mono_ns: r.u()?,
+        duration_ns: r.u()?,
+        frequency_hz: r.u32()?,
+        event: r.s()?,
+        hostname: r.s()?,
+        kernel_release: r.s()?,
+        ..Meta::default()
+    };
+    let n = r.len()?;
+    meta.cpus = (0..n).map(|_| r.u32()).collect::<io::Result<_>>()?;
+    meta.counters = Counters {
+        recorded: r.u()?,
+        lost_ringbuf_full: r.u()?,
+        filtered: r.u()?,
+        kstack_failed: r.u()?,
+        ustack_failed: r.u()?,
+    };
+    let n = r.len()?;
+    let strings: Vec<String> = (0..n).map(|_| r.s()).collect::<io::Result<_>>()?;
+    let string = |id: u32| -> io::Result<u32> {
+        if (id as usize) < strings.len() { Ok(id) } else { Err(corrupt("string id out of range")) }
+    };
+    let n = r.len()?;
+    let mut frames = Vec::with_capacity(n);
+    for _ in 0..n {
+        let name = string(r.u32()?)?;
+        let module = string(r.u32()?)?;
+        let kind = match r.u()? {
+            0 => FrameKind::Kernel,
+            1 => FrameKind::User,
+            _ => return Err(corrupt("unknown frame kind")),
+        };
+        frames.push(Frame { name, module, kind });
+    }
+    let n = r.len()?;
+    let mut stacks = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = r.len()?;
+        let ids = (0..len)
+            .map(|_| r.u32().and_then(|f| if (f as usize) < frames.len() { Ok(f) } else { Err(corrupt("frame id out of range")) }))
+            .collect::<io::Result<_>>()?;
+        stacks.push(Stack { frames: ids });
+    }
+    let n = r.len()?;
+    let processes = (0..n)
+        .map(|_| Ok(Process { pid: r.u32()?, comm: r.s()?, exe: r.s()? }))
+        .collect::<io::Result<_>>()?;
+    let n = r.len()?;
+    let mut samples = Vec::with_capacity(n);
+    let mut prev = 0i64;
+    for _ in 0..n {
+        prev += r.i()?;
+        let s = Sample {
+            offset_ns: u64::try_from(prev).map_err(|_| corrupt("negative sample time"))?,
+            cpu: r.u32()?,
+            pid: r.u32()?,
+            tid: r.u32()?,
+            cgroup_id: r.u()?,
+            comm: string(r.u32()?)?,
+            stack: r.u32()?,
+        };
+        if s.stack as usize >= stacks.len() {
+            return Err(corrupt("stack id out of range"));
+        }
+        samples.push(s);
+    }
+    Ok(Profile { meta, strings, frames, stacks, samples, processes })
+}
+
+fn corrupt(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+/// LEB128 writer.
+struct Writer<W: Write>(W);
+
+impl<W: Write> Writer<W> {
+    fn u(&mut self, mut v: u64) -> io::Result<()> {
+        let mut buf = [0u8; 10];
+        let mut n = 0;
+        loop {
+            let byte = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                buf[n] = byte;
+                n += 1;
+                break;
+            }
+            buf[n] = byte | 0x80;
+            n += 1;
+        }
+        self.0.write_all(&buf[..n])
+    }
+
+    /// Zigzag, so small negative numbers stay short.
+    fn i(&mut self, v: i64) -> io::Result<()> {
+        self.u(((v << 1) ^ (v >> 63)) as u64)
+    }
+
+    fn s(&mut self, s: &str) -> io::Result<()> {
+        self.u(s.len() as u64)?;
+        self.0.write_all(s.as_bytes())
+    }
+}
+
+/// LEB128 reader; every length is checked against what a sane capture can hold.
+struct Reader<R: Read>(R);
+
+impl<R: Read> Reader<R> {
+    fn u(&mut self) -> io::Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let mut b = [0u8];
+            self.0.read_exact(&mut b)?;
+            v |= u64::from(b[0] & 0x7f) << shift;
+            if b[0] & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(corrupt("varint too long"))
+    }
+
+    fn u32(&mut self) -> io::Result<u32> {
+        u32::try_from(self.u()?).map_err(|_| corrupt("value does not fit 32 bits"))
+    }
+
+    fn i(&mut self) -> io::Result<i64> {
+        let v = self.u()?;
+        Ok((v >> 1) as i64 ^ -((v & 1) as i64))
+    }
+
+    /// A count of items; bounded so a corrupt file cannot make us allocate terabytes.
+    fn len(&mut self) -> io::Result<usize> {
+        let n = self.u()?;
+        if n > 1 << 32 { Err(corrupt("implausible count")) } else { Ok(n as usize) }
+    }
+
+    fn s(&mut self) -> io::Result<String> {
+        let n = self.len()?;
+        let mut buf = Vec::new();
+        (&mut self.0).take(n as u64).read_to_end(&mut buf)?;
+        if buf.len() != n {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        String::from_utf8(buf).map_err(|_| corrupt("string is not UTF-8"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Interner;
+
+    fn sample_profile() -> Profile {
+        let mut i = Interner::new(Meta {
+            start_unix_ns: 1_700_000_000_000_000_000,
+            start_mono_ns: 123_456,
+            duration_ns: 2_000_000_000,
+            frequency_hz: 99,
+            event: "cpu-clock".into(),
+            hostname: "host".into(),
+            kernel_release: "6.18".into(),
+            cpus: vec![0, 1],
+            counters: Counters { recorded: 3, lost_ringbuf_full: 1, filtered: 7, kstack_failed: 0, ustack_failed: 2 },
+        });
+        let (main, vm) = (i.string("main"), i.string("vmlinux"));
+        let f0 = i.frame(Frame { name: main, module: 0, kind: FrameKind::User });
+        let f1 = i.frame(Frame { name: i.string("do_syscall_64"), module: vm, kind: FrameKind::Kernel });
+        let s0 = i.stack(vec![f0]);
+        let s1 = i.stack(vec![f0, f1]);
+        let comm = i.string("fx-chain");
+        for (t, stack) in [(5, s0), (3, s1), (10_000_000_000, s0)] {
+            i.sample(Sample { offset_ns: t, cpu: 1, pid: 42, tid: 43, cgroup_id: 9, comm, stack });
+        }
+        i.process(Process { pid: 42, comm: "fx-chain".into(), exe: "/bin/fx".into() });
+        i.finish()
+    }
+
+    #[test]
+    fn round_trip_is_exact() {
+        let p = sample_profile();
+        let mut bytes = Vec::new();
+        encode(&p, &mut bytes).unwrap();
+        assert_eq!(decode(&mut bytes.as_slice()).unwrap(), p);
+    }
+
+    #[test]
+    fn rejects_other_files_and_newer_versions() {
+        assert!(matches!(decode(&mut &b"hello world, not a capture"[..]), Err(CaptureError::NotCapture)));
+        let mut bytes = Vec::new();
+        encode(&sample_profile(), &mut bytes).unwrap();
+        bytes[8] = 99;
+        assert!(matches!(decode(&mut bytes.as_slice()), Err(CaptureError::NewerVersion(99))));
+    }
+
+    #[test]
+    fn truncation_is_reported_not_panicked() {
+        let mut bytes = Vec::new();
+        encode(&sample_profile(), &mut bytes).unwrap();
+        for cut in [13, bytes.len() / 2, bytes.len() - 1] {
+            assert!(decode(&mut &bytes[..cut]).is_err(), "cut at {cut} decoded");
+        }
+    }
+}

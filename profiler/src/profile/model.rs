@@ -1,0 +1,174 @@
+//! In-memory profile: what every output and the capture file are made from.
+use std::collections::HashMap;
+
+/// Index into `Profile::strings`.
+pub type StrId = u32;
+
+/// Where a frame's code lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    Kernel,
+    User,
+}
+
+/// One symbolized frame, shared by every stack that passes through it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Function name, or `[unknown]`, or `binary+0xOFFSET` when the binary has no symbol there.
+    pub name: StrId,
+    /// Binary or kernel module the code belongs to ("" when unknown; "vmlinux" for the kernel).
+    pub module: StrId,
+    pub kind: FrameKind,
+}
+
+/// A call stack, root (outermost caller) first, leaf last: user frames then kernel frames.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Stack {
+    pub frames: Vec<u32>,
+}
+
+/// One sample: a tick of the sampling timer on one CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// Time since `Meta::start_mono_ns`, ns.
+    pub offset_ns: u64,
+    pub cpu: u32,
+    /// Process id (tgid); 0 is the idle task.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// cgroup v2 id (inode of the cgroup2 directory).
+    pub cgroup_id: u64,
+    /// Thread comm.
+    pub comm: StrId,
+    /// Index into `Profile::stacks`.
+    pub stack: u32,
+}
+
+/// Sample accounting of a recording: every sample the kernel took is in exactly one of
+/// `recorded`, `lost_ringbuf_full`, `filtered`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Samples kept in the profile.
+    pub recorded: u64,
+    /// Samples dropped in the kernel because the ring buffer was full.
+    pub lost_ringbuf_full: u64,
+    /// Samples outside the --pid/--comm filters (not lost: not wanted).
+    pub filtered: u64,
+    /// Recorded samples whose kernel stack could not be read.
+    pub kstack_failed: u64,
+    /// Recorded samples whose user stack could not be read.
+    pub ustack_failed: u64,
+}
+
+/// A process seen during the recording.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Process {
+    pub pid: u32,
+    /// Process comm (of its main thread) when first seen.
+    pub comm: String,
+    /// Executable path, "" if it could not be read (already exited, kernel thread).
+    pub exe: String,
+}
+
+/// Facts about the recording as a whole.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Meta {
+    /// Wall-clock time of the start, ns since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// CLOCK_MONOTONIC time of the start, ns; sample times are offsets from it.
+    pub start_mono_ns: u64,
+    /// Length of the recording, ns.
+    pub duration_ns: u64,
+    /// Sampling frequency per CPU, Hz.
+    pub frequency_hz: u32,
+    /// "cpu-clock" or "cycles".
+    pub event: String,
+    pub hostname: String,
+    /// `uname -r`.
+    pub kernel_release: String,
+    /// CPUs sampled.
+    pub cpus: Vec<u32>,
+    pub counters: Counters,
+}
+
+/// A whole profile.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Profile {
+    pub meta: Meta,
+    pub strings: Vec<String>,
+    pub frames: Vec<Frame>,
+    pub stacks: Vec<Stack>,
+    pub samples: Vec<Sample>,
+    pub processes: Vec<Process>,
+}
+
+impl Profile {
+    pub fn str(&self, id: StrId) -> &str {
+        &self.strings[id as usize]
+    }
+
+    /// The frames of a stack, root first.
+    pub fn stack_frames(&self, stack: u32) -> impl Iterator<Item = &Frame> {
+        self.stacks[stack as usize].frames.iter().map(|&f| &self.frames[f as usize])
+    }
+}
+
+/// Builds a profile with every string, frame and stack stored once.
+#[derive(Default)]
+pub struct Interner {
+    profile: Profile,
+    strings: HashMap<String, StrId>,
+    frames: HashMap<Frame, u32>,
+    stacks: HashMap<Vec<u32>, u32>,
+}
+
+impl Interner {
+    pub fn new(meta: Meta) -> Self {
+        let mut me = Self { profile: Profile { meta, ..Profile::default() }, ..Self::default() };
+        me.string(""); // id 0 is the empty string
+        me
+    }
+
+    pub fn string(&mut self, s: &str) -> StrId {
+        if let Some(&id) = self.strings.get(s) {
+            return id;
+        }
+        let id = self.profile.strings.len() as StrId;
+        self.profile.strings.push(s.to_owned());
+        self.strings.insert(s.to_owned(), id);
+        id
+    }
+
+    pub fn frame(&mut self, frame: Frame) -> u32 {
+        let next = self.profile.frames.len() as u32;
+        *self.frames.entry(frame.clone()).or_insert_with(|| {
+            self.profile.frames.push(frame);
+            next
+        })
+    }
+
+    pub fn stack(&mut self, frames: Vec<u32>) -> u32 {
+        let next = self.profile.stacks.len() as u32;
+        *self.stacks.entry(frames.clone()).or_insert_with(|| {
+            self.profile.stacks.push(Stack { frames });
+            next
+        })
+    }
+
+    pub fn sample(&mut self, sample: Sample) {
+        self.profile.samples.push(sample);
+    }
+
+    pub fn process(&mut self, process: Process) {
+        self.profile.processes.push(process);
+    }
+
+    pub fn meta_mut(&mut self) -> &mut Meta {
+        &mut self.profile.meta
+    }
+
+    pub fn finish(self) -> Profile {
+        self.profile
+    }
+}

@@ -1,0 +1,60 @@
+//! Small helpers shared across the pipeline.
+
+/// A kernel comm (NUL padded, not always UTF-8) as a string.
+pub fn comm_str(raw: &[u8]) -> String {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+/// Parses a duration: `10s`, `500ms`, `2m`, `1h`, or a bare number of seconds (`1.5`).
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration; write e.g. 10s, 500ms, 2m"))?;
+    let scale = match unit {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("`{text}`: unknown unit `{unit}`; use ms, s, m or h")),
+    };
+    let secs = value * scale;
+    if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
+        return Err(format!("`{text}` must be a positive duration"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+/// CLOCK_MONOTONIC now, ns: the clock of `bpf_ktime_get_ns`, which stamps every sample.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn comms_stop_at_nul() {
+        assert_eq!(comm_str(b"kubelet\0\0\0\0\0\0\0\0\0"), "kubelet");
+        assert_eq!(comm_str(b"0123456789abcdef"), "0123456789abcdef");
+    }
+}
