@@ -14,8 +14,15 @@ fn main() -> anyhow::Result<()> {
     // alone keeps stable everywhere else and keeps aya-build from adding -Z build-std.
     // SAFETY: build scripts are single-threaded at this point.
     unsafe { env::set_var("RUSTC_BOOTSTRAP", "aya_ebpf") };
+    // aya-build relays the inner cargo's progress as build warnings; keep only real messages.
+    // SAFETY: as above.
+    unsafe { env::set_var("CARGO_TERM_QUIET", "true") };
     aya_build::build_ebpf(
-        [aya_build::Package { name: "profiler-ebpf", root_dir: root, ..Default::default() }],
+        [aya_build::Package {
+            name: "profiler-ebpf",
+            root_dir: root,
+            ..Default::default()
+        }],
         aya_build::Toolchain::Custom(&toolchain),
     )
     .map_err(|e| {

@@ -13,6 +13,13 @@ pub const COMM_LEN: usize = 16;
 /// about 4000 samples: two seconds of 999 Hz on two CPUs, a long stall for the reader.
 pub const RING_BUFFER_BYTES: u32 = 8 << 20;
 
+/// The sampler wakes the reader only when this much data waits; otherwise the reader drains
+/// on its own timer (`DRAIN_INTERVAL_MS`).
+pub const WAKEUP_BYTES: u32 = RING_BUFFER_BYTES / 4;
+
+/// How often the reader drains the ring buffer without being woken, ms.
+pub const DRAIN_INTERVAL_MS: u64 = 100;
+
 /// Capacity of the in-kernel pid filter.
 pub const MAX_PID_FILTER: u32 = 1024;
 
@@ -20,6 +27,7 @@ pub const MAX_PID_FILTER: u32 = 1024;
 pub const MAP_SAMPLES: &str = "SAMPLES";
 pub const MAP_COUNTERS: &str = "COUNTERS";
 pub const MAP_PID_FILTER: &str = "PID_FILTER";
+pub const MAP_SCRATCH: &str = "SCRATCH";
 pub const PROGRAM_NAME: &str = "sample_cpu";
 /// Load-time global: 1 when only pids in PID_FILTER are sampled.
 pub const GLOBAL_FILTER_PIDS: &str = "FILTER_PIDS";
@@ -51,11 +59,12 @@ pub mod counter {
     pub const COUNT: u32 = 5;
 }
 
-/// One sample as the eBPF program writes it into the ring buffer. Fixed size: the ring buffer
-/// reservation must be a constant; `kstack_len`/`ustack_len` say how much is valid.
+/// The fixed part of one sample record in the ring buffer. The record is variable length:
+/// this header, then `kstack_len` kernel addresses, then `ustack_len` user addresses (u64
+/// each, leaf first), so only the frames a stack really has are copied.
 #[repr(C)]
-#[derive(Clone, Copy)]
-pub struct SampleEvent {
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SampleHeader {
     /// CLOCK_MONOTONIC time of the sample, ns (bpf_ktime_get_ns).
     pub time_ns: u64,
     /// cgroup v2 id of the task (bpf_get_current_cgroup_id): the inode of its cgroup2 directory.
@@ -68,22 +77,31 @@ pub struct SampleEvent {
     pub cpu: u32,
     /// `flags::*` bits.
     pub flags: u32,
-    /// Valid entries in `kstack`.
+    /// Kernel addresses following the header.
     pub kstack_len: u32,
-    /// Valid entries in `ustack`.
+    /// User addresses following the kernel ones.
     pub ustack_len: u32,
     /// Task comm, NUL padded.
     pub comm: [u8; COMM_LEN],
-    /// Kernel return addresses, leaf first.
-    pub kstack: [u64; MAX_FRAMES],
-    /// User return addresses, leaf first.
-    pub ustack: [u64; MAX_FRAMES],
 }
 
+/// The eBPF side's per-CPU scratch space where a record is assembled before one copy into the
+/// ring buffer: the header and room for both stacks.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SampleScratch {
+    pub header: SampleHeader,
+    pub frames: [u64; 2 * MAX_FRAMES],
+}
+
+/// Size of the header in bytes.
+pub const HEADER_BYTES: usize = core::mem::size_of::<SampleHeader>();
+
 // The layout is an ABI between two compilers: pin it.
-const _: () = assert!(core::mem::size_of::<SampleEvent>() == 56 + 2 * 8 * MAX_FRAMES);
-const _: () = assert!(core::mem::align_of::<SampleEvent>() == 8);
+const _: () = assert!(HEADER_BYTES == 56);
+const _: () = assert!(core::mem::size_of::<SampleScratch>() == 56 + 2 * 8 * MAX_FRAMES);
+const _: () = assert!(core::mem::align_of::<SampleHeader>() == 8);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers and arrays of integers, no padding (size asserted above).
-unsafe impl aya::Pod for SampleEvent {}
+unsafe impl aya::Pod for SampleHeader {}

@@ -1,14 +1,23 @@
 //! The perf_event program: thin entry point, the work in small functions.
+//!
+//! Cost matters (it runs on every CPU at every tick), so a record is assembled in a per-CPU
+//! scratch buffer that stays in cache and copied once into the ring buffer with only the
+//! frames the stacks have, and the reader is woken only when the buffer fills (see
+//! `wakeup_flag`).
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::BPF_F_USER_STACK,
-    helpers::{bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        generated::bpf_get_stack,
+    },
     macros::{map, perf_event},
     maps::{HashMap, PerCpuArray, RingBuf},
     programs::PerfEventContext,
 };
 use profiler_common::{
-    COMM_LEN, MAX_FRAMES, MAX_PID_FILTER, RING_BUFFER_BYTES, SampleEvent, counter, flags,
+    COMM_LEN, HEADER_BYTES, MAX_FRAMES, MAX_PID_FILTER, RING_BUFFER_BYTES, SampleScratch,
+    WAKEUP_BYTES, counter, flags,
 };
 
 #[map(name = "SAMPLES")]
@@ -19,6 +28,9 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT
 
 #[map(name = "PID_FILTER")]
 static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 0);
+
+#[map(name = "SCRATCH")]
+static SCRATCH: PerCpuArray<SampleScratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Set at load time: 1 = sample only the pids in PID_FILTER.
 #[unsafe(no_mangle)]
@@ -39,41 +51,73 @@ fn sample(ctx: &PerfEventContext) {
         count(counter::FILTERED);
         return;
     }
-    let Some(mut entry) = SAMPLES.reserve::<SampleEvent>(0) else {
-        count(counter::LOST_RINGBUF_FULL);
+    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
         return;
     };
-    // SAFETY: the reservation is sizeof(SampleEvent) bytes, aligned; we write every field
-    // before submitting (the stacks only up to their length, which the reader respects).
-    let ev = unsafe { &mut *entry.as_mut_ptr() };
-    ev.time_ns = unsafe { bpf_ktime_get_ns() };
-    ev.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    ev.pid = pid;
-    ev.tid = ctx.pid();
-    ev.cpu = unsafe { bpf_get_smp_processor_id() };
-    ev.comm = ctx.command().unwrap_or([0u8; COMM_LEN]);
+    // SAFETY: per-CPU value, and perf_event programs do not nest on one CPU.
+    let s = unsafe { &mut *scratch };
+    let h = &mut s.header;
+    h.time_ns = unsafe { bpf_ktime_get_ns() };
+    h.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    h.pid = pid;
+    h.tid = ctx.pid();
+    h.cpu = unsafe { bpf_get_smp_processor_id() };
+    h.comm = ctx.command().unwrap_or([0u8; COMM_LEN]);
     let mut f = 0u32;
 
-    let klen = stack_into(ctx, ev.kstack.as_mut_ptr(), 0);
-    if klen < 0 {
+    let frames = s.frames.as_mut_ptr();
+    let kbytes = stack_into(ctx, frames, 0);
+    if kbytes < 0 {
         f |= flags::KSTACK_FAILED;
         count(counter::KSTACK_FAILED);
     }
-    ev.kstack_len = frames(klen);
-    if ev.kstack_len == 0 {
+    let klen = frame_count(kbytes);
+    if klen == 0 {
         f |= flags::USER_MODE;
     }
-
+    // The user stack goes right after the kernel frames; klen <= MAX_FRAMES keeps it in bounds.
+    // SAFETY: frames has 2 * MAX_FRAMES slots and klen <= MAX_FRAMES.
+    let ubytes = stack_into(
+        ctx,
+        unsafe { frames.add(klen as usize) },
+        BPF_F_USER_STACK as u64,
+    );
     // Kernel threads (pid 0 is the idle task) have no user stack: not a failure.
-    let ulen = stack_into(ctx, ev.ustack.as_mut_ptr(), BPF_F_USER_STACK as u64);
-    if ulen < 0 && pid != 0 {
+    if ubytes < 0 && pid != 0 {
         f |= flags::USTACK_FAILED;
         count(counter::USTACK_FAILED);
     }
-    ev.ustack_len = frames(ulen);
-    ev.flags = f;
-    entry.submit(0);
-    count(counter::SENT);
+    let ulen = frame_count(ubytes);
+    let h = &mut s.header;
+    h.kstack_len = klen;
+    h.ustack_len = ulen;
+    h.flags = f;
+
+    // Mask the length so the verifier sees it bounded by the scratch size.
+    let len = (HEADER_BYTES + (klen + ulen) as usize * 8) & 0xfff;
+    let len = if len > core::mem::size_of::<SampleScratch>() {
+        core::mem::size_of::<SampleScratch>()
+    } else {
+        len
+    };
+    // SAFETY: `len` bytes of the scratch value, which is size_of::<SampleScratch>() long.
+    let bytes = unsafe { core::slice::from_raw_parts(scratch.cast::<u8>(), len) };
+    match SAMPLES.output::<[u8]>(bytes, wakeup_flag()) {
+        Ok(()) => count(counter::SENT),
+        Err(_) => count(counter::LOST_RINGBUF_FULL),
+    }
+}
+
+/// Waking the reader costs an irq_work per sample (a VM exit in a guest), more than the rest
+/// of the sample. The reader drains on a short timer instead; it is woken only when the buffer
+/// fills past WAKEUP_BYTES, so a burst cannot overrun it.
+#[inline(always)]
+fn wakeup_flag() -> u64 {
+    if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > u64::from(WAKEUP_BYTES) {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
 }
 
 #[inline(always)]
@@ -84,18 +128,26 @@ fn wanted(pid: u32) -> bool {
     filtering == 0 || unsafe { PID_FILTER.get(&pid) }.is_some()
 }
 
-/// bpf_get_stack into a fixed buffer; returns bytes written or a negative error.
+/// bpf_get_stack into `buf`; returns bytes written or a negative error.
 #[inline(always)]
 fn stack_into(ctx: &PerfEventContext, buf: *mut u64, flags: u64) -> i64 {
-    // SAFETY: buf points at MAX_FRAMES u64s inside the reserved ring buffer record.
-    unsafe {
-        aya_ebpf::helpers::generated::bpf_get_stack(ctx.as_ptr(), buf.cast(), STACK_BYTES, flags)
-    }
+    // SAFETY: buf points at >= MAX_FRAMES u64s inside the per-CPU scratch value.
+    unsafe { bpf_get_stack(ctx.as_ptr(), buf.cast(), STACK_BYTES, flags) }
 }
 
+/// Frames in a bpf_get_stack result, at most MAX_FRAMES.
 #[inline(always)]
-fn frames(bytes: i64) -> u32 {
-    if bytes <= 0 { 0 } else { (bytes as u32) / 8 }
+fn frame_count(bytes: i64) -> u32 {
+    if bytes <= 0 {
+        0
+    } else {
+        let n = (bytes as u64 / 8) as u32;
+        if n > MAX_FRAMES as u32 {
+            MAX_FRAMES as u32
+        } else {
+            n
+        }
+    }
 }
 
 #[inline(always)]

@@ -6,7 +6,7 @@
 pub mod bpf;
 pub mod cli;
 pub mod collect;
-pub mod profile;
 pub mod output;
+pub mod profile;
 pub mod symbolize;
 pub mod util;

@@ -9,7 +9,9 @@ pub fn comm_str(raw: &[u8]) -> String {
 /// Parses a duration: `10s`, `500ms`, `2m`, `1h`, or a bare number of seconds (`1.5`).
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let value: f64 = num
         .parse()
@@ -19,7 +21,11 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         "ms" => 1e-3,
         "m" | "min" => 60.0,
         "h" => 3600.0,
-        _ => return Err(format!("`{text}`: unknown unit `{unit}`; use ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "`{text}`: unknown unit `{unit}`; use ms, s, m or h"
+            ));
+        }
     };
     let secs = value * scale;
     if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
@@ -30,7 +36,10 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
 
 /// CLOCK_MONOTONIC now, ns: the clock of `bpf_ktime_get_ns`, which stamps every sample.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes into the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64

@@ -15,7 +15,8 @@ use profiler_common::{
 };
 
 /// The sampler object, built by build.rs from profiler-ebpf.
-static SAMPLER_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
+static SAMPLER_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
 
 /// What the sampler is driven by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -87,7 +88,8 @@ impl Sampler {
     /// Loads and attaches. Needs CAP_BPF + CAP_PERFMON (or root). Returns the sampler and the
     /// ring buffer its samples stream through.
     pub fn start(config: &SamplerConfig<'_>) -> Result<(Self, RingBuf<MapData>), BpfError> {
-        if config.event == Event::Cycles && !Path::new("/sys/bus/event_source/devices/cpu").exists() {
+        if config.event == Event::Cycles && !Path::new("/sys/bus/event_source/devices/cpu").exists()
+        {
             return Err(BpfError::NoPmu);
         }
         let filter: u8 = u8::from(!config.pids.is_empty());
@@ -96,8 +98,10 @@ impl Sampler {
             .load(SAMPLER_OBJECT)?;
 
         if !config.pids.is_empty() {
-            let mut map: HashMap<_, u32, u8> =
-                HashMap::try_from(ebpf.map_mut(MAP_PID_FILTER).ok_or(BpfError::Missing("pid map"))?)?;
+            let mut map: HashMap<_, u32, u8> = HashMap::try_from(
+                ebpf.map_mut(MAP_PID_FILTER)
+                    .ok_or(BpfError::Missing("pid map"))?,
+            )?;
             for pid in config.pids {
                 map.insert(pid, 1, 0)?;
             }
@@ -121,12 +125,30 @@ impl Sampler {
         program.load()?;
         let program_id = program.info().ok().map(|info| info.id());
         for &cpu in &cpus {
-            program.attach(perf_config, PerfEventScope::AllProcessesOneCpu { cpu }, policy, false)?;
+            program.attach(
+                perf_config,
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                policy,
+                false,
+            )?;
         }
-        let samples = RingBuf::try_from(ebpf.take_map(MAP_SAMPLES).ok_or(BpfError::Missing("ring buffer"))?)?;
-        let counters =
-            PerCpuArray::try_from(ebpf.take_map(MAP_COUNTERS).ok_or(BpfError::Missing("counters"))?)?;
-        Ok((Sampler { ebpf: Some(ebpf), counters, program_id, cpus }, samples))
+        let samples = RingBuf::try_from(
+            ebpf.take_map(MAP_SAMPLES)
+                .ok_or(BpfError::Missing("ring buffer"))?,
+        )?;
+        let counters = PerCpuArray::try_from(
+            ebpf.take_map(MAP_COUNTERS)
+                .ok_or(BpfError::Missing("counters"))?,
+        )?;
+        Ok((
+            Sampler {
+                ebpf: Some(ebpf),
+                counters,
+                program_id,
+                cpus,
+            },
+            samples,
+        ))
     }
 
     /// Stops sampling on every CPU; the ring buffer and counters stay readable.

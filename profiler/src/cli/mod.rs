@@ -39,5 +39,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// `-o` values: outputs by extension (see `output::EXTENSIONS`).
 fn parse_outputs(paths: &[PathBuf]) -> anyhow::Result<Vec<crate::output::Output>> {
-    Ok(paths.iter().map(|p| crate::output::Output::parse(p)).collect::<Result<_, _>>()?)
+    Ok(paths
+        .iter()
+        .map(|p| crate::output::Output::parse(p))
+        .collect::<Result<_, _>>()?)
 }

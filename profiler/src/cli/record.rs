@@ -38,13 +38,19 @@ pub struct RecordArgs {
 fn parse_frequency(text: &str) -> Result<u32, String> {
     match text.parse::<u32>() {
         Ok(hz @ 1..=10_000) => Ok(hz),
-        _ => Err(format!("frequency must be a whole number of Hz in 1..=10000, got `{text}`")),
+        _ => Err(format!(
+            "frequency must be a whole number of Hz in 1..=10000, got `{text}`"
+        )),
     }
 }
 
 pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     // Every check that can fail happens before sampling starts, so no recording is wasted.
-    let paths = if args.outputs.is_empty() { vec![PathBuf::from("profile.svg")] } else { args.outputs.clone() };
+    let paths = if args.outputs.is_empty() {
+        vec![PathBuf::from("profile.svg")]
+    } else {
+        args.outputs.clone()
+    };
     let outputs = super::parse_outputs(&paths)?;
     for o in &outputs {
         o.check_writable()?;
@@ -56,18 +62,27 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     }
     check_privileges()?;
 
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let profile = runtime.block_on(record(&args))?;
     for o in &outputs {
         o.write(&profile)?;
     }
-    let names: Vec<String> = outputs.iter().map(|o| o.path.display().to_string()).collect();
+    let names: Vec<String> = outputs
+        .iter()
+        .map(|o| o.path.display().to_string())
+        .collect();
     eprintln!("wrote {}", names.join(", "));
     Ok(())
 }
 
 async fn record(args: &RecordArgs) -> anyhow::Result<crate::profile::Profile> {
-    let config = SamplerConfig { event: args.event, frequency_hz: args.frequency.into(), pids: &args.pids };
+    let config = SamplerConfig {
+        event: args.event,
+        frequency_hz: args.frequency.into(),
+        pids: &args.pids,
+    };
     let (mut sampler, ring) = Sampler::start(&config).context("cannot start sampling")?;
     // The recording starts once the sampler is attached (loading takes a while).
     let start_unix_ns = std::time::SystemTime::now()
@@ -87,12 +102,20 @@ async fn record(args: &RecordArgs) -> anyhow::Result<crate::profile::Profile> {
         args.event.name()
     );
     collection
-        .run_until(&mut ring, stop_signal(args.duration), Duration::from_millis(250), |c| {
-            if tty {
-                let elapsed = (util::monotonic_ns() - start_mono_ns) as f64 / 1e9;
-                eprint!("\r  {elapsed:5.1} s / {secs:.1} s, {} samples ", c.samples.len());
-            }
-        })
+        .run_until(
+            &mut ring,
+            stop_signal(args.duration),
+            Duration::from_millis(profiler_common::DRAIN_INTERVAL_MS),
+            |c| {
+                if tty {
+                    let elapsed = (util::monotonic_ns() - start_mono_ns) as f64 / 1e9;
+                    eprint!(
+                        "\r  {elapsed:5.1} s / {secs:.1} s, {} samples ",
+                        c.samples.len()
+                    );
+                }
+            },
+        )
         .await?;
     if tty {
         eprintln!();
@@ -106,8 +129,12 @@ async fn record(args: &RecordArgs) -> anyhow::Result<crate::profile::Profile> {
     eprintln!("symbolizing {} samples...", collection.samples.len());
     let kernel = KernelSymbols::load().context("cannot read /proc/kallsyms")?;
     if kernel.hidden() {
-        log::warn!("kernel addresses are hidden (kernel.kptr_restrict); kernel frames show as [kernel]");
-        eprintln!("warning: kernel addresses are hidden by kernel.kptr_restrict; kernel frames show as [kernel]");
+        log::warn!(
+            "kernel addresses are hidden (kernel.kptr_restrict); kernel frames show as [kernel]"
+        );
+        eprintln!(
+            "warning: kernel addresses are hidden by kernel.kptr_restrict; kernel frames show as [kernel]"
+        );
     }
     let counters = Counters {
         recorded: collection.samples.len() as u64,
@@ -128,7 +155,12 @@ async fn record(args: &RecordArgs) -> anyhow::Result<crate::profile::Profile> {
         counters,
     };
     report_counters(&counters, duration_ns);
-    Ok(symbolize::build_profile(collection, meta, &kernel, &UserSymbolizer::default()))
+    Ok(symbolize::build_profile(
+        collection,
+        meta,
+        &kernel,
+        &UserSymbolizer::default(),
+    ))
 }
 
 /// Completes after `duration`, or at Ctrl-C / SIGTERM.
@@ -198,9 +230,13 @@ fn check_privileges() -> anyhow::Result<()> {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_owned()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
 }
 
 fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_owned()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
 }

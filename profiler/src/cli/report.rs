@@ -22,8 +22,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         bail!("nothing to do: give -o FILE (.svg, .folded, .capture) or --stats");
     }
     let outputs = super::parse_outputs(&args.outputs)?;
-    let profile = profile::read_file(&args.capture)
-        .with_context(|| format!("cannot read {}", args.capture.display()))?;
+    let profile = profile::read_file(&args.capture).context("cannot read the capture")?;
     if args.stats {
         print_stats(&profile);
     }
@@ -34,7 +33,13 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
 }
 
 fn print_stats(p: &profile::Profile) {
-    let Counters { recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed } = p.meta.counters;
+    let Counters {
+        recorded,
+        lost_ringbuf_full,
+        filtered,
+        kstack_failed,
+        ustack_failed,
+    } = p.meta.counters;
     let m = &p.meta;
     println!("samples: {}", p.samples.len());
     println!("recorded: {recorded}");

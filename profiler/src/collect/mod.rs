@@ -6,7 +6,7 @@ mod process;
 use std::{collections::HashMap, future::Future, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
-use profiler_common::{COMM_LEN, SampleEvent, flags};
+use profiler_common::{COMM_LEN, HEADER_BYTES, SampleHeader, flags};
 use tokio::io::unix::AsyncFd;
 
 pub use process::{ProcessTable, UserFile, UserLoc};
@@ -75,42 +75,48 @@ pub struct Collection {
 
 impl Collection {
     pub fn new(filter: CommFilter) -> Self {
-        Self { filter, ..Self::default() }
+        Self {
+            filter,
+            ..Self::default()
+        }
     }
 
     /// Reads everything in the ring buffer now.
     pub fn drain(&mut self, ring: &mut RingBuf<MapData>) {
         while let Some(item) = ring.next() {
-            if item.len() < size_of::<SampleEvent>() {
-                continue; // cannot happen with our own program; never trust a length blindly
-            }
-            // SAFETY: the record holds a SampleEvent written by our program (length checked);
-            // read_unaligned because ring buffer records are only 8-byte aligned by convention.
-            let ev = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<SampleEvent>()) };
-            drop(item);
-            self.add(&ev);
+            self.add(&item);
         }
     }
 
-    fn add(&mut self, ev: &SampleEvent) {
-        let Some(comm) = self.comm_id(&ev.comm) else {
+    /// One record: a `SampleHeader`, then the kernel and user addresses (profiler-common).
+    fn add(&mut self, record: &[u8]) {
+        let Some(head_bytes) = record.get(..HEADER_BYTES) else {
+            return;
+        };
+        // SAFETY: HEADER_BYTES bytes of a SampleHeader written by our program; read_unaligned
+        // because nothing promises the record's alignment.
+        let h = unsafe { std::ptr::read_unaligned(head_bytes.as_ptr().cast::<SampleHeader>()) };
+        let (klen, ulen) = (h.kstack_len as usize, h.ustack_len as usize);
+        let Some(frames) = record.get(HEADER_BYTES..HEADER_BYTES + (klen + ulen) * 8) else {
+            return; // cannot happen with our own program; never trust a length blindly
+        };
+        let Some(comm) = self.comm_id(&h.comm) else {
             self.filtered += 1;
             return;
         };
-        self.kstack_failed += u64::from(ev.flags & flags::KSTACK_FAILED != 0);
-        self.ustack_failed += u64::from(ev.flags & flags::USTACK_FAILED != 0);
-        let klen = (ev.kstack_len as usize).min(ev.kstack.len());
-        let ulen = (ev.ustack_len as usize).min(ev.ustack.len());
-        let kstack = self.kstacks.intern(callsites(&ev.kstack[..klen]));
-        let user = callsites(&ev.ustack[..ulen]);
-        self.processes.saw(ev.pid, &user);
-        let ustack = self.ustacks.intern((ev.pid, user));
+        self.kstack_failed += u64::from(h.flags & flags::KSTACK_FAILED != 0);
+        self.ustack_failed += u64::from(h.flags & flags::USTACK_FAILED != 0);
+        let (kframes, uframes) = frames.split_at(klen * 8);
+        let kstack = self.kstacks.intern(callsites(kframes));
+        let user = callsites(uframes);
+        self.processes.saw(h.pid, &user);
+        let ustack = self.ustacks.intern((h.pid, user));
         self.samples.push(RawSample {
-            time_ns: ev.time_ns,
-            cpu: ev.cpu,
-            pid: ev.pid,
-            tid: ev.tid,
-            cgroup_id: ev.cgroup_id,
+            time_ns: h.time_ns,
+            cpu: h.cpu,
+            pid: h.pid,
+            tid: h.tid,
+            cgroup_id: h.cgroup_id,
             comm,
             kstack,
             ustack,
@@ -150,6 +156,8 @@ impl Collection {
                     guard.clear_ready();
                 }
                 _ = ticker.tick() => {
+                    // The sampler rarely wakes us (see profiler-ebpf): drain on the timer.
+                    self.drain(ring.get_mut());
                     self.processes.resolve_pending();
                     on_tick(self);
                 }
@@ -159,7 +167,15 @@ impl Collection {
     }
 }
 
-/// Leaf first; return addresses moved back into their call instruction.
-fn callsites(addrs: &[u64]) -> Box<[u64]> {
-    addrs.iter().enumerate().map(|(i, &a)| if i == 0 { a } else { a.saturating_sub(1) }).collect()
+/// Native-endian u64 addresses, leaf first; return addresses moved back into their call
+/// instruction so they symbolize to the caller even when the call is a function's last one.
+fn callsites(bytes: &[u8]) -> Box<[u64]> {
+    bytes
+        .chunks_exact(8)
+        .enumerate()
+        .map(|(i, b)| {
+            let a = u64::from_ne_bytes(b.try_into().expect("8 bytes"));
+            if i == 0 { a } else { a.saturating_sub(1) }
+        })
+        .collect()
 }

@@ -63,7 +63,9 @@ impl ProcessTable {
         if pid == 0 {
             return; // the idle task
         }
-        self.processes.entry(pid).or_insert_with(|| read_process(pid));
+        self.processes
+            .entry(pid)
+            .or_insert_with(|| read_process(pid));
         for &addr in user_addrs {
             self.locs.entry((pid, addr)).or_insert_with(|| {
                 self.pending.entry(pid).or_default().push(addr);
@@ -97,7 +99,13 @@ impl ProcessTable {
                 .collect();
             for (&addr, &(offset, meta)) in addrs.iter().zip(&normalized.outputs) {
                 if let Some(Some(file)) = metas.get(meta) {
-                    self.locs.insert((pid, addr), UserLoc::File { file: *file, offset });
+                    self.locs.insert(
+                        (pid, addr),
+                        UserLoc::File {
+                            file: *file,
+                            offset,
+                        },
+                    );
                 }
             }
         }
@@ -113,7 +121,10 @@ fn file_id(
     if let Some(&id) = ids.get(path) {
         return id;
     }
-    files.push(UserFile { path: path.to_owned(), build_id: build_id.map(<[u8]>::to_vec) });
+    files.push(UserFile {
+        path: path.to_owned(),
+        build_id: build_id.map(<[u8]>::to_vec),
+    });
     let id = files.len() as u32 - 1;
     ids.insert(path.to_owned(), id);
     id

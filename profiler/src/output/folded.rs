@@ -52,20 +52,44 @@ mod tests {
     fn folds_counts_sorts_and_marks_kernel_frames() {
         let mut i = Interner::new(Meta::default());
         let vm = i.string("vmlinux");
-        let main = Frame { name: i.string("main"), module: 0, kind: FrameKind::User };
-        let work = Frame { name: i.string("work;odd"), module: 0, kind: FrameKind::User };
-        let read = Frame { name: i.string("ksys_read"), module: vm, kind: FrameKind::Kernel };
+        let main = Frame {
+            name: i.string("main"),
+            module: 0,
+            kind: FrameKind::User,
+        };
+        let work = Frame {
+            name: i.string("work;odd"),
+            module: 0,
+            kind: FrameKind::User,
+        };
+        let read = Frame {
+            name: i.string("ksys_read"),
+            module: vm,
+            kind: FrameKind::Kernel,
+        };
         let (main, work, read) = (i.frame(main), i.frame(work), i.frame(read));
         let a = i.stack(vec![main, work]);
         let b = i.stack(vec![main, read]);
         let (x, y) = (i.string("x"), i.string("app"));
         for (comm, stack) in [(y, a), (y, b), (y, a), (x, a)] {
-            i.sample(Sample { offset_ns: 0, cpu: 0, pid: 1, tid: 1, cgroup_id: 0, comm, stack });
+            i.sample(Sample {
+                offset_ns: 0,
+                cpu: 0,
+                pid: 1,
+                tid: 1,
+                cgroup_id: 0,
+                comm,
+                stack,
+            });
         }
         let p = i.finish();
         assert_eq!(
             folded_lines(&p),
-            ["app;main;ksys_read_[k] 1", "app;main;work:odd 2", "x;main;work:odd 1"]
+            [
+                "app;main;ksys_read_[k] 1",
+                "app;main;work:odd 2",
+                "x;main;work:odd 1"
+            ]
         );
         let mut bytes = Vec::new();
         write_folded(&p, &mut bytes).unwrap();

@@ -47,14 +47,24 @@ pub struct Output {
 impl Output {
     /// Recognizes the format from the path.
     pub fn parse(path: &Path) -> Result<Self, OutputError> {
-        let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
         let format = match name.rsplit_once('.').map(|(_, ext)| ext) {
             Some("capture") => Format::Capture,
             Some("folded") => Format::Folded,
             Some("svg") => Format::Svg,
-            _ => return Err(OutputError::UnknownFormat { path: path.display().to_string() }),
+            _ => {
+                return Err(OutputError::UnknownFormat {
+                    path: path.display().to_string(),
+                });
+            }
         };
-        Ok(Self { path: path.to_owned(), format })
+        Ok(Self {
+            path: path.to_owned(),
+            format,
+        })
     }
 
     /// Fails now if the file could not be written later, so no recording is wasted.
@@ -90,6 +100,9 @@ impl Output {
     }
 
     fn io_error(&self, source: io::Error) -> OutputError {
-        OutputError::Io { path: self.path.display().to_string(), source }
+        OutputError::Io {
+            path: self.path.display().to_string(),
+            source,
+        }
     }
 }

@@ -2,7 +2,10 @@
 //! orange, apart from user code, by inferno's "java" palette (the perf convention).
 use std::io;
 
-use inferno::flamegraph::{self, color::{MultiPalette, Palette}};
+use inferno::flamegraph::{
+    self,
+    color::{MultiPalette, Palette},
+};
 
 use crate::profile::Profile;
 
@@ -28,7 +31,14 @@ pub fn write_svg(profile: &Profile, w: &mut impl io::Write) -> io::Result<()> {
 }
 
 fn title(p: &Profile) -> String {
-    format!("CPU flame graph: {}", if p.meta.hostname.is_empty() { "profile" } else { &p.meta.hostname })
+    format!(
+        "CPU flame graph: {}",
+        if p.meta.hostname.is_empty() {
+            "profile"
+        } else {
+            &p.meta.hostname
+        }
+    )
 }
 
 fn subtitle(p: &Profile) -> String {

@@ -21,7 +21,9 @@ pub enum CaptureError {
     Io { path: String, source: io::Error },
     #[error("not a profiler capture (the file does not start with the capture magic)")]
     NotCapture,
-    #[error("capture format version {0} is newer than this profiler reads ({CAPTURE_VERSION}); use a newer profiler")]
+    #[error(
+        "capture format version {0} is newer than this profiler reads ({CAPTURE_VERSION}); use a newer profiler"
+    )]
     NewerVersion(u32),
     #[error("the capture is corrupt or truncated: {0}")]
     Corrupt(String),
@@ -29,18 +31,26 @@ pub enum CaptureError {
 
 /// Writes `profile` to `path` (through a temporary file, so a crash never leaves half a file).
 pub fn write_file(profile: &Profile, path: &Path) -> Result<(), CaptureError> {
-    let io_err = |source| CaptureError::Io { path: path.display().to_string(), source };
+    let io_err = |source| CaptureError::Io {
+        path: path.display().to_string(),
+        source,
+    };
     let tmp = path.with_extension("capture.tmp");
     let mut out = BufWriter::new(File::create(&tmp).map_err(io_err)?);
     encode(profile, &mut out).map_err(io_err)?;
-    out.into_inner().map_err(|e| io_err(e.into_error()))?.sync_all().map_err(io_err)?;
+    out.into_inner()
+        .map_err(|e| io_err(e.into_error()))?
+        .sync_all()
+        .map_err(io_err)?;
     std::fs::rename(&tmp, path).map_err(io_err)
 }
 
 /// Reads a capture file.
 pub fn read_file(path: &Path) -> Result<Profile, CaptureError> {
-    let file = File::open(path)
-        .map_err(|source| CaptureError::Io { path: path.display().to_string(), source })?;
+    let file = File::open(path).map_err(|source| CaptureError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
     decode(&mut BufReader::new(file))
 }
 
@@ -70,8 +80,20 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
     for &cpu in cpus {
         w.u(cpu.into())?;
     }
-    let Counters { recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed } = counters;
-    for c in [recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed] {
+    let Counters {
+        recorded,
+        lost_ringbuf_full,
+        filtered,
+        kstack_failed,
+        ustack_failed,
+    } = counters;
+    for c in [
+        recorded,
+        lost_ringbuf_full,
+        filtered,
+        kstack_failed,
+        ustack_failed,
+    ] {
         w.u(*c)?;
     }
     w.u(p.strings.len() as u64)?;
@@ -102,11 +124,27 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
     }
     w.u(p.samples.len() as u64)?;
     let mut prev = 0u64;
-    for &Sample { offset_ns, cpu, pid, tid, cgroup_id, comm, stack } in &p.samples {
+    for &Sample {
+        offset_ns,
+        cpu,
+        pid,
+        tid,
+        cgroup_id,
+        comm,
+        stack,
+    } in &p.samples
+    {
         // Samples are (nearly) in time order: deltas are small and varints short.
         w.i(offset_ns as i64 - prev as i64)?;
         prev = offset_ns;
-        for v in [u64::from(cpu), pid.into(), tid.into(), cgroup_id, comm.into(), stack.into()] {
+        for v in [
+            u64::from(cpu),
+            pid.into(),
+            tid.into(),
+            cgroup_id,
+            comm.into(),
+            stack.into(),
+        ] {
             w.u(v)?;
         }
     }
@@ -115,7 +153,9 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
 
 pub fn decode(input: &mut impl Read) -> Result<Profile, CaptureError> {
     let mut head = [0u8; 12];
-    input.read_exact(&mut head).map_err(|_| CaptureError::NotCapture)?;
+    input
+        .read_exact(&mut head)
+        .map_err(|_| CaptureError::NotCapture)?;
     if &head[..8] != MAGIC {
         return Err(CaptureError::NotCapture);
     }
@@ -129,7 +169,9 @@ pub fn decode(input: &mut impl Read) -> Result<Profile, CaptureError> {
     let mut rest = Vec::new();
     match r.0.read_to_end(&mut rest) {
         Ok(0) => Ok(profile),
-        Ok(_) => Err(CaptureError::Corrupt("trailing data after the samples".into())),
+        Ok(_) => Err(CaptureError::Corrupt(
+            "trailing data after the samples".into(),
+        )),
         Err(e) => Err(CaptureError::Corrupt(e.to_string())),
     }
 }
@@ -157,7 +199,11 @@ fn read_body<R: Read>(r: &mut Reader<R>) -> io::Result<Profile> {
     let n = r.len()?;
     let strings: Vec<String> = (0..n).map(|_| r.s()).collect::<io::Result<_>>()?;
     let string = |id: u32| -> io::Result<u32> {
-        if (id as usize) < strings.len() { Ok(id) } else { Err(corrupt("string id out of range")) }
+        if (id as usize) < strings.len() {
+            Ok(id)
+        } else {
+            Err(corrupt("string id out of range"))
+        }
     };
     let n = r.len()?;
     let mut frames = Vec::with_capacity(n);
@@ -176,13 +222,27 @@ fn read_body<R: Read>(r: &mut Reader<R>) -> io::Result<Profile> {
     for _ in 0..n {
         let len = r.len()?;
         let ids = (0..len)
-            .map(|_| r.u32().and_then(|f| if (f as usize) < frames.len() { Ok(f) } else { Err(corrupt("frame id out of range")) }))
+            .map(|_| {
+                r.u32().and_then(|f| {
+                    if (f as usize) < frames.len() {
+                        Ok(f)
+                    } else {
+                        Err(corrupt("frame id out of range"))
+                    }
+                })
+            })
             .collect::<io::Result<_>>()?;
         stacks.push(Stack { frames: ids });
     }
     let n = r.len()?;
     let processes = (0..n)
-        .map(|_| Ok(Process { pid: r.u32()?, comm: r.s()?, exe: r.s()? }))
+        .map(|_| {
+            Ok(Process {
+                pid: r.u32()?,
+                comm: r.s()?,
+                exe: r.s()?,
+            })
+        })
         .collect::<io::Result<_>>()?;
     let n = r.len()?;
     let mut samples = Vec::with_capacity(n);
@@ -203,7 +263,14 @@ fn read_body<R: Read>(r: &mut Reader<R>) -> io::Result<Profile> {
         }
         samples.push(s);
     }
-    Ok(Profile { meta, strings, frames, stacks, samples, processes })
+    Ok(Profile {
+        meta,
+        strings,
+        frames,
+        stacks,
+        samples,
+        processes,
+    })
 }
 
 fn corrupt(what: &str) -> io::Error {
@@ -271,7 +338,11 @@ impl<R: Read> Reader<R> {
     /// A count of items; bounded so a corrupt file cannot make us allocate terabytes.
     fn len(&mut self) -> io::Result<usize> {
         let n = self.u()?;
-        if n > 1 << 32 { Err(corrupt("implausible count")) } else { Ok(n as usize) }
+        if n > 1 << 32 {
+            Err(corrupt("implausible count"))
+        } else {
+            Ok(n as usize)
+        }
     }
 
     fn s(&mut self) -> io::Result<String> {
@@ -300,18 +371,45 @@ mod tests {
             hostname: "host".into(),
             kernel_release: "6.18".into(),
             cpus: vec![0, 1],
-            counters: Counters { recorded: 3, lost_ringbuf_full: 1, filtered: 7, kstack_failed: 0, ustack_failed: 2 },
+            counters: Counters {
+                recorded: 3,
+                lost_ringbuf_full: 1,
+                filtered: 7,
+                kstack_failed: 0,
+                ustack_failed: 2,
+            },
         });
         let (main, vm) = (i.string("main"), i.string("vmlinux"));
-        let f0 = i.frame(Frame { name: main, module: 0, kind: FrameKind::User });
-        let f1 = i.frame(Frame { name: i.string("do_syscall_64"), module: vm, kind: FrameKind::Kernel });
+        let f0 = i.frame(Frame {
+            name: main,
+            module: 0,
+            kind: FrameKind::User,
+        });
+        let syscall = i.string("do_syscall_64");
+        let f1 = i.frame(Frame {
+            name: syscall,
+            module: vm,
+            kind: FrameKind::Kernel,
+        });
         let s0 = i.stack(vec![f0]);
         let s1 = i.stack(vec![f0, f1]);
         let comm = i.string("fx-chain");
         for (t, stack) in [(5, s0), (3, s1), (10_000_000_000, s0)] {
-            i.sample(Sample { offset_ns: t, cpu: 1, pid: 42, tid: 43, cgroup_id: 9, comm, stack });
+            i.sample(Sample {
+                offset_ns: t,
+                cpu: 1,
+                pid: 42,
+                tid: 43,
+                cgroup_id: 9,
+                comm,
+                stack,
+            });
         }
-        i.process(Process { pid: 42, comm: "fx-chain".into(), exe: "/bin/fx".into() });
+        i.process(Process {
+            pid: 42,
+            comm: "fx-chain".into(),
+            exe: "/bin/fx".into(),
+        });
         i.finish()
     }
 
@@ -325,11 +423,17 @@ mod tests {
 
     #[test]
     fn rejects_other_files_and_newer_versions() {
-        assert!(matches!(decode(&mut &b"hello world, not a capture"[..]), Err(CaptureError::NotCapture)));
+        assert!(matches!(
+            decode(&mut &b"hello world, not a capture"[..]),
+            Err(CaptureError::NotCapture)
+        ));
         let mut bytes = Vec::new();
         encode(&sample_profile(), &mut bytes).unwrap();
         bytes[8] = 99;
-        assert!(matches!(decode(&mut bytes.as_slice()), Err(CaptureError::NewerVersion(99))));
+        assert!(matches!(
+            decode(&mut bytes.as_slice()),
+            Err(CaptureError::NewerVersion(99))
+        ));
     }
 
     #[test]

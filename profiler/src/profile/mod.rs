@@ -3,5 +3,7 @@
 mod capture;
 mod model;
 
-pub use capture::{CaptureError, decode, encode, read_file, write_file, CAPTURE_VERSION};
-pub use model::{Counters, Frame, FrameKind, Interner, Meta, Process, Profile, Sample, Stack, StrId};
+pub use capture::{CAPTURE_VERSION, CaptureError, decode, encode, read_file, write_file};
+pub use model::{
+    Counters, Frame, FrameKind, Interner, Meta, Process, Profile, Sample, Stack, StrId,
+};

@@ -110,7 +110,10 @@ impl Profile {
 
     /// The frames of a stack, root first.
     pub fn stack_frames(&self, stack: u32) -> impl Iterator<Item = &Frame> {
-        self.stacks[stack as usize].frames.iter().map(|&f| &self.frames[f as usize])
+        self.stacks[stack as usize]
+            .frames
+            .iter()
+            .map(|&f| &self.frames[f as usize])
     }
 }
 
@@ -125,7 +128,13 @@ pub struct Interner {
 
 impl Interner {
     pub fn new(meta: Meta) -> Self {
-        let mut me = Self { profile: Profile { meta, ..Profile::default() }, ..Self::default() };
+        let mut me = Self {
+            profile: Profile {
+                meta,
+                ..Profile::default()
+            },
+            ..Self::default()
+        };
         me.string(""); // id 0 is the empty string
         me
     }

@@ -34,9 +34,13 @@ impl KernelSymbols {
             if !matches!(kind, "t" | "T" | "w" | "W") {
                 continue;
             }
-            let Ok(addr) = u64::from_str_radix(addr, 16) else { continue };
+            let Ok(addr) = u64::from_str_radix(addr, 16) else {
+                continue;
+            };
             nonzero |= addr != 0;
-            let module = it.next().map_or("", |m| m.trim_start_matches('[').trim_end_matches(']'));
+            let module = it
+                .next()
+                .map_or("", |m| m.trim_start_matches('[').trim_end_matches(']'));
             syms.push((addr, name.to_owned(), module.to_owned()));
         }
         syms.sort_by_key(|s| s.0);
@@ -56,7 +60,10 @@ impl KernelSymbols {
     pub fn lookup(&self, addr: u64) -> Option<KernelSym<'_>> {
         let i = self.syms.partition_point(|s| s.0 <= addr).checked_sub(1)?;
         let (_, name, module) = &self.syms[i];
-        Some(KernelSym { name, module: if module.is_empty() { "vmlinux" } else { module } })
+        Some(KernelSym {
+            name,
+            module: if module.is_empty() { "vmlinux" } else { module },
+        })
     }
 }
 
@@ -77,13 +84,22 @@ ffffffffc0002000 W weak_thing\t[e1000]
     fn finds_the_enclosing_text_symbol() {
         let k = KernelSymbols::parse(TEXT);
         assert!(!k.hidden());
-        assert_eq!(k.lookup(0xffffffff81001fff).unwrap().name, "do_one_initcall");
+        assert_eq!(
+            k.lookup(0xffffffff81001fff).unwrap().name,
+            "do_one_initcall"
+        );
         // Data symbols are skipped: this address belongs to the text symbol before it.
-        assert_eq!(k.lookup(0xffffffff81002500).unwrap().name, "do_one_initcall");
+        assert_eq!(
+            k.lookup(0xffffffff81002500).unwrap().name,
+            "do_one_initcall"
+        );
         assert_eq!(k.lookup(0xffffffff81003000).unwrap().name, "__x64_sys_read");
         assert_eq!(
             k.lookup(0xffffffffc0001010),
-            Some(KernelSym { name: "e1000_clean", module: "e1000" })
+            Some(KernelSym {
+                name: "e1000_clean",
+                module: "e1000"
+            })
         );
         assert_eq!(k.lookup(0xffffffff81003001).unwrap().module, "vmlinux");
         assert_eq!(k.lookup(0x1000), None);

@@ -1,5 +1,6 @@
 //! Third stage: turn raw addresses into named frames (kernel from kallsyms, user through
 //! blazesym, each unique address once) and build the profile model from the collection.
+mod demangle;
 mod kernel;
 mod user;
 
@@ -39,7 +40,11 @@ pub fn build_profile(
                         None if kernel.hidden() => (out.string("[kernel]"), kernel_module),
                         None => (out.string("[unknown]"), kernel_module),
                     };
-                    out.frame(Frame { name, module, kind: FrameKind::Kernel })
+                    out.frame(Frame {
+                        name,
+                        module,
+                        kind: FrameKind::Kernel,
+                    })
                 })
                 .collect()
         })
@@ -70,7 +75,11 @@ pub fn build_profile(
                         }
                         _ => (out.string("[unknown]"), 0),
                     };
-                    out.frame(Frame { name, module, kind: FrameKind::User })
+                    out.frame(Frame {
+                        name,
+                        module,
+                        kind: FrameKind::User,
+                    })
                 })
                 .collect()
         })

@@ -1,5 +1,5 @@
 //! User addresses to names: batches of unique file offsets per binary, through blazesym
-//! (ELF symbols, DWARF where present, demangled Rust and C++ names).
+//! (ELF symbols, DWARF where present), then demangled by `demangle`.
 use std::path::Path;
 
 use blazesym::symbolize::{
@@ -15,10 +15,11 @@ impl Default for UserSymbolizer {
     fn default() -> Self {
         Self {
             // Names only: line info and inlined frames cost time and memory we do not use yet.
+            // blazesym's demangler would turn C names like `a` into C++ types: we demangle.
             inner: Symbolizer::builder()
                 .enable_code_info(false)
                 .enable_inlined_fns(false)
-                .enable_demangling(true)
+                .enable_demangling(false)
                 .build(),
         }
     }
@@ -33,7 +34,7 @@ impl UserSymbolizer {
             Ok(results) => results
                 .into_iter()
                 .map(|r| match r {
-                    Symbolized::Sym(sym) => Some(sym.name.into_owned()),
+                    Symbolized::Sym(sym) => Some(super::demangle::demangle(&sym.name)),
                     Symbolized::Unknown(_) => None,
                 })
                 .collect(),

@@ -1,0 +1,75 @@
+//! Compiles the C fixtures (fixtures/*.c) with the system `cc` into OUT_DIR and tells the
+//! tests where they are: fixtures/fx-chain.c -> env FIXTURE_FX_CHAIN=<OUT_DIR>/fx-chain.
+//!
+//! The flags are the point of the fixtures: frame pointers everywhere (the sampler walks user
+//! stacks by frame pointer) and no inlining or sibling calls, so the source's call chain is
+//! exactly the chain on the stack.
+
+use std::path::Path;
+use std::process::Command;
+
+const CFLAGS: &[&str] = &[
+    "-O1",
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-mno-omit-leaf-frame-pointer",
+    "-fno-inline",
+    "-fno-optimize-sibling-calls",
+    "-Wall",
+    "-Wextra",
+];
+
+fn main() {
+    let out_dir = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
+    // The whole directory, so a new fixture or a change to common.h rebuilds them all.
+    println!("cargo:rerun-if-changed=fixtures");
+    println!("cargo:rerun-if-changed=build.rs");
+
+    let mut sources: Vec<_> = std::fs::read_dir("fixtures")
+        .expect("read tests/fixtures")
+        .map(|entry| entry.expect("read tests/fixtures entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "c"))
+        .collect();
+    sources.sort();
+
+    for source in sources {
+        let name = source
+            .file_stem()
+            .unwrap()
+            .to_str()
+            .expect("UTF-8 fixture name");
+        // The binary name becomes the process comm, which the kernel cuts at 15 bytes.
+        assert!(
+            name.len() <= 15,
+            "fixture name {name:?} is longer than a comm (15 bytes)"
+        );
+        let output = Path::new(&out_dir).join(name);
+        compile(&source, &output);
+        let var = format!("FIXTURE_{}", name.to_uppercase().replace('-', "_"));
+        println!("cargo:rustc-env={var}={}", output.display());
+    }
+}
+
+fn compile(source: &Path, output: &Path) {
+    let result = Command::new("cc")
+        .args(CFLAGS)
+        .arg("-o")
+        .arg(output)
+        .arg(source)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "running `cc` for {}: {e} (is gcc installed?)",
+                source.display()
+            )
+        });
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        result.status.success(),
+        "cc failed on {}:\n{stderr}",
+        source.display()
+    );
+    for line in stderr.lines() {
+        println!("cargo:warning={line}");
+    }
+}

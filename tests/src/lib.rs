@@ -1,0 +1,30 @@
+//! Helpers shared by the integration tests in tests/tests: where the profiler binary is,
+//! whether this host can load BPF, fixture processes, running the profiler with a timeout,
+//! parsing folded output, and scratch directories.
+//!
+//! The fixtures themselves are built by build.rs (C, env `FIXTURE_<NAME>`) and as the bin
+//! target `fixture-rust` (env `CARGO_BIN_EXE_fixture-rust` in integration tests).
+
+mod folded;
+mod privilege;
+mod process;
+mod tempdir;
+
+pub use folded::{Stack, has_chain, head, is_kernel, parse_folded, read_folded, samples};
+pub use privilege::{missing_privilege, require_bpf};
+pub use process::{
+    Fixture, expect_success, profiler_bin, record, report, run_profiler, spawn_fixture,
+    wait_timeout,
+};
+pub use tempdir::TempDir;
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Serializes the tests that sample the machine. They run as threads of one test binary, and
+/// concurrent fixtures and profilers would compete for the CPUs (two on a small VM): the
+/// sample counts and the work_three/work_one split assume a fixture that is mostly on a CPU.
+pub fn exclusive() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    // A failed test poisons the lock; the next test is still valid on its own.
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,158 @@
+//! Child processes: the profiler binary (always with a timeout, so a hang fails the test
+//! instead of stalling the suite) and fixtures (killed when the test is done with them).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Upper bound for one profiler run in the tests: recording is 3-4 s, the rest is BPF loading
+/// and symbolization. Catches hangs; it is not a performance assertion.
+const PROFILER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The profiler binary: env PROFILER_BIN, else `profiler` in the target directory these tests
+/// were built into, else `<workspace>/target/debug/profiler`. Panics if none exists.
+pub fn profiler_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("PROFILER_BIN") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "PROFILER_BIN={} does not exist",
+            path.display()
+        );
+        return path;
+    }
+    // Test executables live in <target>/<profile>/deps/; this follows CARGO_TARGET_DIR.
+    let beside_tests = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("profiler")));
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/profiler");
+    let candidates: Vec<PathBuf> = beside_tests.into_iter().chain([workspace]).collect();
+    if let Some(found) = candidates.iter().find(|path| path.is_file()) {
+        return found.clone();
+    }
+    panic!(
+        "profiler binary not found (looked at {candidates:?}); build it with \
+         `cargo build -p profiler` or run `cargo xtask test`, or set PROFILER_BIN"
+    );
+}
+
+/// Runs the profiler with `args` as given, waiting at most `timeout`.
+pub fn run_profiler(args: &[&str], timeout: Duration) -> Output {
+    let mut child = Command::new(profiler_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting profiler {args:?}: {e}"));
+    // Drain both pipes while waiting, so a chatty child cannot block on a full pipe.
+    let stdout = drain(child.stdout.take().unwrap());
+    let stderr = drain(child.stderr.take().unwrap());
+    let status = wait_timeout(&mut child, timeout);
+    let stdout = stdout.join().unwrap();
+    let stderr = stderr.join().unwrap();
+    let Some(status) = status else {
+        panic!(
+            "profiler {args:?} did not exit within {timeout:?}; stderr:\n{}",
+            String::from_utf8_lossy(&stderr)
+        );
+    };
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// `profiler record <args>`.
+pub fn record(args: &[&str]) -> Output {
+    run_profiler(&[&["record"], args].concat(), PROFILER_TIMEOUT)
+}
+
+/// `profiler report <args>`.
+pub fn report(args: &[&str]) -> Output {
+    run_profiler(&[&["report"], args].concat(), PROFILER_TIMEOUT)
+}
+
+/// Panics unless the run succeeded, showing its status and stderr.
+pub fn expect_success(output: &Output, what: &str) {
+    assert!(
+        output.status.success(),
+        "{what} failed with {}; stderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn drain(mut pipe: impl Read + Send + 'static) -> thread::JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        bytes
+    })
+}
+
+/// Waits for `child` up to `timeout`; on timeout kills it (and reaps it) and returns None.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("waiting for child") {
+            return Some(status);
+        }
+        if start.elapsed() >= timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A running fixture process, killed and reaped on drop (its own deadline is the backstop).
+pub struct Fixture {
+    child: Child,
+}
+
+impl Fixture {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the fixture at `path` to run for `secs` seconds, and returns once it has exec'd
+/// (its comm is the file name), so a `--comm` or `--pid` recording started next sees it.
+pub fn spawn_fixture(path: &Path, secs: u64) -> Fixture {
+    let child = Command::new(path)
+        .arg(secs.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting fixture {}: {e}", path.display()));
+    let fixture = Fixture { child };
+    // The kernel keeps the first 15 bytes of the file name as comm.
+    let name = path.file_name().unwrap().to_string_lossy();
+    let comm: String = name.chars().take(15).collect();
+    let comm_file = format!("/proc/{}/comm", fixture.pid());
+    let start = Instant::now();
+    loop {
+        match std::fs::read_to_string(&comm_file) {
+            Ok(seen) if seen.trim_end() == comm => return fixture,
+            Ok(_) | Err(_) if start.elapsed() < Duration::from_secs(5) => {
+                thread::sleep(Duration::from_millis(10))
+            }
+            seen => panic!(
+                "fixture {} did not start as {comm:?}: {seen:?}",
+                path.display()
+            ),
+        }
+    }
+}

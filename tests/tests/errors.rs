@@ -1,0 +1,98 @@
+//! Bad input: the profiler exits non-zero with ONE stderr line `error: ...` that names the
+//! culprit. These need no privilege: input is validated before BPF is loaded, so they run
+//! (and must pass) as any user. Each run is bounded by a timeout: an input error that is only
+//! noticed after sampling shows up as a hang, not as a slow pass.
+
+use std::time::Duration;
+
+use profiler_tests::{TempDir, run_profiler};
+
+/// Bound on each run. A bound to catch a hang (e.g. sampling for the whole `-d 30s` before
+/// failing), not a timing assertion.
+const FAIL_FAST: Duration = Duration::from_secs(10);
+
+/// Runs the profiler, expects failure with a single `error: ` line containing each of
+/// `mentions`, and returns that line.
+fn expect_error(args: &[&str], mentions: &[&str]) -> String {
+    let output = run_profiler(args, FAIL_FAST);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "profiler {args:?} succeeded; stderr:\n{stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("error: "),
+        "profiler {args:?}: expected one `error: ` line on stderr, got {} lines:\n{stderr}",
+        lines.len()
+    );
+    for mention in mentions {
+        assert!(
+            lines[0].to_lowercase().contains(&mention.to_lowercase()),
+            "profiler {args:?}: error does not mention {mention:?}: {}",
+            lines[0]
+        );
+    }
+    lines[0].to_owned()
+}
+
+#[test]
+fn unknown_output_extension() {
+    let dir = TempDir::new("bad-ext");
+    let out = dir.file("out.xyz");
+    expect_error(&["record", "-d", "30s", "-o", &out], &["xyz"]);
+}
+
+#[test]
+fn output_in_missing_directory_fails_before_sampling() {
+    let out = "/nonexistent-dir/x.svg";
+    expect_error(&["record", "-d", "30s", "-o", out], &[out]);
+}
+
+#[test]
+fn pid_that_does_not_exist() {
+    let dir = TempDir::new("bad-pid");
+    let out = dir.file("x.folded");
+    expect_error(
+        &["record", "-d", "30s", "--pid", "999999999", "-o", &out],
+        &["999999999"],
+    );
+}
+
+#[test]
+fn frequency_out_of_range() {
+    let dir = TempDir::new("bad-freq");
+    let out = dir.file("x.folded");
+    for hz in ["0", "20000"] {
+        // The message must give the valid range, whose upper end is 10000.
+        expect_error(&["record", "-d", "30s", "-F", hz, "-o", &out], &["10000"]);
+    }
+}
+
+#[test]
+fn report_of_missing_capture() {
+    let dir = TempDir::new("missing-capture");
+    let out = dir.file("x.folded");
+    expect_error(
+        &["report", "/nonexistent.capture", "-o", &out],
+        &["/nonexistent.capture"],
+    );
+}
+
+#[test]
+fn report_of_a_file_that_is_not_a_capture() {
+    let dir = TempDir::new("not-capture");
+    let garbage = dir.file("garbage.capture");
+    std::fs::write(
+        &garbage,
+        b"this is not a profiler capture\n\x00\x01\x02\xff".repeat(50),
+    )
+    .expect("writing garbage capture");
+    let out = dir.file("x.folded");
+    let line = expect_error(&["report", &garbage, "-o", &out], &["capture"]);
+    // Wording is free ("not a capture", "not a valid profiler capture"), the meaning is not.
+    assert!(
+        line.to_lowercase().contains("not a"),
+        "error does not say it is not a capture: {line}"
+    );
+}

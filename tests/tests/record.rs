@@ -1,0 +1,284 @@
+//! The real profiler on fixtures with known call chains. Each test needs BPF (it skips with a
+//! reason outside CI), starts its fixture first, then records a few seconds of it.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use profiler_tests::{
+    Fixture, Stack, TempDir, exclusive, expect_success, has_chain, head, is_kernel, read_folded,
+    record, report, require_bpf, samples, spawn_fixture, wait_timeout,
+};
+
+/// Fixture lifetime: longer than any recording here plus the profiler's start-up.
+const FIXTURE_SECS: u64 = 20;
+
+fn c_fixture(path: &str) -> Fixture {
+    spawn_fixture(Path::new(path), FIXTURE_SECS)
+}
+
+fn rust_fixture() -> Fixture {
+    spawn_fixture(Path::new(env!("CARGO_BIN_EXE_fixture-rust")), FIXTURE_SECS)
+}
+
+/// `profiler record <args> -o <dir>/out.folded` (default duration 3 s unless `args` has one),
+/// returning the folded text and its parsed stacks.
+fn record_folded(dir: &TempDir, args: &[&str]) -> (String, Vec<Stack>) {
+    let out = dir.file("out.folded");
+    let mut full: Vec<&str> = args.to_vec();
+    if !args.iter().any(|a| *a == "-d" || *a == "--duration") {
+        full.extend(["-d", "3s"]);
+    }
+    full.extend(["-o", &out]);
+    expect_success(&record(&full), &format!("profiler record {full:?}"));
+    read_folded(Path::new(&out))
+}
+
+/// Among the samples whose root is `comm`: at least `min` in total, and at least 80% with
+/// `chain` as an ordered subsequence of their frames.
+fn assert_chain(text: &str, stacks: &[Stack], comm: &str, chain: &[&str], ends_with: bool) {
+    let matches = |frame: &str, want: &str| {
+        if ends_with {
+            frame.ends_with(want)
+        } else {
+            frame == want
+        }
+    };
+    let total = samples(stacks, |f| f[0] == comm);
+    let chained = samples(stacks, |f| f[0] == comm && has_chain(f, chain, matches));
+    eprintln!("{comm}: {chained} of {total} samples have {chain:?}");
+    assert!(
+        total >= 50,
+        "only {total} samples of {comm}; {}",
+        head(text, 40)
+    );
+    assert!(
+        chained * 100 >= total * 80,
+        "only {chained} of {total} samples of {comm} have the chain {chain:?}; {}",
+        head(text, 40)
+    );
+}
+
+#[test]
+fn c_chain_main_a_b_c() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("c-chain");
+    let _fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
+    let (text, stacks) = record_folded(&dir, &["--comm", "fx-chain", "-F", "499"]);
+    assert_chain(&text, &stacks, "fx-chain", &["main", "a", "b", "c"], false);
+}
+
+#[test]
+fn rust_chain_outer_middle_inner() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("rust-chain");
+    let _fixture = rust_fixture();
+    let (text, stacks) = record_folded(&dir, &["--comm", "fixture-rust", "-F", "499"]);
+    let chain = ["rust_outer", "rust_middle", "rust_inner"];
+    assert_chain(&text, &stacks, "fixture-rust", &chain, true);
+}
+
+#[test]
+fn syscall_stacks_have_kernel_frames() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("syscall");
+    let _fixture = c_fixture(env!("FIXTURE_FX_SYSCALL"));
+    let (text, stacks) = record_folded(&dir, &["--comm", "fx-syscall"]);
+    let entry = |f: &String| f.starts_with("entry_SYSCALL") && is_kernel(f);
+    let read = |f: &String| f == "__x64_sys_read_[k]" || f == "ksys_read_[k]";
+    let mine: Vec<&Stack> = stacks
+        .iter()
+        .filter(|(f, _)| f[0] == "fx-syscall")
+        .collect();
+    assert!(
+        mine.iter()
+            .any(|(f, _)| f.iter().any(entry) && f.iter().any(read)),
+        "no fx-syscall stack has both entry_SYSCALL*_[k] and __x64_sys_read_[k] or \
+         ksys_read_[k]; {}",
+        head(&text, 40)
+    );
+    let total = samples(&stacks, |f| f[0] == "fx-syscall");
+    let kernel = samples(&stacks, |f| {
+        f[0] == "fx-syscall" && f.iter().any(|x| is_kernel(x))
+    });
+    eprintln!("fx-syscall: {kernel} of {total} samples have kernel frames");
+    assert!(
+        total >= 50,
+        "only {total} samples of fx-syscall; {}",
+        head(&text, 40)
+    );
+    assert!(
+        kernel * 100 >= total * 30,
+        "only {kernel} of {total} fx-syscall samples have a _[k] frame; {}",
+        head(&text, 40)
+    );
+}
+
+#[test]
+fn cpu_split_matches_work_done() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("ratio");
+    let _fixture = c_fixture(env!("FIXTURE_FX_RATIO"));
+    let (text, stacks) = record_folded(&dir, &["--comm", "fx-ratio", "-F", "999", "-d", "4s"]);
+    let within = |name: &str| {
+        samples(&stacks, |f| {
+            f[0] == "fx-ratio" && f.iter().any(|x| x == name)
+        })
+    };
+    let (three, one) = (within("work_three"), within("work_one"));
+    let total = three + one;
+    assert!(
+        total >= 1000,
+        "only {total} samples in work_three ({three}) + work_one ({one}); {}",
+        head(&text, 40)
+    );
+    let share = three as f64 * 100.0 / total as f64;
+    eprintln!("work_three share: {share:.1}% ({three} of {total}); expected 75%");
+    assert!(
+        (share - 75.0).abs() <= 5.0,
+        "work_three has {share:.1}% of the samples ({three} vs work_one {one}), expected 75 +- 5; {}",
+        head(&text, 40)
+    );
+}
+
+#[test]
+fn pid_filter_keeps_only_that_process() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("pid");
+    let _other = c_fixture(env!("FIXTURE_FX_CHAIN"));
+    let target = rust_fixture();
+    let pid = target.pid().to_string();
+    let (text, stacks) = record_folded(&dir, &["--pid", &pid, "-F", "499"]);
+    let strangers: Vec<&str> = stacks
+        .iter()
+        .map(|(f, _)| f[0].as_str())
+        .filter(|c| *c != "fixture-rust")
+        .collect();
+    assert!(
+        strangers.is_empty(),
+        "--pid {pid} (fixture-rust) recorded other comms {strangers:?}; {}",
+        head(&text, 40)
+    );
+    let total = samples(&stacks, |_| true);
+    assert!(
+        total >= 50,
+        "only {total} samples of --pid {pid}; {}",
+        head(&text, 40)
+    );
+}
+
+#[test]
+fn capture_round_trip_gives_identical_folded() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("round-trip");
+    let _fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
+    let (a_folded, a_capture, a_svg) = (
+        dir.file("a.folded"),
+        dir.file("a.capture"),
+        dir.file("a.svg"),
+    );
+    let args = [
+        "--comm", "fx-chain", "-d", "3s", "-o", &a_folded, "-o", &a_capture, "-o", &a_svg,
+    ];
+    expect_success(&record(&args), &format!("profiler record {args:?}"));
+
+    let b_folded = dir.file("b.folded");
+    expect_success(
+        &report(&[&a_capture, "-o", &b_folded]),
+        "profiler report a.capture -o b.folded",
+    );
+    assert_same_folded(&a_folded, &b_folded);
+
+    let svg = std::fs::read_to_string(&a_svg).expect("reading a.svg");
+    assert!(
+        svg.starts_with("<?xml") || svg.contains("<svg"),
+        "a.svg is not an SVG; it starts with {:?}",
+        svg.chars().take(200).collect::<String>()
+    );
+
+    let stats = report(&[&a_capture, "--stats"]);
+    expect_success(&stats, "profiler report a.capture --stats");
+    let stats = String::from_utf8_lossy(&stats.stdout);
+    let sampled = stats
+        .lines()
+        .find_map(|line| line.strip_prefix("samples:"))
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    assert!(
+        sampled.is_some_and(|n| n > 0),
+        "--stats has no positive `samples:` line:\n{stats}"
+    );
+}
+
+/// Both folded files exist, are non-empty and byte-identical.
+fn assert_same_folded(expected: &str, actual: &str) {
+    let (want, _) = read_folded(Path::new(expected));
+    let (got, _) = read_folded(Path::new(actual));
+    assert!(!want.is_empty(), "{expected} is empty");
+    assert!(
+        want == got,
+        "{actual} differs from {expected}.\n{expected}: {}\n{actual}: {}",
+        head(&want, 20),
+        head(&got, 20)
+    );
+}
+
+#[test]
+fn ctrl_c_stops_recording_and_writes_outputs() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("ctrl-c");
+    let _fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
+    let (folded, capture) = (dir.file("x.folded"), dir.file("x.capture"));
+    let mut profiler = Command::new(profiler_tests::profiler_bin())
+        .args([
+            "record", "--comm", "fx-chain", "-d", "60s", "-o", &folded, "-o", &capture,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("starting profiler record");
+    // Long enough for BPF to be loaded and some samples taken; there is no readiness signal.
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: kill(2) on the pid of our own child, which has not been reaped yet.
+    let rc = unsafe { libc::kill(profiler.id() as libc::pid_t, libc::SIGINT) };
+    assert_eq!(rc, 0, "kill(SIGINT): {}", std::io::Error::last_os_error());
+    // A bound to catch a hang, not a timing assertion.
+    let status = wait_timeout(&mut profiler, Duration::from_secs(10))
+        .expect("profiler record did not exit within 10 s of SIGINT");
+    assert!(
+        status.success(),
+        "profiler record exited with {status} after SIGINT"
+    );
+
+    let capture_len = std::fs::metadata(&capture).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        capture_len > 0,
+        "{capture} is missing or empty after SIGINT"
+    );
+    let again = dir.file("again.folded");
+    expect_success(
+        &report(&[&capture, "-o", &again]),
+        "profiler report x.capture",
+    );
+    assert_same_folded(&folded, &again);
+}

@@ -1,0 +1,195 @@
+//! Pieces for benchmarks that watch BPF programs: child processes killed on drop, the
+//! bpf_stats_enabled switch, per-program run time from fdinfo, and Ctrl-C aware sleeping.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::util;
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Catches Ctrl-C so the guards below can restore bpf_stats_enabled and stop the load; the
+/// children get the signal too and stop, and `sleep` turns it into an error.
+pub fn catch_ctrl_c() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(
+            libc::SIGINT,
+            on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        )
+    };
+}
+
+/// Sleeps, returning early with an error on Ctrl-C.
+pub fn sleep(duration: Duration) -> Result<()> {
+    let end = Instant::now() + duration;
+    while Instant::now() < end {
+        ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted by Ctrl-C");
+        thread::sleep(Duration::from_millis(100).min(end - Instant::now()));
+    }
+    Ok(())
+}
+
+pub fn children_cpu_seconds() -> f64 {
+    // SAFETY: an all-zero rusage is valid, and getrusage only fills it in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: usage is a valid rusage for the kernel to fill in.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// A child process that is killed when dropped, so an error never leaves load or a profiler behind.
+pub struct Proc {
+    name: String,
+    child: Child,
+}
+
+impl Proc {
+    pub fn spawn(cmd: &mut Command) -> Result<Self> {
+        let name = util::display(cmd);
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start `{name}`"))?;
+        Ok(Self { name, child })
+    }
+
+    pub fn wait(&mut self, limit: Duration) -> Result<ExitStatus> {
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted by Ctrl-C");
+            ensure!(
+                Instant::now() < end,
+                "`{}` did not exit within {limit:?}; killed it",
+                self.name
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Asks the child to stop as Ctrl-C would.
+    pub fn interrupt(&self) {
+        // SAFETY: the child is not reaped yet (we own it), so its pid still names it.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+    }
+
+    pub fn wait_success(&mut self, limit: Duration) -> Result<()> {
+        let status = self.wait(limit)?;
+        ensure!(
+            status.success(),
+            "`{}` failed ({status}); see its messages above",
+            self.name
+        );
+        Ok(())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // Both are no-ops once the child has been reaped.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Turns on the kernel's per-program run time accounting, restoring the old value when dropped.
+pub struct BpfStatsEnabled {
+    previous: String,
+}
+
+impl BpfStatsEnabled {
+    pub fn enable() -> Result<Self> {
+        let previous =
+            fs::read_to_string(BPF_STATS).with_context(|| format!("cannot read {BPF_STATS}"))?;
+        fs::write(BPF_STATS, "1")
+            .with_context(|| format!("cannot enable {BPF_STATS}: run the bench as root"))?;
+        Ok(Self { previous })
+    }
+}
+
+impl Drop for BpfStatsEnabled {
+    fn drop(&mut self) {
+        if let Err(err) = fs::write(BPF_STATS, self.previous.trim()) {
+            eprintln!(
+                "warning: could not restore {BPF_STATS} to {}: {err}",
+                self.previous.trim()
+            );
+        }
+    }
+}
+
+/// Run time of a process's BPF programs, summed over distinct programs (from fdinfo).
+#[derive(Clone, Copy, Default)]
+pub struct ProgStats {
+    /// Total time in the programs, ns.
+    pub run_time_ns: u64,
+    /// Number of program runs.
+    pub run_cnt: u64,
+}
+
+impl ProgStats {
+    pub fn of(proc: &Proc) -> Result<Self> {
+        let pid = proc.child.id();
+        // Keyed by program id: a program held through several fds must count once.
+        let mut programs = BTreeMap::new();
+        let fds = fs::read_dir(format!("/proc/{pid}/fd"))
+            .with_context(|| format!("`{}` is not running", proc.name))?;
+        for fd in fds.flatten() {
+            if fs::read_link(fd.path())
+                .is_ok_and(|target| target == Path::new("anon_inode:bpf-prog"))
+            {
+                let info = fs::read_to_string(format!(
+                    "/proc/{pid}/fdinfo/{}",
+                    fd.file_name().to_string_lossy()
+                ))
+                .unwrap_or_default();
+                let num = |key| {
+                    util::field(&info, key)
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                programs.insert(
+                    num("prog_id"),
+                    Self {
+                        run_time_ns: num("run_time_ns"),
+                        run_cnt: num("run_cnt"),
+                    },
+                );
+            }
+        }
+        let total = programs.values().fold(Self::default(), |a, p| Self {
+            run_time_ns: a.run_time_ns + p.run_time_ns,
+            run_cnt: a.run_cnt + p.run_cnt,
+        });
+        if total.run_cnt == 0 {
+            bail!(
+                "`{}` has no BPF program that ran ({} loaded); see its messages above",
+                proc.name,
+                programs.len()
+            );
+        }
+        Ok(total)
+    }
+
+    pub fn ns_per_run(self) -> f64 {
+        self.run_time_ns as f64 / self.run_cnt as f64
+    }
+}

@@ -1,0 +1,130 @@
+//! `cargo xtask`: project tasks (toolchain setup, run, test, benchmarks) written in Rust so they
+//! work the same on every machine.
+
+mod bench_kernel_cost;
+mod bench_support;
+mod host;
+mod run;
+mod setup;
+mod test;
+mod util;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Project tasks for the profiler workspace"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the eBPF toolchain (when missing) and check that this host can profile.
+    Setup {
+        /// Also the tools `cargo xtask test` needs (gcc, rustfmt, clippy).
+        #[arg(long)]
+        tests: bool,
+        /// Also the peers the benchmarks compare with (bpftrace, perf).
+        #[arg(long)]
+        bench: bool,
+    },
+    /// Build the profiler (release unless --debug) and run it: `cargo xtask run -- record ...`.
+    Run {
+        /// Use the debug build.
+        #[arg(long)]
+        debug: bool,
+        /// Arguments for the profiler.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// fmt check, clippy, debug build, then all tests (`cargo xtask test -- FILTER`).
+    Test {
+        /// Arguments for `cargo test`; after a further `--`, for the test binaries.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Benchmarks; they print a table and write JSON under target/bench/.
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// BPF time per sample against bpftrace, lost samples and own CPU use, with every CPU busy.
+    KernelCost {
+        /// How long each of the three runs lasts.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..))]
+        seconds: u64,
+        /// Sampling frequency for our profiler and bpftrace, in Hz.
+        #[arg(long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..))]
+        frequency: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    match dispatch(Cli::parse().command) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(task: Task) -> Result<ExitCode> {
+    match task {
+        Task::Setup { tests, bench } => {
+            let failed = setup::setup(setup::Extras { tests, bench })?;
+            if !failed.is_empty() {
+                // Building needs no privileges, so setup itself succeeds; run/test/bench refuse.
+                println!(
+                    "warning: toolchain ready, but {} host check(s) failed: run, test and bench will refuse until fixed",
+                    failed.len()
+                );
+            }
+        }
+        Task::Run { debug, args } => return run::run(debug, &args),
+        Task::Test { args } => test::test(&args)?,
+        Task::Bench(Bench::KernelCost { seconds, frequency }) => {
+            bench_kernel_cost::kernel_cost(seconds, frequency)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Task {
+        Cli::try_parse_from(["xtask"].iter().chain(args))
+            .unwrap()
+            .command
+    }
+
+    #[test]
+    fn run_passes_everything_after_the_separator() {
+        let Task::Run { debug, args } = parse(&["run", "--debug", "--", "record", "-F", "99"])
+        else {
+            panic!("not run");
+        };
+        assert!(debug);
+        assert_eq!(args, ["record", "-F", "99"]);
+    }
+
+    #[test]
+    fn test_keeps_a_second_separator_for_the_test_binaries() {
+        let Task::Test { args } = parse(&["test", "--", "fixture", "--", "--nocapture"]) else {
+            panic!("not test");
+        };
+        assert_eq!(args, ["fixture", "--", "--nocapture"]);
+    }
+}

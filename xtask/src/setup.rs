@@ -1,0 +1,231 @@
+//! `cargo xtask setup`: installs the eBPF toolchain and test/bench tools, then checks the host can profile.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::{host, util};
+
+/// Debian's rustc-web: its LLVM matches bpf-linker's, and it ships a prebuilt BPF `core`.
+const EBPF_RUSTC: &str = "/usr/bin/rustc";
+const BPF_CORE: &str = "/usr/lib/rustlib/bpfel-unknown-none";
+const EBPF_PACKAGES: &[&str] = &["rustc-web", "cargo-web", "libstd-rust-web-dev-bpf"];
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Optional tool sets on top of the toolchain.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extras {
+    /// gcc (C fixtures), rustfmt and clippy.
+    pub tests: bool,
+    /// bpftrace and perf, the peers the benchmarks compare with.
+    pub bench: bool,
+}
+
+/// Installs what is missing and checks the host; returns the failed host checks, each with its fix.
+pub fn setup(extras: Extras) -> Result<Vec<String>> {
+    let llvm_major = ensure_ebpf_rustc()?;
+    ensure_bpf_linker(llvm_major)?;
+    let mut tools = Vec::new();
+    if extras.tests {
+        tools.push(("gcc", "gcc"));
+    }
+    if extras.bench {
+        tools.extend([("bpftrace", "bpftrace"), ("perf", "linux-perf")]);
+    }
+    ensure_apt(&tools)?;
+    if extras.tests {
+        ensure_rustup_components()?;
+    }
+    Ok(host::checks())
+}
+
+/// Setup for the commands that load BPF: a failed host check is an error.
+pub fn require(extras: Extras) -> Result<()> {
+    let failed = setup(extras)?;
+    if !failed.is_empty() {
+        bail!("this host cannot load the profiler: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
+/// Makes sure /usr/bin/rustc and the BPF `core` exist; returns the LLVM major version.
+fn ensure_ebpf_rustc() -> Result<u32> {
+    if ebpf_rustc_info().is_none() || !Path::new(BPF_CORE).is_dir() {
+        println!("installing {} (the eBPF compiler)", EBPF_PACKAGES.join(" "));
+        apt_install(EBPF_PACKAGES)?;
+    }
+    let info = ebpf_rustc_info().with_context(|| {
+        format!("`{EBPF_RUSTC} -vV` reports no LLVM version; reinstall rustc-web")
+    })?;
+    ensure!(
+        Path::new(BPF_CORE).is_dir(),
+        "{BPF_CORE} is missing; reinstall libstd-rust-web-dev-bpf"
+    );
+    let llvm_major = llvm_major(&info.llvm)?;
+    println!(
+        "ok: {EBPF_RUSTC} {} (LLVM {}) with the prebuilt bpfel-unknown-none core",
+        info.release, info.llvm
+    );
+    Ok(llvm_major)
+}
+
+struct RustcInfo {
+    release: String,
+    llvm: String,
+}
+
+fn ebpf_rustc_info() -> Option<RustcInfo> {
+    let text = util::output(Command::new(EBPF_RUSTC).arg("-vV")).ok()?;
+    Some(RustcInfo {
+        release: util::field(&text, "release").unwrap_or("?").to_owned(),
+        llvm: util::field(&text, "LLVM version")?.to_owned(),
+    })
+}
+
+fn llvm_major(version: &str) -> Result<u32> {
+    let major = version.split('.').next().unwrap_or_default();
+    major
+        .parse()
+        .with_context(|| format!("cannot read the LLVM major version from {version:?}"))
+}
+
+/// bpf-linker must load the same libLLVM as rustc-web, so it is built against Debian's libllvm.
+fn ensure_bpf_linker(llvm_major: u32) -> Result<()> {
+    let libllvm = format!("libllvm{llvm_major}");
+    if dpkg_installed(&libllvm) {
+        println!("ok: {libllvm} (the LLVM rustc-web loads)");
+    } else {
+        println!("installing {libllvm}");
+        apt_install(&[&libllvm])?;
+    }
+    match bpf_linker() {
+        Ok(path) => {
+            println!("ok: bpf-linker {BPF_LINKER_VERSION} ({})", path.display());
+            return Ok(());
+        }
+        Err(why) => println!(
+            "installing bpf-linker {BPF_LINKER_VERSION} for LLVM {llvm_major} ({why}; about a minute)"
+        ),
+    }
+    // --force: a broken binary of the right version would otherwise count as installed.
+    let mut install = util::cargo();
+    install
+        .args(["install", "--locked", "--force"])
+        .arg(format!("bpf-linker@{BPF_LINKER_VERSION}"))
+        .args(["--no-default-features", "--features"])
+        .arg(format!("llvm-{llvm_major},no-llvm-linking"))
+        .env("RUSTFLAGS", format!("-l dylib=LLVM-{llvm_major}"))
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "false");
+    util::run(&mut install).context("installing bpf-linker failed")?;
+    let path = bpf_linker().map_err(|why| {
+        anyhow::anyhow!(
+            "bpf-linker is still unusable after installing it: {why}; is ~/.cargo/bin on PATH?"
+        )
+    })?;
+    println!("ok: bpf-linker {BPF_LINKER_VERSION} ({})", path.display());
+    Ok(())
+}
+
+/// The usable bpf-linker on PATH, or what is wrong with it.
+fn bpf_linker() -> Result<std::path::PathBuf, String> {
+    let path = util::which("bpf-linker").ok_or("not on PATH")?;
+    let version =
+        util::output(Command::new(&path).arg("--version")).map_err(|e| format!("{e:#}"))?;
+    if !version
+        .split_whitespace()
+        .any(|word| word == BPF_LINKER_VERSION)
+    {
+        return Err(format!("found {:?}", version.trim()));
+    }
+    let libs = util::output(Command::new("ldd").arg(&path)).map_err(|e| format!("{e:#}"))?;
+    let missing: Vec<&str> = libs
+        .lines()
+        .filter(|l| l.contains("not found"))
+        .map(str::trim)
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!("missing libraries: {}", missing.join(", ")));
+    }
+    Ok(path)
+}
+
+fn dpkg_installed(package: &str) -> bool {
+    util::output(Command::new("dpkg-query").args(["-W", "-f=${Status}", package]))
+        .is_ok_and(|status| status.contains("install ok installed"))
+}
+
+/// Installs the Debian package of each command that is not on PATH, in one apt-get call.
+fn ensure_apt(tools: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = tools
+        .iter()
+        .filter(|(command, _)| util::which(command).is_none())
+        .map(|&(_, package)| package)
+        .collect();
+    if !missing.is_empty() {
+        println!("installing {}", missing.join(" "));
+        apt_install(&missing)?;
+    }
+    for &(command, package) in tools {
+        let path = util::which(command).with_context(|| {
+            format!("`{command}` is still not on PATH after installing {package}")
+        })?;
+        println!("ok: {command} ({})", path.display());
+    }
+    Ok(())
+}
+
+fn apt_install(packages: &[&str]) -> Result<()> {
+    let list = packages.join(" ");
+    ensure!(
+        util::is_root(),
+        "missing Debian packages: {list}; run `sudo apt-get update && sudo apt-get install -y --no-install-recommends {list}`"
+    );
+    // One index refresh per run is enough, however many installs follow.
+    static UPDATED: AtomicBool = AtomicBool::new(false);
+    let apt = || {
+        let mut cmd = Command::new("apt-get");
+        cmd.env("DEBIAN_FRONTEND", "noninteractive");
+        cmd
+    };
+    if !UPDATED.swap(true, Ordering::Relaxed) {
+        util::run(apt().arg("update")).context("apt-get update failed")?;
+    }
+    util::run(
+        apt()
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(packages),
+    )
+    .with_context(|| format!("installing {list} failed"))
+}
+
+/// `cargo xtask test` runs `cargo fmt` and `cargo clippy`, which rustup installs as components.
+fn ensure_rustup_components() -> Result<()> {
+    let missing: Vec<&str> = [("fmt", "rustfmt"), ("clippy", "clippy")]
+        .into_iter()
+        .filter(|(sub, _)| util::output(util::cargo().args([sub, "--version"])).is_err())
+        .map(|(_, component)| component)
+        .collect();
+    if !missing.is_empty() {
+        println!("installing rustup components {}", missing.join(" "));
+        util::run(
+            Command::new("rustup")
+                .args(["component", "add"])
+                .args(&missing),
+        )?;
+    }
+    println!("ok: rustfmt and clippy");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llvm_major_from_rustc_version() {
+        assert_eq!(llvm_major("22.1.8").unwrap(), 22);
+        assert!(llvm_major("").is_err());
+    }
+}

@@ -1,0 +1,58 @@
+//! `cargo xtask test`: formatting, lints, the debug build, then every test against that binary.
+
+use anyhow::{Context, Result};
+
+use crate::setup::{self, Extras};
+use crate::{run, util};
+
+/// Runs the steps in order and stops at the first failure. `args` go to `cargo test`; after a
+/// `--` among them, to the test binaries.
+pub fn test(args: &[String]) -> Result<()> {
+    setup::require(Extras {
+        tests: true,
+        ..Extras::default()
+    })?;
+    let (cargo_args, test_args) = match args.iter().position(|arg| arg == "--") {
+        Some(i) => (&args[..i], &args[i + 1..]),
+        None => (args, &[][..]),
+    };
+
+    let mut fmt = util::cargo();
+    fmt.args(["fmt", "--all", "--", "--check"]);
+    let mut clippy = util::cargo();
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    let mut tests = util::cargo();
+    // One thread: the privileged tests each load BPF and sample every CPU, so they would
+    // disturb each other's profiles.
+    tests
+        .args(["test", "--workspace"])
+        .args(cargo_args)
+        .args(["--", "--test-threads=1"])
+        .args(test_args)
+        .env("PROFILER_BIN", run::profiler_bin(false));
+
+    let mut steps = [
+        ("fmt", fmt, "run `cargo fmt --all` to fix"),
+        ("clippy", clippy, "fix the lints above"),
+        (
+            "build",
+            run::build_cmd(false),
+            "fix the compile errors above",
+        ),
+        ("test", tests, "see the failing tests above"),
+    ];
+    let total = steps.len();
+    for (i, (name, cmd, fix)) in steps.iter_mut().enumerate() {
+        println!("==> [{}/{total}] {name}: {}", i + 1, util::display(cmd));
+        util::run(cmd).with_context(|| format!("step `{name}` failed ({fix})"))?;
+    }
+    println!("==> all {total} steps passed");
+    Ok(())
+}
