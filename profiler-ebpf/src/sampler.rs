@@ -66,7 +66,8 @@ fn sample(ctx: &PerfEventContext) {
     let mut f = 0u32;
 
     let frames = s.frames.as_mut_ptr();
-    let kbytes = stack_into(ctx, frames, 0);
+    // A tick that interrupted user code has no kernel stack: skip the helper call.
+    let kbytes = if in_user_mode(ctx) { 0 } else { stack_into(ctx, frames, 0) };
     if kbytes < 0 {
         f |= flags::KSTACK_FAILED;
         count(counter::KSTACK_FAILED);
@@ -75,13 +76,13 @@ fn sample(ctx: &PerfEventContext) {
     if klen == 0 {
         f |= flags::USER_MODE;
     }
-    // The user stack goes right after the kernel frames; klen <= MAX_FRAMES keeps it in bounds.
-    // SAFETY: frames has 2 * MAX_FRAMES slots and klen <= MAX_FRAMES.
-    let ubytes = stack_into(
-        ctx,
-        unsafe { frames.add(klen as usize) },
-        BPF_F_USER_STACK as u64,
-    );
+    // The user stack goes right after the kernel frames. The idle task (pid 0) has none.
+    let ubytes = if pid == 0 {
+        0
+    } else {
+        // SAFETY: frames has 2 * MAX_FRAMES slots and klen <= MAX_FRAMES.
+        stack_into(ctx, unsafe { frames.add(klen as usize) }, BPF_F_USER_STACK as u64)
+    };
     // Kernel threads (pid 0 is the idle task) have no user stack: not a failure.
     if ubytes < 0 && pid != 0 {
         f |= flags::USTACK_FAILED;
@@ -118,6 +119,21 @@ fn wakeup_flag() -> u64 {
     } else {
         BPF_RB_NO_WAKEUP as u64
     }
+}
+
+/// Whether the tick interrupted user mode (the CPL bits of the saved code segment).
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+fn in_user_mode(ctx: &PerfEventContext) -> bool {
+    // SAFETY: perf_event programs may read their context's saved registers directly.
+    unsafe { (*ctx.ctx).regs.cs & 3 == 3 }
+}
+
+/// Other architectures: always ask for the kernel stack (it is empty in user mode).
+#[cfg(not(bpf_target_arch = "x86_64"))]
+#[inline(always)]
+fn in_user_mode(_ctx: &PerfEventContext) -> bool {
+    false
 }
 
 #[inline(always)]
