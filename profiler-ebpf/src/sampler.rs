@@ -67,7 +67,11 @@ fn sample(ctx: &PerfEventContext) {
 
     let frames = s.frames.as_mut_ptr();
     // A tick that interrupted user code has no kernel stack: skip the helper call.
-    let kbytes = if in_user_mode(ctx) { 0 } else { stack_into(ctx, frames, 0) };
+    let kbytes = if in_user_mode(ctx) {
+        0
+    } else {
+        stack_into(ctx, frames, 0)
+    };
     if kbytes < 0 {
         f |= flags::KSTACK_FAILED;
         count(counter::KSTACK_FAILED);
@@ -81,7 +85,11 @@ fn sample(ctx: &PerfEventContext) {
         0
     } else {
         // SAFETY: frames has 2 * MAX_FRAMES slots and klen <= MAX_FRAMES.
-        stack_into(ctx, unsafe { frames.add(klen as usize) }, BPF_F_USER_STACK as u64)
+        stack_into(
+            ctx,
+            unsafe { frames.add(klen as usize) },
+            BPF_F_USER_STACK as u64,
+        )
     };
     // Kernel threads (pid 0 is the idle task) have no user stack: not a failure.
     if ubytes < 0 && pid != 0 {

@@ -1,12 +1,14 @@
 //! profiler: an eBPF CPU profiler. The library holds the whole pipeline, in the order the data
 //! flows: `bpf` (load and attach the sampler) -> `collect` (drain the ring buffer, note process
 //! facts) -> `symbolize` (kernel and user frames) -> `profile` (the model and the capture file)
-//! -> `output` (folded, SVG). `cli` holds the subcommands the binary exposes.
+//! -> `output` (folded, SVG). `record` runs that pipeline once; `cli` holds the subcommands
+//! the binary exposes.
 
 pub mod bpf;
 pub mod cli;
 pub mod collect;
 pub mod output;
 pub mod profile;
+pub mod record;
 pub mod symbolize;
 pub mod util;

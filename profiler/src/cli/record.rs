@@ -1,14 +1,11 @@
 //! `profiler record`: sample, collect, symbolize, write every output.
-use std::{io::IsTerminal as _, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
-use anyhow::{Context as _, bail};
-use tokio::io::{Interest, unix::AsyncFd};
+use anyhow::bail;
 
 use crate::{
-    bpf::{Event, Sampler, SamplerConfig},
-    collect::{Collection, CommFilter},
-    profile::{Counters, Meta},
-    symbolize::{self, KernelSymbols, UserSymbolizer},
+    bpf::Event,
+    record::{RecordConfig, record_blocking},
     util,
 };
 
@@ -62,10 +59,15 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     }
     check_privileges()?;
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let profile = runtime.block_on(record(&args))?;
+    let config = RecordConfig {
+        event: args.event,
+        frequency_hz: args.frequency,
+        duration: args.duration,
+        pids: args.pids.clone(),
+        comms: args.comms.clone(),
+        verbose: true,
+    };
+    let profile = record_blocking(&config)?;
     for o in &outputs {
         o.write(&profile)?;
     }
@@ -75,127 +77,6 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         .collect();
     eprintln!("wrote {}", names.join(", "));
     Ok(())
-}
-
-async fn record(args: &RecordArgs) -> anyhow::Result<crate::profile::Profile> {
-    let config = SamplerConfig {
-        event: args.event,
-        frequency_hz: args.frequency.into(),
-        pids: &args.pids,
-    };
-    let (mut sampler, ring) = Sampler::start(&config).context("cannot start sampling")?;
-    // The recording starts once the sampler is attached (loading takes a while).
-    let start_unix_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let start_mono_ns = util::monotonic_ns();
-    // SAFETY: the RingBuf owns its map fd and keeps it open until the AsyncFd drops it.
-    let mut ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
-        .map_err(|e| anyhow::anyhow!("cannot watch the ring buffer: {e}"))?;
-    let mut collection = Collection::new(CommFilter(args.comms.clone()));
-    let secs = args.duration.as_secs_f64();
-    let tty = std::io::stderr().is_terminal();
-    eprintln!(
-        "sampling {} CPUs at {} Hz ({}) for {secs:.1} s; Ctrl-C stops early",
-        sampler.cpus.len(),
-        args.frequency,
-        args.event.name()
-    );
-    collection
-        .run_until(
-            &mut ring,
-            stop_signal(args.duration),
-            Duration::from_millis(profiler_common::DRAIN_INTERVAL_MS),
-            |c| {
-                if tty {
-                    let elapsed = (util::monotonic_ns() - start_mono_ns) as f64 / 1e9;
-                    eprint!(
-                        "\r  {elapsed:5.1} s / {secs:.1} s, {} samples ",
-                        c.samples.len()
-                    );
-                }
-            },
-        )
-        .await?;
-    if tty {
-        eprintln!();
-    }
-    let duration_ns = util::monotonic_ns() - start_mono_ns;
-    sampler.detach();
-    collection.drain(ring.get_mut());
-    collection.processes.resolve_pending();
-    let k = sampler.counters()?;
-
-    eprintln!("symbolizing {} samples...", collection.samples.len());
-    let kernel = KernelSymbols::load().context("cannot read /proc/kallsyms")?;
-    if kernel.hidden() {
-        log::warn!(
-            "kernel addresses are hidden (kernel.kptr_restrict); kernel frames show as [kernel]"
-        );
-        eprintln!(
-            "warning: kernel addresses are hidden by kernel.kptr_restrict; kernel frames show as [kernel]"
-        );
-    }
-    let counters = Counters {
-        recorded: collection.samples.len() as u64,
-        lost_ringbuf_full: k.lost_ringbuf_full,
-        filtered: k.filtered + collection.filtered,
-        kstack_failed: collection.kstack_failed,
-        ustack_failed: collection.ustack_failed,
-    };
-    let meta = Meta {
-        start_unix_ns,
-        start_mono_ns,
-        duration_ns,
-        frequency_hz: args.frequency,
-        event: args.event.name().to_owned(),
-        hostname: hostname(),
-        kernel_release: kernel_release(),
-        cpus: sampler.cpus.clone(),
-        counters,
-    };
-    report_counters(&counters, duration_ns);
-    Ok(symbolize::build_profile(
-        collection,
-        meta,
-        &kernel,
-        &UserSymbolizer::default(),
-    ))
-}
-
-/// Completes after `duration`, or at Ctrl-C / SIGTERM.
-async fn stop_signal(duration: Duration) {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let term = async {
-        match term.as_mut() {
-            Some(t) => {
-                t.recv().await;
-            }
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        () = tokio::time::sleep(duration) => {}
-        _ = tokio::signal::ctrl_c() => eprintln!("\ninterrupted: writing what was collected"),
-        () = term => eprintln!("terminated: writing what was collected"),
-    }
-}
-
-fn report_counters(c: &Counters, duration_ns: u64) {
-    eprintln!(
-        "recorded {} samples in {:.1} s; lost {} (ring buffer full); stack reads failed: {} kernel, {} user",
-        c.recorded,
-        duration_ns as f64 / 1e9,
-        c.lost_ringbuf_full,
-        c.kstack_failed,
-        c.ustack_failed
-    );
-    if c.lost_ringbuf_full > 0 {
-        eprintln!(
-            "warning: {} samples were lost because the reader fell behind; lower --frequency",
-            c.lost_ringbuf_full
-        );
-    }
 }
 
 /// Effective capabilities: BPF programs and perf events need CAP_BPF and CAP_PERFMON
@@ -227,16 +108,4 @@ fn check_privileges() -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
-}
-
-fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
 }

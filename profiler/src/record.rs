@@ -1,0 +1,167 @@
+//! One recording, end to end: start the sampler, collect until the duration ends (or Ctrl-C /
+//! SIGTERM), stop, symbolize, and return the profile. `profiler record`, and any front end
+//! that needs a short profile (the doctor), call this.
+use std::{future::Future, time::Duration};
+
+use tokio::io::{Interest, unix::AsyncFd};
+
+use crate::{
+    bpf::{BpfError, Event, Sampler, SamplerConfig},
+    collect::{Collection, CommFilter},
+    profile::{Counters, Meta, Profile},
+    symbolize::{self, KernelSymbols, UserSymbolizer},
+    util,
+};
+
+/// What to record.
+#[derive(Clone, Debug)]
+pub struct RecordConfig {
+    pub event: Event,
+    /// Samples per second per CPU.
+    pub frequency_hz: u32,
+    /// How long; Ctrl-C or SIGTERM stop earlier.
+    pub duration: Duration,
+    /// Only these processes (in the kernel); empty = all.
+    pub pids: Vec<u32>,
+    /// Only these comms; empty = all.
+    pub comms: Vec<String>,
+    /// Print progress and a summary on stderr.
+    pub verbose: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("cannot start sampling: {0}")]
+    Sampler(#[from] BpfError),
+    #[error("reading samples failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("cannot read /proc/kallsyms: {0}")]
+    Kallsyms(std::io::Error),
+}
+
+/// Records on a runtime of its own; blocks until done.
+pub fn record_blocking(config: &RecordConfig) -> Result<Profile, RecordError> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(record(config, stop_signal(config.duration)))
+}
+
+/// Records until `stop` completes.
+pub async fn record(
+    config: &RecordConfig,
+    stop: impl Future<Output = ()>,
+) -> Result<Profile, RecordError> {
+    let sampler_config = SamplerConfig {
+        event: config.event,
+        frequency_hz: config.frequency_hz.into(),
+        pids: &config.pids,
+    };
+    let (mut sampler, ring) = Sampler::start(&sampler_config)?;
+    // The recording starts once the sampler is attached (loading takes a while).
+    let start_unix_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let start_mono_ns = util::monotonic_ns();
+    // SAFETY: the RingBuf owns its map fd and keeps it open until the AsyncFd drops it.
+    let mut ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+        .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
+    let mut collection = Collection::new(CommFilter(config.comms.clone()));
+    let secs = config.duration.as_secs_f64();
+    let tty = config.verbose && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    if config.verbose {
+        eprintln!(
+            "sampling {} CPUs at {} Hz ({}) for {secs:.1} s; Ctrl-C stops early",
+            sampler.cpus.len(),
+            config.frequency_hz,
+            config.event.name()
+        );
+    }
+    let tick = Duration::from_millis(profiler_common::DRAIN_INTERVAL_MS);
+    collection
+        .run_until(&mut ring, stop, tick, |c| {
+            if tty {
+                let elapsed = (util::monotonic_ns() - start_mono_ns) as f64 / 1e9;
+                eprint!("\r  {elapsed:5.1} s / {secs:.1} s, {} samples ", c.samples.len());
+            }
+        })
+        .await?;
+    if tty {
+        eprintln!();
+    }
+    let duration_ns = util::monotonic_ns() - start_mono_ns;
+    sampler.detach();
+    collection.drain(ring.get_mut());
+    collection.processes.resolve_pending();
+    let k = sampler.counters()?;
+
+    if config.verbose {
+        eprintln!("symbolizing {} samples...", collection.samples.len());
+    }
+    let kernel = KernelSymbols::load().map_err(RecordError::Kallsyms)?;
+    if kernel.hidden() {
+        eprintln!(
+            "warning: kernel addresses are hidden by kernel.kptr_restrict; kernel frames show as [kernel]"
+        );
+    }
+    let counters = Counters {
+        recorded: collection.samples.len() as u64,
+        lost_ringbuf_full: k.lost_ringbuf_full,
+        filtered: k.filtered + collection.filtered,
+        kstack_failed: collection.kstack_failed,
+        ustack_failed: collection.ustack_failed,
+    };
+    let meta = Meta {
+        start_unix_ns,
+        start_mono_ns,
+        duration_ns,
+        frequency_hz: config.frequency_hz,
+        event: config.event.name().to_owned(),
+        hostname: read_trimmed("/proc/sys/kernel/hostname"),
+        kernel_release: read_trimmed("/proc/sys/kernel/osrelease"),
+        cpus: sampler.cpus.clone(),
+        counters,
+    };
+    if config.verbose || counters.lost_ringbuf_full > 0 {
+        report_counters(&counters, duration_ns);
+    }
+    Ok(symbolize::build_profile(collection, meta, &kernel, &UserSymbolizer::default()))
+}
+
+/// Completes after `duration`, or at Ctrl-C / SIGTERM.
+pub async fn stop_signal(duration: Duration) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let term = async {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = tokio::time::sleep(duration) => {}
+        _ = tokio::signal::ctrl_c() => eprintln!("\ninterrupted: writing what was collected"),
+        () = term => eprintln!("terminated: writing what was collected"),
+    }
+}
+
+fn report_counters(c: &Counters, duration_ns: u64) {
+    eprintln!(
+        "recorded {} samples in {:.1} s; lost {} (ring buffer full); stack reads failed: {} kernel, {} user",
+        c.recorded,
+        duration_ns as f64 / 1e9,
+        c.lost_ringbuf_full,
+        c.kstack_failed,
+        c.ustack_failed
+    );
+    if c.lost_ringbuf_full > 0 {
+        eprintln!(
+            "warning: {} samples were lost because the reader fell behind; lower --frequency",
+            c.lost_ringbuf_full
+        );
+    }
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path).map(|s| s.trim().to_owned()).unwrap_or_default()
+}
