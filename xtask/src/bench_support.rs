@@ -43,6 +43,25 @@ pub fn sleep(duration: Duration) -> Result<()> {
     Ok(())
 }
 
+/// CPU time (user + system) a live process has used so far, seconds, from /proc/PID/stat.
+pub fn process_cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("process {pid} is not running"))?;
+    // Fields after the comm, which may hold spaces but ends at the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the comm.
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok((ticks(11) + ticks(12)) as f64 / hz)
+}
+
 pub fn children_cpu_seconds() -> f64 {
     // SAFETY: an all-zero rusage is valid, and getrusage only fills it in.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -59,6 +78,10 @@ pub struct Proc {
 }
 
 impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn spawn(cmd: &mut Command) -> Result<Self> {
         let name = util::display(cmd);
         let child = cmd
@@ -146,6 +169,14 @@ pub struct ProgStats {
 }
 
 impl ProgStats {
+    /// Both runs together.
+    pub fn plus(self, other: Self) -> Self {
+        Self {
+            run_time_ns: self.run_time_ns + other.run_time_ns,
+            run_cnt: self.run_cnt + other.run_cnt,
+        }
+    }
+
     pub fn of(proc: &Proc) -> Result<Self> {
         let pid = proc.child.id();
         // Keyed by program id: a program held through several fds must count once.
