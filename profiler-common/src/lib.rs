@@ -20,6 +20,10 @@ pub const WAKEUP_BYTES: u32 = RING_BUFFER_BYTES / 4;
 /// How often the reader drains the ring buffer without being woken, ms.
 pub const DRAIN_INTERVAL_MS: u64 = 100;
 
+/// Processes remembered as already sampled (LRU): the first sample of any other wakes the
+/// reader at once.
+pub const SEEN_PIDS_CAPACITY: u32 = 16384;
+
 /// Capacity of the in-kernel pid filter.
 pub const MAX_PID_FILTER: u32 = 1024;
 
@@ -105,3 +109,51 @@ const _: () = assert!(core::mem::align_of::<SampleHeader>() == 8);
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers and arrays of integers, no padding (size asserted above).
 unsafe impl aya::Pod for SampleHeader {}
+
+/// cgroup churn tracer (profiler-ebpf `churn`): map and program names, and the map's key.
+pub mod churn {
+    use super::COMM_LEN;
+
+    /// HashMap<ChurnKey, u64>: events counted per process and kind.
+    pub const MAP_CHURN: &str = "CHURN";
+    /// Capacity of `MAP_CHURN` (distinct process x event pairs).
+    pub const MAX_ENTRIES: u32 = 4096;
+    pub const PROGRAM_MKDIR: &str = "churn_mkdir";
+    pub const PROGRAM_RMDIR: &str = "churn_rmdir";
+    /// `ChurnKey::event` values.
+    pub const EVENT_MKDIR: u32 = 0;
+    pub const EVENT_RMDIR: u32 = 1;
+    /// Bytes kept of the parent path (longer paths are cut, their parent then approximate).
+    pub const PARENT_LEN: usize = 64;
+
+    /// Who made or removed a cgroup.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct ChurnKey {
+        /// Process id (tgid) of the caller.
+        pub pid: u32,
+        /// `EVENT_MKDIR` or `EVENT_RMDIR`.
+        pub event: u32,
+        /// Caller's thread comm, NUL padded.
+        pub comm: [u8; COMM_LEN],
+        /// Parent of the cgroup, relative to its hierarchy's root (`/profiler-lab`), NUL padded.
+        pub parent: [u8; PARENT_LEN],
+    }
+
+    impl Default for ChurnKey {
+        fn default() -> Self {
+            Self {
+                pid: 0,
+                event: 0,
+                comm: [0; COMM_LEN],
+                parent: [0; PARENT_LEN],
+            }
+        }
+    }
+
+    const _: () = assert!(core::mem::size_of::<ChurnKey>() == 24 + PARENT_LEN);
+
+    #[cfg(feature = "user")]
+    // SAFETY: repr(C), integers only, no padding (size asserted above).
+    unsafe impl aya::Pod for ChurnKey {}
+}

@@ -12,12 +12,12 @@ use aya_ebpf::{
         generated::bpf_get_stack,
     },
     macros::{map, perf_event},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::PerfEventContext,
 };
 use profiler_common::{
-    COMM_LEN, HEADER_BYTES, MAX_FRAMES, MAX_PID_FILTER, RING_BUFFER_BYTES, SampleScratch,
-    WAKEUP_BYTES, counter, flags,
+    COMM_LEN, HEADER_BYTES, MAX_FRAMES, MAX_PID_FILTER, RING_BUFFER_BYTES, SEEN_PIDS_CAPACITY,
+    SampleScratch, WAKEUP_BYTES, counter, flags,
 };
 
 #[map(name = "SAMPLES")]
@@ -28,6 +28,11 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT
 
 #[map(name = "PID_FILTER")]
 static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 0);
+
+/// Processes that already had a sample. The first sample of a new process wakes the reader at
+/// once, so it reads the process's mappings before a short-lived process exits.
+#[map(name = "SEEN_PIDS")]
+static SEEN_PIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(SEEN_PIDS_CAPACITY, 0);
 
 #[map(name = "SCRATCH")]
 static SCRATCH: PerCpuArray<SampleScratch> = PerCpuArray::with_max_entries(1, 0);
@@ -111,7 +116,7 @@ fn sample(ctx: &PerfEventContext) {
     };
     // SAFETY: `len` bytes of the scratch value, which is size_of::<SampleScratch>() long.
     let bytes = unsafe { core::slice::from_raw_parts(scratch.cast::<u8>(), len) };
-    match SAMPLES.output::<[u8]>(bytes, wakeup_flag()) {
+    match SAMPLES.output::<[u8]>(bytes, wakeup_flag(pid)) {
         Ok(()) => count(counter::SENT),
         Err(_) => count(counter::LOST_RINGBUF_FULL),
     }
@@ -119,14 +124,25 @@ fn sample(ctx: &PerfEventContext) {
 
 /// Waking the reader costs an irq_work per sample (a VM exit in a guest), more than the rest
 /// of the sample. The reader drains on a short timer instead; it is woken only when the buffer
-/// fills past WAKEUP_BYTES, so a burst cannot overrun it.
+/// fills past WAKEUP_BYTES, so a burst cannot overrun it, or for a process's first sample.
 #[inline(always)]
-fn wakeup_flag() -> u64 {
-    if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > u64::from(WAKEUP_BYTES) {
+fn wakeup_flag(pid: u32) -> u64 {
+    if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > u64::from(WAKEUP_BYTES) || first_sample(pid) {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
     }
+}
+
+/// True the first time `pid` is seen (the idle task never counts).
+#[inline(always)]
+fn first_sample(pid: u32) -> bool {
+    // SAFETY: the value is a u8 read by copy.
+    if pid == 0 || unsafe { SEEN_PIDS.get(&pid) }.is_some() {
+        return false;
+    }
+    let _ = SEEN_PIDS.insert(&pid, &1, 0);
+    true
 }
 
 /// Whether the tick interrupted user mode (the CPL bits of the saved code segment).

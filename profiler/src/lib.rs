@@ -5,8 +5,11 @@
 //! the binary exposes.
 
 pub mod bpf;
+pub mod cgroups;
 pub mod cli;
 pub mod collect;
+pub mod doctor;
+pub mod lab;
 pub mod output;
 pub mod profile;
 pub mod record;

@@ -41,7 +41,9 @@ pub enum RecordError {
 
 /// Records on a runtime of its own; blocks until done.
 pub fn record_blocking(config: &RecordConfig) -> Result<Profile, RecordError> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(record(config, stop_signal(config.duration)))
 }
 
@@ -55,6 +57,7 @@ pub async fn record(
         frequency_hz: config.frequency_hz.into(),
         pids: &config.pids,
     };
+    util::raise_fd_limit();
     let (mut sampler, ring) = Sampler::start(&sampler_config)?;
     // The recording starts once the sampler is attached (loading takes a while).
     let start_unix_ns = std::time::SystemTime::now()
@@ -80,7 +83,10 @@ pub async fn record(
         .run_until(&mut ring, stop, tick, |c| {
             if tty {
                 let elapsed = (util::monotonic_ns() - start_mono_ns) as f64 / 1e9;
-                eprint!("\r  {elapsed:5.1} s / {secs:.1} s, {} samples ", c.samples.len());
+                eprint!(
+                    "\r  {elapsed:5.1} s / {secs:.1} s, {} samples ",
+                    c.samples.len()
+                );
             }
         })
         .await?;
@@ -91,6 +97,7 @@ pub async fn record(
     sampler.detach();
     collection.drain(ring.get_mut());
     collection.processes.resolve_pending();
+    collection.resolve_cgroups();
     let k = sampler.counters()?;
 
     if config.verbose {
@@ -123,7 +130,12 @@ pub async fn record(
     if config.verbose || counters.lost_ringbuf_full > 0 {
         report_counters(&counters, duration_ns);
     }
-    Ok(symbolize::build_profile(collection, meta, &kernel, &UserSymbolizer::default()))
+    Ok(symbolize::build_profile(
+        collection,
+        meta,
+        &kernel,
+        &UserSymbolizer::default(),
+    ))
 }
 
 /// Completes after `duration`, or at Ctrl-C / SIGTERM.
@@ -163,5 +175,7 @@ fn report_counters(c: &Counters, duration_ns: u64) {
 }
 
 fn read_trimmed(path: &str) -> String {
-    std::fs::read_to_string(path).map(|s| s.trim().to_owned()).unwrap_or_default()
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
 }

@@ -4,6 +4,7 @@
 mod bench_kernel_cost;
 mod bench_support;
 mod host;
+mod lab;
 mod run;
 mod setup;
 mod test;
@@ -54,6 +55,22 @@ enum Task {
     /// Benchmarks; they print a table and write JSON under target/bench/.
     #[command(subcommand)]
     Bench(Bench),
+    /// Reproducible incidents for `profiler doctor` (root; see docs/doctor.md).
+    #[command(subcommand)]
+    Lab(Lab),
+}
+
+#[derive(Subcommand)]
+enum Lab {
+    /// Leave N dying memory cgroups under profiler-lab and start a `kubelet` stats poller.
+    Zombie {
+        /// How many dying memory cgroups to add.
+        #[arg(long, default_value_t = 500)]
+        count: u32,
+        /// Stop the poller, free the page cache, remove the lab cgroup.
+        #[arg(long)]
+        cleanup: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -93,6 +110,7 @@ fn dispatch(task: Task) -> Result<ExitCode> {
         }
         Task::Run { debug, args } => return run::run(debug, &args),
         Task::Test { args } => test::test(&args)?,
+        Task::Lab(Lab::Zombie { count, cleanup }) => return lab::zombie(count, cleanup),
         Task::Bench(Bench::KernelCost { seconds, frequency }) => {
             bench_kernel_cost::kernel_cost(seconds, frequency)?;
         }

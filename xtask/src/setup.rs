@@ -30,6 +30,8 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
     let mut tools = Vec::new();
     if extras.tests {
         tools.push(("gcc", "gcc"));
+        // The heat map page test renders it in headless Chromium (tests/tests/heatmap.rs).
+        tools.push(("chromium", "chromium"));
     }
     if extras.bench {
         tools.extend([("bpftrace", "bpftrace"), ("perf", "linux-perf")]);

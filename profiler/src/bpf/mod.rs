@@ -1,5 +1,7 @@
 //! First stage on the user side: load the embedded sampler object, set its load-time globals,
 //! attach it to a perf event on every online CPU, and hand the maps to the collector.
+pub mod churn;
+
 use std::path::Path;
 
 use aya::{

@@ -1,4 +1,7 @@
 //! Front ends: one file per subcommand. Each parses its options (clap) and calls the library.
+mod diff;
+mod doctor;
+mod lab;
 mod record;
 mod report;
 
@@ -27,6 +30,13 @@ pub enum Command {
     Record(RecordArgs),
     /// Re-render a capture file into other outputs, or print its statistics.
     Report(ReportArgs),
+    /// Find a zombie-cgroup CPU drain: dying cgroups, who makes them, who pays (docs/doctor.md).
+    Doctor(doctor::DoctorArgs),
+    /// Differential flame graph and the functions/processes whose share changed most.
+    Diff(diff::DiffArgs),
+    /// Reproducible incidents for testing the doctor (`cargo xtask lab`).
+    #[command(subcommand, hide = true)]
+    Lab(lab::LabCommand),
 }
 
 /// Runs the parsed command.
@@ -34,13 +44,24 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Record(args) => record::run(args),
         Command::Report(args) => report::run(args),
+        Command::Doctor(args) => doctor::run(args, cli.verbose > 0),
+        Command::Diff(args) => diff::run(args),
+        Command::Lab(cmd) => lab::run(cmd),
     }
 }
 
-/// `-o` values: outputs by extension (see `output::EXTENSIONS`).
-fn parse_outputs(paths: &[PathBuf]) -> anyhow::Result<Vec<crate::output::Output>> {
-    Ok(paths
+/// `-o` values: outputs by extension (see `output::EXTENSIONS`), stacks rooted by `group_by`.
+fn parse_outputs(
+    paths: &[PathBuf],
+    group_by: crate::profile::GroupBy,
+) -> anyhow::Result<Vec<crate::output::Output>> {
+    paths
         .iter()
-        .map(|p| crate::output::Output::parse(p))
-        .collect::<Result<_, _>>()?)
+        .map(|p| {
+            Ok(crate::output::Output {
+                group_by,
+                ..crate::output::Output::parse(p)?
+            })
+        })
+        .collect()
 }

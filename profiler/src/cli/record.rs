@@ -5,6 +5,7 @@ use anyhow::bail;
 
 use crate::{
     bpf::Event,
+    profile::GroupBy,
     record::{RecordConfig, record_blocking},
     util,
 };
@@ -30,6 +31,9 @@ pub struct RecordArgs {
     /// `profiler report`). Repeatable. Default: profile.svg.
     #[arg(short, long = "output", value_name = "FILE")]
     pub outputs: Vec<PathBuf>,
+    /// Root frame of every stack in .folded and .svg outputs.
+    #[arg(long, value_enum, default_value_t = GroupBy::Comm)]
+    pub group_by: GroupBy,
 }
 
 fn parse_frequency(text: &str) -> Result<u32, String> {
@@ -48,7 +52,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     } else {
         args.outputs.clone()
     };
-    let outputs = super::parse_outputs(&paths)?;
+    let outputs = super::parse_outputs(&paths, args.group_by)?;
     for o in &outputs {
         o.check_writable()?;
     }

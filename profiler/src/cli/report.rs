@@ -5,26 +5,60 @@ use anyhow::{Context as _, bail};
 
 use crate::profile::{self, Counters};
 
+mod cpus;
+mod range;
+
 #[derive(Debug, clap::Args)]
 pub struct ReportArgs {
     /// A capture written by `profiler record -o NAME.capture`.
     pub capture: PathBuf,
-    /// Output file, by extension: .svg, .folded, .capture. Repeatable.
+    /// Output file, by extension: .svg, .folded, .capture, .html (heat map), .perf.txt.
+    /// Repeatable.
     #[arg(short, long = "output", value_name = "FILE")]
     pub outputs: Vec<PathBuf>,
     /// Print the capture's statistics as `key: value` lines.
     #[arg(long)]
     pub stats: bool,
+    /// Root frame of every stack in .folded and .svg outputs.
+    #[arg(long, value_enum, default_value_t = crate::profile::GroupBy::Comm)]
+    pub group_by: crate::profile::GroupBy,
+    /// Print per-CPU utilisation per second (busy%, usr/sys, saturated CPUs), like mpstat.
+    #[arg(long)]
+    pub cpus: bool,
+    /// Keep samples from this time on: an offset from the capture start (`2.5s`, `1500ms`) or
+    /// a UTC wall-clock time (`16:00:01.5`, `2026-11-30T16:00:01`). Applies to every output.
+    #[arg(long, value_name = "TIME")]
+    pub from: Option<String>,
+    /// Keep samples before this time (same forms as --from).
+    #[arg(long, value_name = "TIME")]
+    pub to: Option<String>,
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<()> {
-    if args.outputs.is_empty() && !args.stats {
-        bail!("nothing to do: give -o FILE (.svg, .folded, .capture) or --stats");
+    if args.outputs.is_empty() && !args.stats && !args.cpus {
+        bail!(
+            "nothing to do: give -o FILE ({}), --stats or --cpus",
+            crate::output::EXTENSIONS
+        );
     }
-    let outputs = super::parse_outputs(&args.outputs)?;
-    let profile = profile::read_file(&args.capture).context("cannot read the capture")?;
+    let outputs = super::parse_outputs(&args.outputs, args.group_by)?;
+    let mut profile = profile::read_file(&args.capture).context("cannot read the capture")?;
+    if args.from.is_some() || args.to.is_some() {
+        let at = |t: &Option<String>, default| match t {
+            Some(t) => range::parse_time(t, &profile.meta).map_err(anyhow::Error::msg),
+            None => Ok(default),
+        };
+        let (from, to) = (at(&args.from, 0)?, at(&args.to, u64::MAX)?);
+        if from >= to {
+            bail!("--from must be before --to");
+        }
+        profile = profile.slice(from, to);
+    }
     if args.stats {
         print_stats(&profile);
+    }
+    if args.cpus {
+        print!("{}", cpus::cpu_report(&profile));
     }
     for o in &outputs {
         o.write(&profile)?;

@@ -1,6 +1,7 @@
 //! Second stage: drain the sampler's ring buffer as samples arrive (tokio), intern their raw
 //! stacks, and note what must be read while a process still lives: its exe, and where each
 //! user address falls in its mappings (`process`). Symbolization comes after, from this.
+pub mod cgroup;
 mod process;
 
 use std::{collections::HashMap, future::Future, time::Duration};
@@ -66,6 +67,8 @@ pub struct Collection {
     /// User stacks are per address space, so keyed by pid too.
     pub ustacks: StackTable<(u32, Box<[u64]>)>,
     pub processes: ProcessTable,
+    /// Paths of the cgroup v2 ids samples carry ("" if the cgroup was gone); `resolve_cgroups`.
+    pub cgroup_paths: HashMap<u64, String>,
     /// Samples dropped by the comm filter.
     pub filtered: u64,
     pub kstack_failed: u64,
@@ -78,6 +81,19 @@ impl Collection {
         Self {
             filter,
             ..Self::default()
+        }
+    }
+
+    /// Finds the path of every cgroup id seen so far.
+    pub fn resolve_cgroups(&mut self) {
+        let mut ids: Vec<u64> = self.samples.iter().map(|s| s.cgroup_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.retain(|id| self.cgroup_paths.get(id).is_none_or(|p| p.is_empty()));
+        let found = cgroup::cgroup2_paths(&ids);
+        for id in ids {
+            self.cgroup_paths
+                .insert(id, found.get(&id).cloned().unwrap_or_default());
         }
     }
 
@@ -154,6 +170,9 @@ impl Collection {
                     let mut guard = guard?;
                     self.drain(guard.get_inner_mut());
                     guard.clear_ready();
+                    // Woken early: a new process (or a full buffer). Read its mappings now,
+                    // while it surely lives.
+                    self.processes.resolve_pending();
                 }
                 _ = ticker.tick() => {
                     // The sampler rarely wakes us (see profiler-ebpf): drain on the timer.

@@ -11,13 +11,33 @@ use blazesym::normalize::{Normalizer, UserMeta};
 use crate::profile::Process;
 
 /// A mapped file that user addresses fall in.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct UserFile {
-    /// Path as the process saw it.
+    /// Path as the process saw it (in its own mount namespace).
     pub path: PathBuf,
     /// GNU build id, when the file has one.
     pub build_id: Option<Vec<u8>>,
+    /// The file itself, opened through /proc/PID/root while the process lived: it stays
+    /// readable after the process exits, in another mount namespace, or once deleted.
+    pub handle: Option<std::fs::File>,
 }
+
+impl UserFile {
+    /// A path that reads this very file now: the kept handle, else the recorded path.
+    pub fn readable_path(&self) -> PathBuf {
+        match &self.handle {
+            Some(f) => PathBuf::from(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(f)
+            )),
+            None => self.path.clone(),
+        }
+    }
+}
+
+/// Open file handles kept at most, below the usual descriptor limit; beyond it files are read
+/// by path (fine for host binaries that stay on disk).
+const MAX_HANDLES: usize = 4096;
 
 /// Where a user address points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +51,9 @@ pub enum UserLoc {
 pub struct ProcessTable {
     pub processes: BTreeMap<u32, Process>,
     pub files: Vec<UserFile>,
-    file_ids: HashMap<PathBuf, u32>,
+    /// Files by identity (device, inode): one path can name different files in different
+    /// containers, and one file can have several paths.
+    file_ids: HashMap<(u64, u64), u32>,
     /// Every (pid, address) seen, resolved or not yet.
     pub locs: HashMap<(u32, u64), UserLoc>,
     /// Addresses seen since the last `resolve_pending`, per pid.
@@ -91,6 +113,7 @@ impl ProcessTable {
                     UserMeta::Elf(elf) => Some(file_id(
                         &mut self.files,
                         &mut self.file_ids,
+                        pid,
                         &elf.path,
                         elf.build_id.as_deref(),
                     )),
@@ -112,21 +135,35 @@ impl ProcessTable {
     }
 }
 
+/// The id of the file `path` names in `pid`'s mount namespace, opening it on first sight.
 fn file_id(
     files: &mut Vec<UserFile>,
-    ids: &mut HashMap<PathBuf, u32>,
+    ids: &mut HashMap<(u64, u64), u32>,
+    pid: u32,
     path: &std::path::Path,
     build_id: Option<&[u8]>,
 ) -> u32 {
-    if let Some(&id) = ids.get(path) {
+    use std::os::unix::fs::MetadataExt as _;
+    let in_ns =
+        PathBuf::from(format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path));
+    let handle = std::fs::File::open(&in_ns)
+        .or_else(|_| std::fs::File::open(path))
+        .ok();
+    let key = handle
+        .as_ref()
+        .and_then(|f| f.metadata().ok())
+        .map_or((u64::MAX, files.len() as u64), |m| (m.dev(), m.ino()));
+    if let Some(&id) = ids.get(&key) {
         return id;
     }
+    let handle = handle.filter(|_| files.len() < MAX_HANDLES);
     files.push(UserFile {
         path: path.to_owned(),
         build_id: build_id.map(<[u8]>::to_vec),
+        handle,
     });
     let id = files.len() as u32 - 1;
-    ids.insert(path.to_owned(), id);
+    ids.insert(key, id);
     id
 }
 
@@ -137,5 +174,13 @@ fn read_process(pid: u32) -> Process {
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|c| c.trim_end().to_owned())
         .unwrap_or_default();
-    Process { pid, comm, exe }
+    let cgroups = super::cgroup::read_process_cgroups(pid);
+    Process {
+        pid,
+        comm,
+        exe,
+        cgroup: cgroups.v2,
+        memory_cgroup: cgroups.memory,
+        cpu_cgroup: cgroups.cpu,
+    }
 }

@@ -3,21 +3,39 @@
 //! (the perf + inferno convention, which flame graph palettes colour apart).
 use std::{collections::HashMap, io};
 
-use crate::profile::{FrameKind, Profile};
+use crate::profile::{FrameKind, GroupBy, Profile, attribution::Grouper};
 
-/// The folded lines of `profile`, sorted, without trailing newlines.
+/// The folded lines of `profile`, sorted, without trailing newlines, rooted at the comm.
 pub fn folded_lines(profile: &Profile) -> Vec<String> {
-    // Count per (comm, stack) first: far fewer than samples.
+    folded_lines_by(profile, GroupBy::Comm)
+}
+
+/// The folded lines with `group` as the root frame of every stack.
+pub fn folded_lines_by(profile: &Profile, group: GroupBy) -> Vec<String> {
+    let grouper = Grouper::new(profile, group);
+    // Count per (root, stack) first: far fewer than samples. Roots are interned by label.
+    let mut roots: HashMap<Option<String>, u32> = HashMap::new();
     let mut counts: HashMap<(u32, u32), u64> = HashMap::new();
     for s in &profile.samples {
-        *counts.entry((s.comm, s.stack)).or_default() += 1;
+        let next = roots.len() as u32;
+        let root = *roots.entry(grouper.label(s)).or_insert(next);
+        *counts.entry((root, s.stack)).or_default() += 1;
+    }
+    let mut labels = vec![None; roots.len()];
+    for (label, id) in roots {
+        labels[id as usize] = label;
     }
     // Different interned stacks can print the same (same names, other addresses): merge.
     let mut lines: HashMap<String, u64> = HashMap::new();
-    for ((comm, stack), n) in counts {
-        let mut line = clean(profile.str(comm));
+    for ((root, stack), n) in counts {
+        let mut line = labels[root as usize]
+            .as_deref()
+            .map(clean)
+            .unwrap_or_default();
         for frame in profile.stack_frames(stack) {
-            line.push(';');
+            if !line.is_empty() {
+                line.push(';');
+            }
             line.push_str(&clean(profile.str(frame.name)));
             if frame.kind == FrameKind::Kernel {
                 line.push_str("_[k]");
@@ -30,8 +48,8 @@ pub fn folded_lines(profile: &Profile) -> Vec<String> {
     out
 }
 
-pub fn write_folded(profile: &Profile, w: &mut impl io::Write) -> io::Result<()> {
-    for line in folded_lines(profile) {
+pub fn write_folded(profile: &Profile, group: GroupBy, w: &mut impl io::Write) -> io::Result<()> {
+    for line in folded_lines_by(profile, group) {
         writeln!(w, "{line}")?;
     }
     Ok(())
@@ -92,7 +110,7 @@ mod tests {
             ]
         );
         let mut bytes = Vec::new();
-        write_folded(&p, &mut bytes).unwrap();
+        write_folded(&p, GroupBy::Comm, &mut bytes).unwrap();
         assert_eq!(
             String::from_utf8(bytes).unwrap(),
             "app;main;ksys_read_[k] 1\napp;main;work:odd 2\nx;main;work:odd 1\n"

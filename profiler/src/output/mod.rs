@@ -1,5 +1,8 @@
 //! Last stage: render a profile to files. The kind of each output comes from its file name.
+pub mod diff;
 mod folded;
+mod heatmap;
+mod perf_text;
 mod svg;
 
 use std::{
@@ -8,10 +11,12 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub use folded::{folded_lines, write_folded};
+pub use folded::{folded_lines, folded_lines_by, write_folded};
+pub use heatmap::{HeatmapData, heatmap_data, write_heatmap};
+pub use perf_text::write_perf_text;
 pub use svg::write_svg;
 
-use crate::profile::{self, Profile};
+use crate::profile::{self, GroupBy, Profile};
 
 /// An output format, chosen by file extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,10 +27,14 @@ pub enum Format {
     Folded,
     /// `.svg`: an interactive flame graph (inferno).
     Svg,
+    /// `.perf.txt`: `perf script` text (FlameScope, stackcollapse-perf, speedscope read it).
+    PerfText,
+    /// `.html`: the self-contained sub-second heat map page with time-range flame graphs.
+    Html,
 }
 
 /// Extensions we write, for error messages and --help.
-pub const EXTENSIONS: &str = ".capture, .folded, .svg";
+pub const EXTENSIONS: &str = ".capture, .folded, .svg, .perf.txt, .html";
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
@@ -42,6 +51,8 @@ pub enum OutputError {
 pub struct Output {
     pub path: PathBuf,
     pub format: Format,
+    /// Root frame of stacks in folded output and flame graphs.
+    pub group_by: GroupBy,
 }
 
 impl Output {
@@ -51,7 +62,15 @@ impl Output {
             .file_name()
             .map(|n| n.to_string_lossy())
             .unwrap_or_default();
-        let format = match name.rsplit_once('.').map(|(_, ext)| ext) {
+        // A double extension first: `x.perf.txt` is perf text, not some other `.txt`.
+        let ext = if name.ends_with(".perf.txt") {
+            Some("perf.txt")
+        } else {
+            name.rsplit_once('.').map(|(_, ext)| ext)
+        };
+        let format = match ext {
+            Some("perf.txt") => Format::PerfText,
+            Some("html") => Format::Html,
             Some("capture") => Format::Capture,
             Some("folded") => Format::Folded,
             Some("svg") => Format::Svg,
@@ -64,6 +83,7 @@ impl Output {
         Ok(Self {
             path: path.to_owned(),
             format,
+            group_by: GroupBy::default(),
         })
     }
 
@@ -91,8 +111,10 @@ impl Output {
         let file = File::create(&self.path).map_err(|e| self.io_error(e))?;
         let mut w = BufWriter::new(file);
         match self.format {
-            Format::Folded => write_folded(profile, &mut w),
-            Format::Svg => write_svg(profile, &mut w),
+            Format::Folded => write_folded(profile, self.group_by, &mut w),
+            Format::Svg => write_svg(profile, self.group_by, &mut w),
+            Format::PerfText => write_perf_text(profile, &mut w),
+            Format::Html => write_heatmap(profile, &mut w),
             Format::Capture => unreachable!("handled above"),
         }
         .and_then(|()| w.flush())

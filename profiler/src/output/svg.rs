@@ -7,10 +7,10 @@ use inferno::flamegraph::{
     color::{MultiPalette, Palette},
 };
 
-use crate::profile::Profile;
+use crate::profile::{GroupBy, Profile};
 
-pub fn write_svg(profile: &Profile, w: &mut impl io::Write) -> io::Result<()> {
-    let lines = super::folded_lines(profile);
+pub fn write_svg(profile: &Profile, group: GroupBy, w: &mut impl io::Write) -> io::Result<()> {
+    let lines = super::folded_lines_by(profile, group);
     let mut opts = flamegraph::Options::default();
     opts.colors = Palette::Multi(MultiPalette::Java);
     opts.count_name = "samples".into();

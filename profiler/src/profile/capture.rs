@@ -9,7 +9,7 @@ use std::{
 
 use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 
-use super::model::{Counters, Frame, FrameKind, Meta, Process, Profile, Sample, Stack};
+use super::model::{Cgroup, Counters, Frame, FrameKind, Meta, Process, Profile, Sample, Stack};
 
 pub const MAGIC: &[u8; 8] = b"PROFCAP\0";
 /// Bumped on any change a reader of the previous version would misread.
@@ -117,10 +117,24 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
         }
     }
     w.u(p.processes.len() as u64)?;
-    for Process { pid, comm, exe } in &p.processes {
+    for Process {
+        pid,
+        comm,
+        exe,
+        cgroup,
+        memory_cgroup,
+        cpu_cgroup,
+    } in &p.processes
+    {
         w.u((*pid).into())?;
-        w.s(comm)?;
-        w.s(exe)?;
+        for text in [comm, exe, cgroup, memory_cgroup, cpu_cgroup] {
+            w.s(text)?;
+        }
+    }
+    w.u(p.cgroups.len() as u64)?;
+    for Cgroup { id, path } in &p.cgroups {
+        w.u(*id)?;
+        w.s(path)?;
     }
     w.u(p.samples.len() as u64)?;
     let mut prev = 0u64;
@@ -241,6 +255,18 @@ fn read_body<R: Read>(r: &mut Reader<R>) -> io::Result<Profile> {
                 pid: r.u32()?,
                 comm: r.s()?,
                 exe: r.s()?,
+                cgroup: r.s()?,
+                memory_cgroup: r.s()?,
+                cpu_cgroup: r.s()?,
+            })
+        })
+        .collect::<io::Result<_>>()?;
+    let n = r.len()?;
+    let cgroups = (0..n)
+        .map(|_| {
+            Ok(Cgroup {
+                id: r.u()?,
+                path: r.s()?,
             })
         })
         .collect::<io::Result<_>>()?;
@@ -270,6 +296,7 @@ fn read_body<R: Read>(r: &mut Reader<R>) -> io::Result<Profile> {
         stacks,
         samples,
         processes,
+        cgroups,
     })
 }
 
@@ -409,6 +436,13 @@ mod tests {
             pid: 42,
             comm: "fx-chain".into(),
             exe: "/bin/fx".into(),
+            cgroup: "/system.slice/fx.service".into(),
+            memory_cgroup: "/lab/a".into(),
+            cpu_cgroup: String::new(),
+        });
+        i.cgroup(Cgroup {
+            id: 9,
+            path: "/system.slice/fx.service".into(),
         });
         i.finish()
     }

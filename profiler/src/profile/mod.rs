@@ -1,9 +1,18 @@
 //! The profile model, fourth stage of the flow: interned strings, frames and stacks, and every
 //! sample with its time. Outputs render from it; `capture` stores it on disk.
+pub mod attribution;
 mod capture;
 mod model;
+mod timeline;
 
+pub use attribution::GroupBy;
 pub use capture::{CAPTURE_VERSION, CaptureError, decode, encode, read_file, write_file};
 pub use model::{
-    Counters, Frame, FrameKind, Interner, Meta, Process, Profile, Sample, Stack, StrId,
+    Cgroup, Counters, Frame, FrameKind, Interner, Meta, Process, Profile, Sample, Stack, StrId,
+};
+#[cfg(test)]
+pub(crate) use timeline::tests::pattern_profile as timeline_pattern;
+pub use timeline::{
+    CpuSecond, CpuTable, DEFAULT_ROWS, Filter, HeatMap, SATURATED_PCT, SATURATED_SECS, Span,
+    cpu_table, heat_map, is_idle, leaf_is_kernel, row,
 };

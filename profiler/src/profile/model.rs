@@ -62,13 +62,28 @@ pub struct Counters {
 }
 
 /// A process seen during the recording.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Process {
     pub pid: u32,
     /// Process comm (of its main thread) when first seen.
     pub comm: String,
     /// Executable path, "" if it could not be read (already exited, kernel thread).
     pub exe: String,
+    /// cgroup v2 path from /proc/PID/cgroup ("" if unknown).
+    pub cgroup: String,
+    /// cgroup v1 memory hierarchy path ("" without one).
+    pub memory_cgroup: String,
+    /// cgroup v1 cpu hierarchy path ("" without one).
+    pub cpu_cgroup: String,
+}
+
+/// A cgroup v2 id seen on samples, and its path under the cgroup2 mount.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cgroup {
+    /// The id samples carry (inode number of the cgroup2 directory).
+    pub id: u64,
+    /// Path relative to the cgroup2 mount, starting with `/`.
+    pub path: String,
 }
 
 /// Facts about the recording as a whole.
@@ -101,6 +116,7 @@ pub struct Profile {
     pub stacks: Vec<Stack>,
     pub samples: Vec<Sample>,
     pub processes: Vec<Process>,
+    pub cgroups: Vec<Cgroup>,
 }
 
 impl Profile {
@@ -171,6 +187,10 @@ impl Interner {
 
     pub fn process(&mut self, process: Process) {
         self.profile.processes.push(process);
+    }
+
+    pub fn cgroup(&mut self, cgroup: Cgroup) {
+        self.profile.cgroups.push(cgroup);
     }
 
     pub fn meta_mut(&mut self) -> &mut Meta {

@@ -11,7 +11,7 @@ pub use user::UserSymbolizer;
 
 use crate::{
     collect::{Collection, UserLoc},
-    profile::{Frame, FrameKind, Interner, Meta, Profile, Sample},
+    profile::{Cgroup, Frame, FrameKind, Interner, Meta, Profile, Sample},
 };
 
 /// Builds the profile: symbolizes every frame of `collection` and orders samples by time.
@@ -108,6 +108,15 @@ pub fn build_profile(
     for p in collection.processes.processes.into_values() {
         out.process(p);
     }
+    let mut cgroups: Vec<Cgroup> = collection
+        .cgroup_paths
+        .into_iter()
+        .map(|(id, path)| Cgroup { id, path })
+        .collect();
+    cgroups.sort_by_key(|c| c.id);
+    for c in cgroups {
+        out.cgroup(c);
+    }
     out.finish()
 }
 
@@ -123,8 +132,8 @@ fn symbolize_user(c: &Collection, user: &UserSymbolizer) -> HashMap<(u32, u64), 
     for (file, mut offsets) in per_file {
         offsets.sort_unstable();
         offsets.dedup();
-        let path = &c.processes.files[file as usize].path;
-        for (offset, name) in offsets.iter().zip(user.symbolize_file(path, &offsets)) {
+        let path = c.processes.files[file as usize].readable_path();
+        for (offset, name) in offsets.iter().zip(user.symbolize_file(&path, &offsets)) {
             names.insert((file, *offset), name);
         }
     }

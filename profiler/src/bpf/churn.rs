@@ -1,0 +1,96 @@
+//! The cgroup churn tracer, user side: loads `churn_mkdir` / `churn_rmdir` from the embedded
+//! object onto the cgroup_mkdir / cgroup_rmdir raw tracepoints and reads the counts.
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData},
+    programs::RawTracePoint,
+};
+use profiler_common::{
+    MAP_SAMPLES,
+    churn::{ChurnKey, EVENT_MKDIR, MAP_CHURN, PROGRAM_MKDIR, PROGRAM_RMDIR},
+};
+
+use super::BpfError;
+
+/// One process's cgroup churn.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChurnCount {
+    pub pid: u32,
+    pub comm: String,
+    /// cgroups created (all hierarchies).
+    pub mkdirs: u64,
+    /// cgroups removed (all hierarchies).
+    pub rmdirs: u64,
+    /// Parents (paths within a hierarchy, e.g. `/profiler-lab`) with mkdirs + rmdirs under
+    /// each, most first.
+    pub parents: Vec<(String, u64)>,
+}
+
+/// The tracer, attached while it lives.
+pub struct ChurnTracer {
+    // Kept for the links: dropping it detaches.
+    _ebpf: Ebpf,
+    counts: HashMap<MapData, ChurnKey, u64>,
+}
+
+impl ChurnTracer {
+    /// Loads and attaches both programs. Needs CAP_BPF + CAP_PERFMON (or root).
+    pub fn start() -> Result<Self, BpfError> {
+        // The object also holds the sampler's 8 MiB ring buffer; this tracer needs none of it.
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(MAP_SAMPLES, 4096)
+            .load(super::SAMPLER_OBJECT)?;
+        for (name, tracepoint) in [
+            (PROGRAM_MKDIR, "cgroup_mkdir"),
+            (PROGRAM_RMDIR, "cgroup_rmdir"),
+        ] {
+            let program: &mut RawTracePoint = ebpf
+                .program_mut(name)
+                .ok_or(BpfError::Missing("churn program"))?
+                .try_into()?;
+            program.load()?;
+            program.attach(tracepoint)?;
+        }
+        let counts = HashMap::try_from(
+            ebpf.take_map(MAP_CHURN)
+                .ok_or(BpfError::Missing("churn map"))?,
+        )?;
+        Ok(Self {
+            _ebpf: ebpf,
+            counts,
+        })
+    }
+
+    /// Counts so far, one entry per process, most churn first.
+    pub fn counts(&self) -> Vec<ChurnCount> {
+        let mut by_pid: std::collections::BTreeMap<u32, ChurnCount> = Default::default();
+        for (key, n) in self.counts.iter().flatten() {
+            let e = by_pid.entry(key.pid).or_insert_with(|| ChurnCount {
+                pid: key.pid,
+                comm: comm_string(&key.comm),
+                ..ChurnCount::default()
+            });
+            if key.event == EVENT_MKDIR {
+                e.mkdirs += n;
+            } else {
+                e.rmdirs += n;
+            }
+            let parent = comm_string(&key.parent);
+            match e.parents.iter_mut().find(|p| p.0 == parent) {
+                Some(p) => p.1 += n,
+                None => e.parents.push((parent, n)),
+            }
+        }
+        let mut v: Vec<ChurnCount> = by_pid.into_values().collect();
+        for c in &mut v {
+            c.parents.sort_by_key(|p| std::cmp::Reverse(p.1));
+        }
+        v.sort_by_key(|c| std::cmp::Reverse(c.mkdirs + c.rmdirs));
+        v
+    }
+}
+
+fn comm_string(comm: &[u8]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}

@@ -1,0 +1,103 @@
+//! `report --cpus`: per-CPU utilisation per second as text, like `mpstat -P ALL 1` side by
+//! side: one row per second, one column per CPU with busy% and its usr/sys split, `!` on
+//! saturated seconds, then the saturated runs with the process that kept each CPU busy.
+use std::fmt::Write as _;
+
+use super::range::format_clock;
+use crate::profile::{self, CpuTable, Filter, Profile, SATURATED_PCT, SATURATED_SECS};
+
+/// The table for `profile` (already cut to --from/--to), as text.
+pub fn cpu_report(profile: &Profile) -> String {
+    let t = profile::cpu_table(profile, &Filter::default());
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "per-CPU utilisation per second (UTC); busy% usr/sys; `!` = >= {SATURATED_PCT}% for >= {SATURATED_SECS} s; expected {} samples/s",
+        profile.meta.frequency_hz
+    );
+    let _ = write!(out, "{:<8} {:>6}", "time", "offset");
+    for cpu in &t.cpus {
+        let _ = write!(out, " {:>13}", format!("CPU{cpu}"));
+    }
+    out.push('\n');
+    for col in 0..t.span.cols {
+        let sec = t.span.first_s + col as u64;
+        let clock = format_clock(profile.meta.start_unix_ns + sec * 1_000_000_000);
+        let _ = write!(out, "{clock:<8} {:>5}s", sec);
+        for row in &t.seconds {
+            let c = &row[col];
+            let cell = format!(
+                "{:>3.0}% {:>2.0}/{:<2.0}{}",
+                c.busy_pct,
+                c.user_pct,
+                c.sys_pct,
+                if c.saturated { "!" } else { " " }
+            );
+            let _ = write!(out, " {cell:>13}");
+        }
+        out.push('\n');
+    }
+    saturated_runs(profile, &t, &mut out);
+    out
+}
+
+/// One line per saturated run: CPU, from-to, and the top comm over the run.
+fn saturated_runs(profile: &Profile, t: &CpuTable, out: &mut String) {
+    let mut any = false;
+    for (ci, row) in t.seconds.iter().enumerate() {
+        let mut col = 0;
+        while col < row.len() {
+            if !row[col].saturated {
+                col += 1;
+                continue;
+            }
+            let start = col;
+            let mut tops: std::collections::HashMap<u32, u64> = Default::default();
+            while col < row.len() && row[col].saturated {
+                if let Some((comm, n)) = row[col].top {
+                    *tops.entry(comm).or_default() += n;
+                }
+                col += 1;
+            }
+            let top = tops
+                .into_iter()
+                .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+                .map_or("?", |(c, _)| profile.str(c));
+            let at = |c: usize| {
+                format_clock(
+                    profile.meta.start_unix_ns + (t.span.first_s + c as u64) * 1_000_000_000,
+                )
+            };
+            let _ = writeln!(
+                out,
+                "saturated: CPU{} {}-{} ({} s), mostly {top}",
+                t.cpus[ci],
+                at(start),
+                at(col),
+                col - start
+            );
+            any = true;
+        }
+    }
+    if !any {
+        out.push_str("saturated: none\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_table() {
+        let text = cpu_report(&profile::timeline_pattern());
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 6, "{text}");
+        assert!(lines[1].contains("CPU0") && lines[1].contains("CPU1"));
+        assert_eq!(
+            lines[2].split_whitespace().collect::<Vec<_>>(),
+            ["00:00:00", "0s", "0%", "0/0", "20%", "10/10"]
+        );
+        assert_eq!(lines[5], "saturated: none");
+    }
+}

@@ -1,0 +1,101 @@
+//! `profiler doctor`, a front end over the whole flow: for one window it traces cgroup churn
+//! and profiles every CPU at once, then joins that with the dying-cgroup figures
+//! (`crate::cgroups`) into findings and a verdict. The incident it is built for: a CPU
+//! starved by kubelet reading memory statistics while tens of thousands of dying memcgs,
+//! left by a crash-looping creator, make every read slow.
+pub mod memcg;
+mod report;
+pub mod verdict;
+
+use std::time::Duration;
+
+pub use report::{json, text};
+pub use verdict::{Level, Verdict};
+
+use crate::{
+    bpf::{
+        Event,
+        churn::{ChurnCount, ChurnTracer},
+    },
+    cgroups::{self, Snapshot},
+    record::{RecordConfig, RecordError, record_blocking},
+};
+
+/// What to look at.
+#[derive(Clone, Debug)]
+pub struct DoctorConfig {
+    /// Length of the observation window.
+    pub duration: Duration,
+    /// Profile sampling rate per CPU, Hz.
+    pub frequency_hz: u32,
+    /// Progress on stderr.
+    pub verbose: bool,
+}
+
+/// Everything the doctor measured, the input of the verdict and of both renderings.
+#[derive(Clone, Debug)]
+pub struct Findings {
+    /// Length of the profile window, s.
+    pub duration_s: f64,
+    /// Samples in the profile (all CPUs).
+    pub samples: u64,
+    /// Sampling rate per CPU, Hz.
+    pub frequency_hz: u32,
+    /// Kernel release (`uname -r`).
+    pub kernel: String,
+    /// Dying cgroups at the end of the window.
+    pub cgroups: Snapshot,
+    /// Processes that made or removed cgroups during the window, most first.
+    pub churn: Vec<ChurnCount>,
+    /// Why churn could not be traced, if it could not.
+    pub churn_error: Option<String>,
+    /// Per CPU: (cpu, busy percent).
+    pub cpus: Vec<(u32, f64)>,
+    /// Catalogue functions this kernel has / lacks.
+    pub memcg_present: Vec<&'static str>,
+    pub memcg_absent: Vec<&'static str>,
+    /// Processes with CPU in memcg code, most samples first (at most 10).
+    pub memcg: Vec<memcg::MemcgShare>,
+}
+
+/// Runs the window and gathers the findings.
+pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
+    // Churn is counted in the kernel while the profile records; a failure to attach is
+    // reported in the findings rather than stopping the rest.
+    let tracer = ChurnTracer::start();
+    let profile = record_blocking(&RecordConfig {
+        event: Event::CpuClock,
+        frequency_hz: config.frequency_hz,
+        duration: config.duration,
+        pids: Vec::new(),
+        comms: Vec::new(),
+        verbose: config.verbose,
+    })?;
+    let (churn, churn_error) = match &tracer {
+        Ok(t) => (t.counts(), None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    drop(tracer);
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").map_err(RecordError::Kallsyms)?;
+    let memcg_present = memcg::present_in_kallsyms(&kallsyms);
+    let memcg_absent = memcg::CATALOGUE
+        .iter()
+        .copied()
+        .filter(|n| !memcg_present.contains(n))
+        .collect();
+    let mut shares = memcg::shares(&profile, &memcg_present);
+    shares.truncate(10);
+    Ok(Findings {
+        duration_s: profile.meta.duration_ns as f64 / 1e9,
+        samples: profile.samples.len() as u64,
+        frequency_hz: profile.meta.frequency_hz,
+        kernel: profile.meta.kernel_release.clone(),
+        cgroups: cgroups::snapshot(),
+        churn,
+        churn_error,
+        cpus: memcg::cpu_busy(&profile),
+        memcg_present,
+        memcg_absent,
+        memcg: shares,
+    })
+}

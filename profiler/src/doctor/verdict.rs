@@ -1,0 +1,268 @@
+//! From findings to a verdict: thresholds (documented in docs/doctor.md), the problems with
+//! their evidence, and remedies that name the cgroup, the creator and the command.
+use super::{Findings, memcg::MemcgShare};
+
+/// Dying cgroups of one controller worth a warning: more than a host's own trickle.
+pub const DYING_WARN: u64 = 100;
+/// Dying cgroups that make an alarm on their own: statistics reads and reclaim now walk
+/// hundreds of memcgs.
+pub const DYING_ALARM: u64 = 400;
+/// A process is "hot in memcg code" with at least this share of its CPU there, percent...
+pub const MEMCG_SHARE_HOT: f64 = 20.0;
+/// ...and at least this share of one CPU over the window, percent (ignores idle processes).
+pub const MEMCG_CPU_HOT: f64 = 10.0;
+/// cgroup creations per second by one process worth naming as churn.
+pub const CHURN_RATE_WARN: f64 = 1.0;
+/// A CPU this busy, percent, is saturated.
+pub const CPU_SATURATED: f64 = 90.0;
+
+/// How bad.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Healthy,
+    Warning,
+    Alarm,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Healthy => "healthy",
+            Level::Warning => "warning",
+            Level::Alarm => "alarm",
+        }
+    }
+}
+
+/// The doctor's conclusion.
+#[derive(Clone, Debug)]
+pub struct Verdict {
+    pub level: Level,
+    /// One line per problem found.
+    pub problems: Vec<String>,
+    /// What to do, most direct first.
+    pub remedies: Vec<String>,
+    /// The v1 memory cgroup judged to hold the dying memcgs (see `holder`).
+    pub holder: Option<String>,
+}
+
+/// memcg CPU of a share as percent of one CPU over the window.
+pub fn cpu_percent(share: &MemcgShare, f: &Findings) -> f64 {
+    let ticks = f.samples_per_cpu_window();
+    if ticks <= 0.0 {
+        0.0
+    } else {
+        share.memcg_samples as f64 * 100.0 / ticks
+    }
+}
+
+impl Findings {
+    /// Expected samples of one fully busy CPU over the window.
+    pub fn samples_per_cpu_window(&self) -> f64 {
+        f64::from(self.frequency_hz) * self.duration_s
+    }
+
+    /// Processes hot in memcg code (see `MEMCG_SHARE_HOT`, `MEMCG_CPU_HOT`).
+    pub fn hot_memcg(&self) -> Vec<&MemcgShare> {
+        self.memcg
+            .iter()
+            .filter(|s| s.percent() >= MEMCG_SHARE_HOT && cpu_percent(s, self) >= MEMCG_CPU_HOT)
+            .collect()
+    }
+
+    /// Processes creating cgroups at `CHURN_RATE_WARN` or faster.
+    pub fn churners(&self) -> Vec<&crate::bpf::churn::ChurnCount> {
+        self.churn
+            .iter()
+            .filter(|c| c.mkdirs as f64 / self.duration_s.max(0.001) >= CHURN_RATE_WARN)
+            .collect()
+    }
+}
+
+/// The v1 memory cgroup most likely holding the dying memcgs: the cache holder under which a
+/// churning process makes cgroups, else the top-ranked holder.
+pub fn holder<'a>(
+    f: &'a Findings,
+    churners: &[&crate::bpf::churn::ChurnCount],
+) -> Option<&'a crate::cgroups::CacheHolder> {
+    let holders = &f.cgroups.cache_holders;
+    churners
+        .iter()
+        .flat_map(|c| c.parents.iter())
+        .filter(|(p, _)| p.len() > 1)
+        .find_map(|(p, _)| {
+            holders
+                .iter()
+                .find(|h| h.path.to_string_lossy().ends_with(p.as_str()))
+        })
+        .or_else(|| holders.first())
+}
+
+/// Judges the findings.
+pub fn judge(f: &Findings) -> Verdict {
+    let mut level = Level::Healthy;
+    let mut problems = Vec::new();
+    let mut remedies = Vec::new();
+    let mut chosen = None;
+    let worst = f.cgroups.controllers.iter().max_by_key(|c| c.dying);
+    let dying = worst.map_or(0, |c| c.dying);
+    let hot = f.hot_memcg();
+    let churners = f.churners();
+
+    if let Some(c) = worst.filter(|c| c.dying >= DYING_WARN) {
+        level = level.max(if c.dying >= DYING_ALARM {
+            Level::Alarm
+        } else {
+            Level::Warning
+        });
+        problems.push(format!(
+            "{} dying {} cgroups ({} counted, {} live)",
+            c.dying, c.controller, c.num_cgroups, c.live
+        ));
+        if c.controller == "memory" || f.cgroups.dying("memory").unwrap_or(0) >= DYING_WARN {
+            if let Some(h) = holder(f, &churners) {
+                chosen = Some(h.path.display().to_string());
+                remedies.push(format!(
+                    "echo 0 > {}/memory.force_empty   # reclaims the {:.1} MiB of page cache \
+                     that keeps the dying memcgs below it alive",
+                    h.path.display(),
+                    h.unexplained() as f64 / f64::from(1 << 20)
+                ));
+            }
+            remedies.push(
+                "sync; echo 1 > /proc/sys/vm/drop_caches   # host-wide: frees all clean page \
+                 cache, and with it the dying memcgs"
+                    .to_owned(),
+            );
+        }
+    }
+    for s in &hot {
+        level = level.max(if dying >= DYING_WARN {
+            Level::Alarm
+        } else {
+            Level::Warning
+        });
+        problems.push(format!(
+            "{} (pid {}) spends {:.0}% of its CPU in memory-cgroup kernel code ({})",
+            s.comm,
+            s.pid,
+            s.percent(),
+            s.top_function()
+        ));
+        remedies.push(format!(
+            "poll memory statistics less often in {} (kubelet: --housekeeping-interval)",
+            s.comm
+        ));
+    }
+    for c in &churners {
+        level = level.max(Level::Warning);
+        problems.push(format!(
+            "{} (pid {}) creates {:.1} cgroups/s",
+            c.comm,
+            c.pid,
+            c.mkdirs as f64 / f.duration_s.max(0.001)
+        ));
+        if dying >= DYING_WARN {
+            remedies.push(format!(
+                "stop or fix {} (pid {}): it makes and removes cgroups under {}, and each one \
+                 removed with page cache charged stays dying",
+                c.comm,
+                c.pid,
+                c.parents.first().map_or("?", |p| p.0.as_str())
+            ));
+        }
+    }
+    if dying >= DYING_WARN && churners.is_empty() {
+        remedies.push(
+            "no process made cgroups in this window: the creator may be periodic (a \
+             crash-looping unit); run a longer window, e.g. --duration 60s"
+                .to_owned(),
+        );
+    }
+    Verdict {
+        level,
+        problems,
+        remedies,
+        holder: chosen,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        bpf::churn::ChurnCount,
+        cgroups::{CacheHolder, ControllerDying, Snapshot},
+    };
+
+    fn findings(dying: u64, kubelet_memcg: u64, mkdirs: u64) -> Findings {
+        Findings {
+            duration_s: 10.0,
+            samples: 2000,
+            frequency_hz: 100,
+            kernel: "6.18".into(),
+            cgroups: Snapshot {
+                controllers: vec![ControllerDying {
+                    controller: "memory".into(),
+                    mount: "/sys/fs/cgroup/memory".into(),
+                    num_cgroups: dying + 3,
+                    live: 3,
+                    dying,
+                }],
+                cache_holders: vec![CacheHolder {
+                    path: "/sys/fs/cgroup/memory/lab".into(),
+                    total_cache: 8 << 20,
+                    children_cache: 0,
+                    own_cache: 0,
+                    live_children: 0,
+                }],
+                ..Snapshot::default()
+            },
+            churn: vec![ChurnCount {
+                pid: 9,
+                comm: "agent".into(),
+                mkdirs,
+                rmdirs: mkdirs,
+                parents: vec![("/lab".into(), 2 * mkdirs)],
+            }],
+            churn_error: None,
+            cpus: vec![(0, 100.0), (1, 5.0)],
+            memcg_present: vec!["memory_stat_show"],
+            memcg_absent: vec![],
+            memcg: vec![MemcgShare {
+                pid: 5,
+                comm: "kubelet".into(),
+                samples: 1000,
+                memcg_samples: kubelet_memcg,
+                functions: vec![("memory_stat_show".into(), kubelet_memcg)],
+            }],
+        }
+    }
+
+    #[test]
+    fn a_quiet_host_is_healthy() {
+        let v = judge(&findings(28, 10, 0));
+        assert_eq!(v.level, Level::Healthy, "{v:?}");
+        assert!(v.problems.is_empty() && v.remedies.is_empty());
+    }
+
+    #[test]
+    fn zombies_a_hot_poller_and_a_creator_make_an_alarm_with_remedies() {
+        let f = findings(5000, 450, 300);
+        let v = judge(&f);
+        assert_eq!(v.level, Level::Alarm);
+        assert_eq!(v.problems.len(), 3, "{v:?}");
+        assert!(v.problems[1].contains("kubelet (pid 5) spends 45%"));
+        assert!(v.remedies[0].starts_with("echo 0 > /sys/fs/cgroup/memory/lab/memory.force_empty"));
+        assert!(
+            v.remedies
+                .iter()
+                .any(|r| r.contains("stop or fix agent (pid 9)"))
+        );
+    }
+
+    #[test]
+    fn a_few_hundred_zombies_alone_warn() {
+        assert_eq!(judge(&findings(150, 0, 0)).level, Level::Warning);
+    }
+}

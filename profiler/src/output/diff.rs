@@ -1,0 +1,183 @@
+//! Two profiles compared: a differential flame graph (inferno: widths from AFTER, red where a
+//! stack's share grew, blue where it shrank, BEFORE normalised to AFTER's total) and the
+//! functions and processes whose share of samples changed most. Inputs are folded counts, so
+//! captures and .folded files from any tool compare alike.
+use std::{collections::HashMap, io};
+
+use inferno::{differential, flamegraph};
+
+/// Folded stacks: `root;outer;...;leaf` -> samples.
+pub type Folded = HashMap<String, u64>;
+
+/// Parses folded text (`stack COUNT` per line; bad lines are skipped).
+pub fn parse_folded(text: &str) -> Folded {
+    let mut out = Folded::new();
+    for line in text.lines() {
+        if let Some((stack, n)) = line.trim_end().rsplit_once(' ')
+            && let Ok(n) = n.parse::<u64>()
+        {
+            *out.entry(stack.to_owned()).or_default() += n;
+        }
+    }
+    out
+}
+
+fn to_text(f: &Folded) -> String {
+    let mut lines: Vec<String> = f.iter().map(|(s, n)| format!("{s} {n}")).collect();
+    lines.sort();
+    lines.join("\n") + "\n"
+}
+
+/// Writes the differential flame graph of BEFORE -> AFTER.
+pub fn write_diff_svg(before: &Folded, after: &Folded, w: &mut impl io::Write) -> io::Result<()> {
+    let mut three = Vec::new();
+    let opts = differential::Options {
+        normalize: true,
+        strip_hex: false,
+    };
+    differential::from_readers(
+        opts,
+        to_text(before).as_bytes(),
+        to_text(after).as_bytes(),
+        &mut three,
+    )?;
+    let three = String::from_utf8_lossy(&three);
+    let mut fg = flamegraph::Options::default();
+    fg.title = "Differential flame graph (red: grew, blue: shrank)".into();
+    fg.subtitle = Some(format!(
+        "widths from AFTER ({} samples); BEFORE ({} samples) normalised to it",
+        after.values().sum::<u64>(),
+        before.values().sum::<u64>()
+    ));
+    fg.count_name = "samples".into();
+    fg.deterministic = true;
+    let lines: Vec<&str> = three.lines().filter(|l| !l.is_empty()).collect();
+    if lines.is_empty() {
+        return write!(
+            w,
+            r#"<?xml version="1.0" standalone="no"?><svg xmlns="http://www.w3.org/2000/svg" width="600" height="60"><text x="10" y="30">no samples in either profile</text></svg>"#
+        );
+    }
+    flamegraph::from_lines(&mut fg, lines, w)
+}
+
+/// A name whose share of all samples changed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change {
+    pub name: String,
+    /// Share of BEFORE's samples, percent.
+    pub before: f64,
+    /// Share of AFTER's samples, percent.
+    pub after: f64,
+}
+
+impl Change {
+    /// Percentage points gained (negative: lost).
+    pub fn delta(&self) -> f64 {
+        self.after - self.before
+    }
+}
+
+/// The biggest movers of each kind, largest |delta| first.
+#[derive(Clone, Debug, Default)]
+pub struct TopChanges {
+    /// Leaf (self) share per function.
+    pub self_share: Vec<Change>,
+    /// Share of samples with the function anywhere on the stack.
+    pub inclusive: Vec<Change>,
+    /// Share per root frame (the process comm in our folded output).
+    pub processes: Vec<Change>,
+}
+
+/// Shares per name for one profile: (self, inclusive, root), percent of its samples.
+type Shares = [HashMap<String, f64>; 3];
+
+fn shares(f: &Folded) -> Shares {
+    let total = f.values().sum::<u64>().max(1) as f64;
+    let mut out: Shares = Default::default();
+    for (stack, &n) in f {
+        let share = n as f64 * 100.0 / total;
+        let frames: Vec<&str> = stack.split(';').collect();
+        *out[2].entry(frames[0].to_owned()).or_default() += share;
+        let below_root = &frames[1.min(frames.len())..];
+        if let Some(leaf) = below_root.last() {
+            *out[0].entry((*leaf).to_owned()).or_default() += share;
+        }
+        let mut seen = std::collections::HashSet::new();
+        for fr in below_root.iter().filter(|fr| seen.insert(**fr)) {
+            *out[1].entry((*fr).to_owned()).or_default() += share;
+        }
+    }
+    out
+}
+
+/// The `n` largest changes of each kind between two profiles.
+pub fn top_changes(before: &Folded, after: &Folded, n: usize) -> TopChanges {
+    let [b_self, b_incl, b_root] = shares(before);
+    let [a_self, a_incl, a_root] = shares(after);
+    let rank = |b: &HashMap<String, f64>, a: &HashMap<String, f64>| {
+        let mut names: Vec<&String> = b.keys().chain(a.keys()).collect();
+        names.sort();
+        names.dedup();
+        let mut v: Vec<Change> = names
+            .into_iter()
+            .map(|name| Change {
+                name: name.clone(),
+                before: b.get(name).copied().unwrap_or(0.0),
+                after: a.get(name).copied().unwrap_or(0.0),
+            })
+            .filter(|c| c.delta().abs() >= 0.005)
+            .collect();
+        v.sort_by(|x, y| y.delta().abs().total_cmp(&x.delta().abs()));
+        v.truncate(n);
+        v
+    };
+    TopChanges {
+        self_share: rank(&b_self, &a_self),
+        inclusive: rank(&b_incl, &a_incl),
+        processes: rank(&b_root, &a_root),
+    }
+}
+
+/// The changes as text tables.
+pub fn format_top(t: &TopChanges) -> String {
+    let mut o = String::new();
+    for (title, v) in [
+        ("functions, self (leaf) share", &t.self_share),
+        ("functions, inclusive share", &t.inclusive),
+        ("processes", &t.processes),
+    ] {
+        o.push_str(&format!(
+            "{title}:\n  {:>8} {:>8} {:>8}  name\n",
+            "before%", "after%", "delta"
+        ));
+        for c in v {
+            o.push_str(&format!(
+                "  {:>8.2} {:>8.2} {:>+8.2}  {}\n",
+                c.before,
+                c.after,
+                c.delta(),
+                c.name
+            ));
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extra_hot_function_tops_the_list() {
+        let before = parse_folded("app;main;work 50\napp;main;idle 50\n");
+        let after = parse_folded("app;main;work 50\napp;main;idle 50\napp;main;hot 100\n");
+        let t = top_changes(&before, &after, 5);
+        assert_eq!(t.self_share[0].name, "hot");
+        assert!((t.self_share[0].delta() - 50.0).abs() < 1e-9);
+        assert_eq!(t.processes.len(), 0, "one process, same share");
+        let mut svg = Vec::new();
+        write_diff_svg(&before, &after, &mut svg).unwrap();
+        assert!(String::from_utf8(svg).unwrap().contains("hot"));
+    }
+}

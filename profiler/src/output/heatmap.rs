@@ -1,0 +1,268 @@
+//! The heat map page (`.html`): FlameScope's sub-second heat map, a per-CPU utilisation strip
+//! and flame graphs of any selected time range, in ONE self-contained file (inline JS and CSS,
+//! nothing loaded from the network) that works from a mail attachment or an air-gapped laptop.
+//!
+//! Raw samples are not embedded (an hour on 64 CPUs at 99 Hz is 23M samples): `data` aggregates
+//! them into bounded tables, written here as one JSON script element. See docs/heatmap.md.
+use std::io;
+
+use crate::profile::Profile;
+
+mod data;
+pub use data::{HeatmapData, heatmap_data};
+
+const STYLE: &str = include_str!("heatmap/style.css");
+const SCRIPT: &str = include_str!("heatmap/app.js");
+
+impl HeatmapData {
+    /// The data as JSON, safe inside a `<script>` element (`<` is escaped).
+    pub fn to_json(&self) -> String {
+        let mut out = Vec::new();
+        self.write_json(&mut out).expect("writing to a Vec");
+        String::from_utf8(out).expect("JSON is UTF-8")
+    }
+
+    /// Streams the JSON: the records can be millions, so no intermediate strings for them.
+    pub fn write_json(&self, w: &mut impl io::Write) -> io::Result<()> {
+        let list = |items: Vec<String>| format!("[{}]", items.join(","));
+        let cpus = list(self.cpus.iter().map(u32::to_string).collect());
+        let comms = list(self.comms.iter().map(|c| json_str(c)).collect());
+        // As strings: cgroup ids can pass 2^53, where JS numbers lose digits.
+        let cgroups = list(self.cgroups.iter().map(|g| format!("\"{g}\"")).collect());
+        let frames = list(
+            self.frames
+                .iter()
+                .map(|(n, k)| format!("[{},{}]", json_str(n), u8::from(*k)))
+                .collect(),
+        );
+        let stacks = list(
+            self.stacks
+                .iter()
+                .map(|s| list(s.iter().map(u32::to_string).collect()))
+                .collect(),
+        );
+        let nums = |v: &[u64]| list(v.iter().map(u64::to_string).collect());
+        let (grid, busy, kernel) = (
+            nums(&self.grid),
+            nums(&self.cpu_busy),
+            nums(&self.cpu_kernel),
+        );
+        // Bounded by MAX_RECORDS: fine as one string.
+        let all: Vec<u64> = self.all_records.iter().flatten().copied().collect();
+        let all = nums(&all);
+        write!(
+            w,
+            r#"{{"first_s":{},"cols":{},"rows":{},"hz":{},"start_unix_ms":{},"cpus":{cpus},"comms":{comms},"cgroups":{cgroups},"frames":{frames},"stacks":{stacks},"grid":{grid},"cpu_busy":{busy},"cpu_kernel":{kernel},"bucket":{},"all_bucket":{},"all_rec":{all},"rec":["#,
+            self.span.first_s,
+            self.span.cols,
+            self.rows,
+            self.frequency_hz,
+            self.start_unix_ms,
+            self.bucket,
+            self.all_bucket,
+        )?;
+        for (i, r) in self.records.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            let [b, c, m, g, st, n] = r;
+            write!(w, "{sep}{b},{c},{m},{g},{st},{n}")?;
+        }
+        w.write_all(b"]}")
+    }
+}
+
+/// A JSON string literal; `<`, `>` and `&` as \u escapes so no name can close the script.
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 || matches!(c, '<' | '>' | '&') => {
+                out.push_str(&format!("\\u{:04x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Writes the page: skeleton, inline CSS, the data as a JSON script element, inline JS.
+pub fn write_heatmap(profile: &Profile, w: &mut impl io::Write) -> io::Result<()> {
+    let data = heatmap_data(profile);
+    let title = format!(
+        "CPU heat map: {}",
+        if profile.meta.hostname.is_empty() {
+            "profile"
+        } else {
+            &profile.meta.hostname
+        }
+    );
+    let title = title.replace('&', "&amp;").replace('<', "&lt;");
+    write!(
+        w,
+        concat!(
+            "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title>\n",
+            "<style>{style}</style></head>\n<body>\n<h1>{title}</h1>\n",
+            include_str!("heatmap/body.html"),
+            "<script type=\"application/json\" id=\"data\">"
+        ),
+        title = title,
+        style = STYLE,
+    )?;
+    data.write_json(w)?;
+    write!(w, "</script>\n<script>{SCRIPT}</script>\n</body></html>\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{data::heatmap_data_bounded, *};
+    use crate::profile;
+
+    #[test]
+    fn aggregates_the_pattern_per_cell() {
+        let p = profile::timeline_pattern();
+        let d = heatmap_data(&p);
+        assert_eq!((d.span.cols, d.rows, d.cpus.clone()), (3, 50, vec![0, 1]));
+        assert_eq!(
+            (d.comms.clone(), d.cgroups.clone(), d.bucket),
+            (vec!["busy".into()], vec![7], 1)
+        );
+        // Slices 0..10 of each second (the first 200 ms) hold 2 samples each.
+        let cell = |i: usize| if i % 50 < 10 { 2 } else { 0 };
+        assert_eq!(d.grid, (0..150).map(cell).collect::<Vec<_>>());
+        assert_eq!(d.cpu_busy, [0, 0, 0, 20, 20, 20]);
+        assert_eq!(d.cpu_kernel, [0, 0, 0, 10, 10, 10]);
+        // Per slice one user and one kernel sample: 2 records of 1, all on CPU 1.
+        assert_eq!(d.records.len(), 60);
+        for r in &d.records {
+            assert!(r[0] % 50 < 10 && r[1] == 1 && r[5] == 1, "{r:?}");
+        }
+        assert_eq!(d.stacks.len(), 2);
+        // All CPUs together: the same here, as only CPU 1 is busy.
+        let strip = |r: &[u64; 6]| [r[0], r[2], r[3], r[4], r[5]];
+        assert_eq!(
+            d.all_records,
+            d.records.iter().map(strip).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            json_str("a</script>\"\n"),
+            r#""a\u003c/script\u003e\"\u000a""#
+        );
+    }
+
+    #[test]
+    fn coarsens_buckets_past_the_bound_and_keeps_the_grid_exact() {
+        let p = profile::timeline_pattern();
+        let fine = heatmap_data(&p);
+        // 100 ms buckets would still be 12 records; 500 ms ones are 3 s x 2 stacks.
+        let d = heatmap_data_bounded(&p, 10);
+        assert_eq!((d.bucket, d.records.len()), (25, 6));
+        assert!(
+            d.records.iter().all(|r| r[0] == r[0] / 2 * 2 && r[5] == 10),
+            "{:?}",
+            d.records
+        );
+        assert_eq!(d.records.iter().map(|r| r[5]).sum::<u64>(), 60);
+        assert_eq!((d.all_bucket, d.all_records.len()), (25, 6));
+        assert_eq!((d.grid, d.cpu_busy), (fine.grid, fine.cpu_busy));
+    }
+
+    #[test]
+    fn page_is_self_contained() {
+        let mut out = Vec::new();
+        write_heatmap(&profile::timeline_pattern(), &mut out).unwrap();
+        let html = String::from_utf8(out).unwrap();
+        assert!(!html.contains("http://") && !html.contains("https://"));
+        assert!(html.contains(r#""bucket":1,"all_bucket":1,"all_rec":[0,0,0,0,1,"#));
+        assert!(html.contains(r#""rec":[0,1,0,0,0,1,"#));
+    }
+}
+
+/// Scale check, not run by default: an hour at 99 Hz on 64 CPUs (22.8M samples). Run with
+/// `cargo test --release -p profiler --lib heatmap_scale -- --ignored --nocapture`.
+#[cfg(test)]
+#[test]
+#[ignore]
+fn heatmap_scale() {
+    use crate::profile::{Frame, FrameKind, Interner, Meta, Sample};
+    let mut i = Interner::new(Meta {
+        frequency_hz: 99,
+        cpus: (0..64).collect(),
+        ..Meta::default()
+    });
+    let frames: Vec<u32> = (0..300)
+        .map(|n| {
+            let name = i.string(&format!("fn_{n}"));
+            i.frame(Frame {
+                name,
+                module: 0,
+                kind: FrameKind::User,
+            })
+        })
+        .collect();
+    let stacks: Vec<u32> = (0..2000u32)
+        .map(|n| {
+            i.stack(
+                (0..8)
+                    .map(|d| frames[((n * 7 + d * 13) % 300) as usize])
+                    .collect(),
+            )
+        })
+        .collect();
+    let comms: Vec<u32> = (0..40).map(|n| i.string(&format!("proc{n}"))).collect();
+    let mut x: u64 = 1;
+    let period = 1_000_000_000 / 99;
+    for tick in 0..99 * 3600u64 {
+        for cpu in 0..64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let r = (x >> 33) as u32;
+            let pid = if r % 10 < 2 { 0 } else { 1000 + r % 40 };
+            i.sample(Sample {
+                offset_ns: tick * period + u64::from(cpu) * 1000,
+                cpu,
+                pid,
+                tid: pid,
+                // A process keeps to its cgroup and its own 50 of the 2,000 stacks.
+                cgroup_id: u64::from(r % 40),
+                comm: comms[(r % 40) as usize],
+                stack: stacks[((r % 40) * 50 + (r >> 8) % 50) as usize],
+            });
+        }
+    }
+    let p = i.finish();
+    let t = std::time::Instant::now();
+    let d = heatmap_data(&p);
+    let agg = t.elapsed();
+    let mut out = io::BufWriter::new(io::sink());
+    let mut counter = CountingWriter(&mut out, 0);
+    d.write_json(&mut counter).unwrap();
+    eprintln!(
+        "{} samples -> {} per-CPU records ({} ms buckets), {} all-CPU records ({} ms buckets) \
+         in {agg:?}; JSON {} MB, total {:?}",
+        p.samples.len(),
+        d.records.len(),
+        d.bucket * 20,
+        d.all_records.len(),
+        d.all_bucket * 20,
+        counter.1 / 1_000_000,
+        t.elapsed()
+    );
+}
+
+#[cfg(test)]
+struct CountingWriter<'a, W>(&'a mut W, usize);
+
+#[cfg(test)]
+impl<W: io::Write> io::Write for CountingWriter<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.1 += buf.len();
+        self.0.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}

@@ -1,0 +1,142 @@
+//! perf-script-compatible text (`.perf.txt`): what `perf script` prints for a cpu-clock
+//! recording, so FlameScope, stackcollapse-perf.pl, inferno-collapse-perf and speedscope read
+//! our captures. Per sample a header line, one line per frame leaf first (after a tab), then a
+//! blank line:
+//!
+//! ```text
+//! busy 42/42 [001] 1796083200.010000: 1 cpu-clock:
+//!     3 clear_page ([kernel.kallsyms])
+//!     2 asm_exc_page_fault ([kernel.kallsyms])
+//!     0 main (/usr/bin/busy)
+//!
+//! ```
+//!
+//! We keep no addresses, so the "address" column is the frame's index in hex: stable within a
+//! file and unique per (name, module, kind), which is all the readers need.
+use std::io;
+
+use crate::profile::{Frame, FrameKind, Profile};
+
+pub fn write_perf_text(profile: &Profile, w: &mut impl io::Write) -> io::Result<()> {
+    // Module column per frame, computed once: most samples share few frames.
+    let modules: Vec<String> = profile.frames.iter().map(|f| module(profile, f)).collect();
+    let names: Vec<String> = profile
+        .frames
+        .iter()
+        .map(|f| clean(profile.str(f.name)))
+        .collect();
+    let comms: Vec<String> = profile.strings.iter().map(|s| clean(s)).collect();
+    let event = if profile.meta.event.is_empty() {
+        "cpu-clock"
+    } else {
+        &profile.meta.event
+    };
+    for s in &profile.samples {
+        // Wall clock, as perf prints it: secs.usecs.
+        let ns = profile.meta.start_unix_ns + s.offset_ns;
+        writeln!(
+            w,
+            "{} {}/{} [{:03}] {}.{:06}: 1 {event}:",
+            comms[s.comm as usize],
+            s.pid,
+            s.tid,
+            s.cpu,
+            ns / 1_000_000_000,
+            ns % 1_000_000_000 / 1_000
+        )?;
+        for &f in profile.stacks[s.stack as usize].frames.iter().rev() {
+            let f = f as usize;
+            writeln!(w, "\t{f:x} {} ({})", names[f], modules[f])?;
+        }
+        writeln!(w)?;
+    }
+    Ok(())
+}
+
+/// perf's module column: `[kernel.kallsyms]` for the kernel image, `[name]` for a kernel
+/// module, the binary path for user code, `[unknown]` when we do not know it.
+fn module(profile: &Profile, f: &Frame) -> String {
+    let m = profile.str(f.module);
+    match (f.kind, m) {
+        (FrameKind::Kernel, "" | "vmlinux") => "[kernel.kallsyms]".into(),
+        (FrameKind::Kernel, m) => format!("[{}]", clean(m)),
+        (FrameKind::User, "") => "[unknown]".into(),
+        (FrameKind::User, m) => clean(m),
+    }
+}
+
+/// A newline would end the record early; an empty name reads as a missing column.
+fn clean(s: &str) -> String {
+    if s.is_empty() {
+        return "[unknown]".into();
+    }
+    s.replace(['\n', '\r'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::{output::folded_lines, profile::timeline_pattern};
+
+    /// Folds perf script text the way stackcollapse-perf / inferno-collapse-perf do: a header
+    /// found by FlameScope's regex ` +([0-9.]+): .+?:`, frames `\taddr name (module)` leaf
+    /// first, `comm;root;...;leaf`, `_[k]` on `[...]` (kernel) modules.
+    fn collapse(text: &str) -> (Vec<String>, Vec<String>) {
+        let mut counts: HashMap<String, u64> = HashMap::new();
+        let mut times = Vec::new();
+        for record in text.split("\n\n").filter(|r| !r.trim().is_empty()) {
+            let mut lines = record.lines();
+            let header = lines.next().unwrap();
+            // FlameScope: the first ` +([0-9.]+): ` then a lazy `.+?:`.
+            let colon = header.find(": ").unwrap();
+            let secs = header[..colon].rsplit(' ').next().unwrap();
+            assert!(header[colon + 2..].contains(':'), "{header}");
+            assert!(secs.parse::<f64>().is_ok(), "{header}");
+            times.push(secs.to_owned());
+            // stackcollapse-perf: comm is everything before ` pid/tid`.
+            let comm = header
+                .split(" [")
+                .next()
+                .unwrap()
+                .rsplit_once(' ')
+                .unwrap()
+                .0;
+            let mut frames: Vec<String> = lines
+                .map(|l| {
+                    let l = l.strip_prefix('\t').expect("frame lines start with a tab");
+                    let (_addr, rest) = l.split_once(' ').unwrap();
+                    let (name, module) = rest.rsplit_once(" (").unwrap();
+                    let module = module.strip_suffix(')').unwrap();
+                    let kernel = module.starts_with('[') && module != "[unknown]";
+                    format!("{name}{}", if kernel { "_[k]" } else { "" })
+                })
+                .collect();
+            frames.push(comm.to_owned());
+            frames.reverse();
+            *counts.entry(frames.join(";")).or_default() += 1;
+        }
+        let mut out: Vec<String> = counts
+            .into_iter()
+            .map(|(l, n)| format!("{l} {n}"))
+            .collect();
+        out.sort_unstable();
+        (out, times)
+    }
+
+    #[test]
+    fn round_trips_to_the_folded_counts() {
+        let p = timeline_pattern();
+        let mut bytes = Vec::new();
+        write_perf_text(&p, &mut bytes).unwrap();
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(text.starts_with("swapper/0 0/0 [000] 1796083200.000000: 1 cpu-clock:\n\t"));
+        let (folded, times) = collapse(&text);
+        assert_eq!(folded, folded_lines(&p));
+        assert_eq!(times.len(), p.samples.len());
+        // Wall-clock seconds with microseconds; two samples (CPUs 0, 1) per 10 ms tick.
+        assert_eq!(times[2], "1796083200.010000");
+        assert!(folded.contains(&"busy;main;asm_exc_page_fault_[k];clear_page_[k] 30".into()));
+    }
+}

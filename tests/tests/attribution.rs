@@ -1,0 +1,203 @@
+//! Attribution: samples land in the right cgroup and group (`--group-by`), and short-lived
+//! processes are symbolized although they exit long before the recording ends.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use profiler_tests::{
+    TempDir, exclusive, expect_success, head, profiler_bin, read_folded, record, report,
+    require_bpf, samples, wait_timeout,
+};
+
+/// A cgroup made for one test in every hierarchy where the test can make one (v1 memory, and
+/// cgroup2 when mounted), removed on drop.
+struct TestCgroup {
+    dirs: Vec<String>,
+    name: String,
+}
+
+impl TestCgroup {
+    fn new() -> Self {
+        let name = format!("profiler-test-{}", std::process::id());
+        let mut dirs = Vec::new();
+        for root in [
+            "/sys/fs/cgroup/memory",
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+        ] {
+            let is_cgroup = Path::new(root).join("cgroup.procs").exists();
+            let dir = format!("{root}/{name}");
+            if is_cgroup && std::fs::create_dir(&dir).is_ok() {
+                dirs.push(dir);
+            }
+        }
+        assert!(!dirs.is_empty(), "could not create a test cgroup anywhere");
+        Self { dirs, name }
+    }
+
+    /// `sh` that moves itself into every test cgroup, then execs `program args`.
+    fn command(&self, program: &str, args: &[&str]) -> Command {
+        let moves: String = self
+            .dirs
+            .iter()
+            .map(|d| format!("echo $$ > {d}/cgroup.procs && "))
+            .collect();
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!("{moves}exec \"$0\" \"$@\""))
+            .arg(program)
+            .args(args);
+        cmd
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+#[test]
+fn cgroup_attribution_and_group_by() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("attribution");
+    let cg = TestCgroup::new();
+    let mut child = cg
+        .command(env!("FIXTURE_FX_CHAIN"), &["15"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start fx-chain in the test cgroup");
+    // Wait for the exec, so the recording sees comm fx-chain.
+    let pid = child.id().to_string();
+    let fixture = spawn_guard(&mut child);
+    let capture = dir.file("x.capture");
+    expect_success(
+        &record(&["--comm", "fx-chain", "-d", "2s", "-o", &capture]),
+        "record",
+    );
+
+    let folded_by = |group: &str| {
+        let out = dir.file(&format!("{group}.folded"));
+        expect_success(
+            &report(&[&capture, "--group-by", group, "-o", &out]),
+            "report",
+        );
+        read_folded(Path::new(&out))
+    };
+    let want = format!("/{}", cg.name);
+    for (group, root) in [
+        ("cgroup", want.as_str()),
+        ("pid", &format!("fx-chain [{pid}]")),
+        ("container", "[host]"),
+        ("pod", "[no pod]"),
+        ("comm", "fx-chain"),
+    ] {
+        let (text, stacks) = folded_by(group);
+        let total = samples(&stacks, |_| true);
+        let rooted = samples(&stacks, |f| f[0] == root);
+        assert!(
+            total > 20 && rooted == total,
+            "--group-by {group}: {rooted} of {total} rooted at {root}; {}",
+            head(&text, 10)
+        );
+    }
+    let (text, stacks) = folded_by("none");
+    let total = samples(&stacks, |_| true);
+    assert!(
+        samples(&stacks, |f| f[0] != "fx-chain"
+            && f.iter().any(|x| x == "c"))
+            == total,
+        "--group-by none keeps a comm root: {}",
+        head(&text, 5)
+    );
+    drop(fixture);
+}
+
+/// Kills and reaps `child` on drop; waits until it has exec'd the fixture.
+fn spawn_guard(child: &mut Child) -> impl Drop + '_ {
+    let comm = format!("/proc/{}/comm", child.id());
+    for _ in 0..500 {
+        if std::fs::read_to_string(&comm).is_ok_and(|c| c.trim_end() == "fx-chain") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    struct Guard<'a>(&'a mut Child);
+    impl Drop for Guard<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    Guard(child)
+}
+
+#[test]
+fn short_lived_processes_are_symbolized() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("short-lived");
+    let out = dir.file("short.folded");
+    let mut profiler = Command::new(profiler_bin())
+        .args([
+            "record", "--comm", "fx-chain", "-F", "999", "-d", "120s", "-o", &out,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start profiler");
+    // Start the processes once sampling has begun (the profiler says so on stderr).
+    let mut lines = BufReader::new(profiler.stderr.take().unwrap()).lines();
+    let started = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("sampling"));
+    assert!(started, "profiler did not start sampling");
+    let drain = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+
+    // 120 processes, two at a time (one per CPU here), each burning ~100 ms in c().
+    for _ in 0..60 {
+        let pair: Vec<Child> = (0..2)
+            .map(|_| {
+                Command::new(env!("FIXTURE_FX_CHAIN"))
+                    .arg("0.1")
+                    .spawn()
+                    .expect("start fx-chain")
+            })
+            .collect();
+        for mut child in pair {
+            assert!(child.wait().expect("wait fx-chain").success());
+        }
+    }
+    // SAFETY: plain kill(2) of our own child.
+    unsafe { libc::kill(profiler.id() as i32, libc::SIGINT) };
+    let status =
+        wait_timeout(&mut profiler, Duration::from_secs(60)).expect("profiler exits after SIGINT");
+    let stderr = drain.join().unwrap().join("\n");
+    assert!(status.success(), "profiler failed: {stderr}");
+
+    let (text, stacks) = read_folded(Path::new(&out));
+    let total = samples(&stacks, |f| f[0] == "fx-chain");
+    let in_c = samples(&stacks, |f| {
+        f[0] == "fx-chain" && f.iter().any(|x| x == "c")
+    });
+    eprintln!("short-lived: {in_c} of {total} samples resolve to c");
+    assert!(
+        total >= 1000,
+        "only {total} samples of 120 short processes; {stderr}\n{}",
+        head(&text, 20)
+    );
+    assert!(
+        in_c * 100 >= total * 95,
+        "only {in_c} of {total} samples resolve to c; {}",
+        head(&text, 30)
+    );
+}
