@@ -48,11 +48,42 @@ fn main() {
         let var = format!("FIXTURE_{}", name.to_uppercase().replace('-', "_"));
         println!("cargo:rustc-env={var}={}", output.display());
     }
+    stripped(Path::new(&out_dir));
+}
+
+/// fx-stripped: the chain fixture with a build id, stripped of every symbol, and its debug
+/// file (env FIXTURE_FX_STRIPPED, FIXTURE_FX_STRIPPED_DEBUG) for tests/tests/stripped.rs.
+/// No .gnu_debuglink is added: the debug file must be found by build id alone.
+fn stripped(out_dir: &Path) {
+    let (bin, debug) = (
+        out_dir.join("fx-stripped"),
+        out_dir.join("fx-stripped.debug"),
+    );
+    compile_with(Path::new("fixtures/fx-chain.c"), &bin, &["-Wl,--build-id"]);
+    let objcopy = |args: &[&std::ffi::OsStr]| {
+        let status = Command::new("objcopy")
+            .args(args)
+            .status()
+            .unwrap_or_else(|e| panic!("running objcopy: {e} (is binutils installed?)"));
+        assert!(status.success(), "objcopy {args:?} failed");
+    };
+    objcopy(&["--only-keep-debug".as_ref(), bin.as_ref(), debug.as_ref()]);
+    objcopy(&["--strip-all".as_ref(), bin.as_ref()]);
+    println!("cargo:rustc-env=FIXTURE_FX_STRIPPED={}", bin.display());
+    println!(
+        "cargo:rustc-env=FIXTURE_FX_STRIPPED_DEBUG={}",
+        debug.display()
+    );
 }
 
 fn compile(source: &Path, output: &Path) {
+    compile_with(source, output, &[]);
+}
+
+fn compile_with(source: &Path, output: &Path, extra: &[&str]) {
     let result = Command::new("cc")
         .args(CFLAGS)
+        .args(extra)
         .arg("-o")
         .arg(output)
         .arg(source)

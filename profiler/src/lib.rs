@@ -4,14 +4,17 @@
 //! -> `output` (folded, SVG). `record` runs that pipeline once; `cli` holds the subcommands
 //! the binary exposes.
 
+pub mod agent;
 pub mod bpf;
 pub mod cgroups;
 pub mod cli;
 pub mod collect;
 pub mod doctor;
+pub mod http;
 pub mod lab;
 pub mod output;
 pub mod profile;
 pub mod record;
+pub mod store;
 pub mod symbolize;
 pub mod util;

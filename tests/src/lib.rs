@@ -5,11 +5,13 @@
 //! The fixtures themselves are built by build.rs (C, env `FIXTURE_<NAME>`) and as the bin
 //! target `fixture-rust` (env `CARGO_BIN_EXE_fixture-rust` in integration tests).
 
+mod agent;
 mod folded;
 mod privilege;
 mod process;
 mod tempdir;
 
+pub use agent::{Agent, free_port, get};
 pub use folded::{Stack, has_chain, head, is_kernel, parse_folded, read_folded, samples};
 pub use privilege::{missing_privilege, require_bpf};
 pub use process::{

@@ -23,6 +23,7 @@ fn capture(path: &Path, counts: &[(&str, u32)]) {
             name,
             module,
             kind: FrameKind::User,
+            ..Frame::default()
         })
     };
     let main = frame(&mut i, "main");

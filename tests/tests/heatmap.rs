@@ -23,7 +23,12 @@ fn write_pattern_capture(path: &str) {
     let (app, vm) = (i.string("/usr/bin/busy"), i.string("vmlinux"));
     let mut frame = |name: &str, module, kind| {
         let name = i.string(name);
-        i.frame(Frame { name, module, kind })
+        i.frame(Frame {
+            name,
+            module,
+            kind,
+            ..Frame::default()
+        })
     };
     let main = frame("main", app, FrameKind::User);
     let spin = frame("spin", app, FrameKind::User);

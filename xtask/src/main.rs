@@ -1,8 +1,10 @@
 //! `cargo xtask`: project tasks (toolchain setup, run, test, benchmarks) written in Rust so they
 //! work the same on every machine.
 
+mod bench_agent;
 mod bench_kernel_cost;
 mod bench_support;
+mod bench_symbolize;
 mod host;
 mod lab;
 mod run;
@@ -75,6 +77,13 @@ enum Lab {
 
 #[derive(Subcommand)]
 enum Bench {
+    /// The agent at 19 Hz under process churn (50+/s) against `perf record -F 19 -a -g`:
+    /// CPU, RSS trend, bytes written per hour.
+    Agent {
+        /// How long each of the two runs is measured (after a 10 s warm-up).
+        #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(30..))]
+        seconds: u64,
+    },
     /// BPF time per sample against bpftrace, lost samples and own CPU use, with every CPU busy.
     KernelCost {
         /// How long each of the three runs lasts.
@@ -82,6 +91,15 @@ enum Bench {
         seconds: u64,
         /// Sampling frequency for our profiler and bpftrace, in Hz.
         #[arg(long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..))]
+        frequency: u64,
+    },
+    /// Folded + SVG from a 1M-sample capture of a varied workload, against perf script | inferno.
+    Symbolize {
+        /// How long each recording (ours, then perf's) lasts.
+        #[arg(long, default_value_t = 55, value_parser = clap::value_parser!(u64).range(3..))]
+        seconds: u64,
+        /// Sampling frequency for both, in Hz.
+        #[arg(long, default_value_t = 10000, value_parser = clap::value_parser!(u64).range(1..=10000))]
         frequency: u64,
     },
 }
@@ -111,8 +129,12 @@ fn dispatch(task: Task) -> Result<ExitCode> {
         Task::Run { debug, args } => return run::run(debug, &args),
         Task::Test { args } => test::test(&args)?,
         Task::Lab(Lab::Zombie { count, cleanup }) => return lab::zombie(count, cleanup),
+        Task::Bench(Bench::Agent { seconds }) => bench_agent::agent(seconds)?,
         Task::Bench(Bench::KernelCost { seconds, frequency }) => {
             bench_kernel_cost::kernel_cost(seconds, frequency)?;
+        }
+        Task::Bench(Bench::Symbolize { seconds, frequency }) => {
+            bench_symbolize::symbolize(seconds, frequency)?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -32,15 +32,33 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
         tools.push(("gcc", "gcc"));
         // The heat map page test renders it in headless Chromium (tests/tests/heatmap.rs).
         tools.push(("chromium", "chromium"));
+        // `go tool pprof` reads our pprof output (tests/tests/pprof.rs).
+        tools.push(("go", "golang-go"));
+        // A real Prometheus scrapes the agent (tests/tests/agent_peers.rs).
+        tools.push(("prometheus", "prometheus"));
     }
     if extras.bench {
         tools.extend([("bpftrace", "bpftrace"), ("perf", "linux-perf")]);
     }
     ensure_apt(&tools)?;
+    if extras.bench {
+        ensure_inferno()?;
+    }
     if extras.tests {
         ensure_rustup_components()?;
     }
     Ok(host::checks())
+}
+
+/// inferno's CLI, the perf-script pipeline `cargo xtask bench symbolize` compares with.
+fn ensure_inferno() -> Result<()> {
+    if let Some(path) = util::which("inferno-flamegraph") {
+        println!("ok: inferno ({})", path.display());
+        return Ok(());
+    }
+    println!("installing inferno (cargo install; a minute or two)");
+    util::run(util::cargo().args(["install", "--locked", "inferno"]))
+        .context("installing inferno failed")
 }
 
 /// Setup for the commands that load BPF: a failed host check is an error.

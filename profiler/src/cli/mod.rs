@@ -1,7 +1,9 @@
 //! Front ends: one file per subcommand. Each parses its options (clap) and calls the library.
+mod agent;
 mod diff;
 mod doctor;
 mod lab;
+mod query;
 mod record;
 mod report;
 
@@ -34,6 +36,11 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// Differential flame graph and the functions/processes whose share changed most.
     Diff(diff::DiffArgs),
+    /// Always-on profiling: low-rate sampling into a local store, with an HTTP API and
+    /// Prometheus metrics (docs/agent.md).
+    Agent(agent::AgentArgs),
+    /// Render a time range of the agent's store: -o FILE... (every output format).
+    Query(query::QueryArgs),
     /// Reproducible incidents for testing the doctor (`cargo xtask lab`).
     #[command(subcommand, hide = true)]
     Lab(lab::LabCommand),
@@ -47,6 +54,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Doctor(args) => doctor::run(args, cli.verbose > 0),
         Command::Diff(args) => diff::run(args),
         Command::Lab(cmd) => lab::run(cmd),
+        Command::Agent(args) => agent::run(args),
+        Command::Query(args) => query::run(args),
     }
 }
 

@@ -34,6 +34,10 @@ pub struct RecordArgs {
     /// Root frame of every stack in .folded and .svg outputs.
     #[arg(long, value_enum, default_value_t = GroupBy::Comm)]
     pub group_by: GroupBy,
+    /// Expand functions inlined by the compiler into frames of their own, named
+    /// `func (inlined)`, from the binaries' DWARF (slower symbolization).
+    #[arg(long)]
+    pub inline: bool,
 }
 
 fn parse_frequency(text: &str) -> Result<u32, String> {
@@ -70,6 +74,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         pids: args.pids.clone(),
         comms: args.comms.clone(),
         verbose: true,
+        inline: args.inline,
     };
     let profile = record_blocking(&config)?;
     for o in &outputs {

@@ -2,6 +2,7 @@
 //! stacks, and note what must be read while a process still lives: its exe, and where each
 //! user address falls in its mappings (`process`). Symbolization comes after, from this.
 pub mod cgroup;
+mod perfmap;
 mod process;
 
 use std::{collections::HashMap, future::Future, time::Duration};

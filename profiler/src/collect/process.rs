@@ -44,6 +44,8 @@ const MAX_HANDLES: usize = 4096;
 pub enum UserLoc {
     /// In `ProcessTable::files[file]`, at this file offset.
     File { file: u32, offset: u64 },
+    /// JIT code named by the process's perf map: `ProcessTable::names[_]` (`perfmap`).
+    Named(u32),
     /// Anonymous memory, vdso, or the process was gone before we looked.
     Unknown,
 }
@@ -58,6 +60,9 @@ pub struct ProcessTable {
     pub locs: HashMap<(u32, u64), UserLoc>,
     /// Addresses seen since the last `resolve_pending`, per pid.
     pending: HashMap<u32, Vec<u64>>,
+    /// JIT symbol names (`UserLoc::Named`), each once.
+    pub names: Vec<String>,
+    name_ids: HashMap<String, u32>,
     normalizer: Normalizer,
 }
 
@@ -69,12 +74,9 @@ impl Default for ProcessTable {
             file_ids: HashMap::new(),
             locs: HashMap::new(),
             pending: HashMap::new(),
-            // No VMA caching: a process may map new code (dlopen) between two looks.
-            normalizer: Normalizer::builder()
-                .enable_vma_caching(false)
-                .enable_build_ids(true)
-                .enable_build_id_caching(true)
-                .build(),
+            names: Vec::new(),
+            name_ids: HashMap::new(),
+            normalizer: new_normalizer(),
         }
     }
 }
@@ -103,7 +105,8 @@ impl ProcessTable {
                 Ok(n) => n,
                 Err(e) => {
                     log::debug!("pid {pid}: cannot read its mappings: {e}");
-                    continue; // the addresses stay Unknown
+                    self.name_jit_code(pid, &addrs);
+                    continue; // the rest stay Unknown
                 }
             };
             let metas: Vec<Option<u32>> = normalized
@@ -131,6 +134,28 @@ impl ProcessTable {
                     );
                 }
             }
+            self.name_jit_code(pid, &addrs);
+        }
+    }
+
+    /// Names `addrs` still unknown from `pid`'s perf map, read at most once per call: a JIT
+    /// appends to it as it compiles, so a later pass sees newer code.
+    fn name_jit_code(&mut self, pid: u32, addrs: &[u64]) {
+        let mut map = None;
+        for &addr in addrs {
+            if self.locs.get(&(pid, addr)) != Some(&UserLoc::Unknown) {
+                continue;
+            }
+            let map = map.get_or_insert_with(|| super::perfmap::read(pid).unwrap_or_default());
+            let Some(name) = map.lookup(addr) else {
+                continue;
+            };
+            let next = self.names.len() as u32;
+            let id = *self.name_ids.entry(name.to_owned()).or_insert_with(|| {
+                self.names.push(name.to_owned());
+                next
+            });
+            self.locs.insert((pid, addr), UserLoc::Named(id));
         }
     }
 }
@@ -165,6 +190,31 @@ fn file_id(
     let id = files.len() as u32 - 1;
     ids.insert(key, id);
     id
+}
+
+/// A normalizer that looks up only the mappings it needs: with the PROCMAP_QUERY ioctl (Linux
+/// 6.11+) one query per new address, instead of reading and parsing all of /proc/PID/maps,
+/// which dominated the collector's own CPU use on busy hosts. No VMA caching: a process may map
+/// new code (dlopen) between two looks, and a per-pid cache would grow with pid churn.
+fn new_normalizer() -> Normalizer {
+    let build = |query: bool| {
+        Normalizer::builder()
+            .enable_procmap_query(query)
+            .enable_vma_caching(false)
+            .enable_build_ids(true)
+            .enable_build_id_caching(true)
+            .build()
+    };
+    let probe = build(true);
+    let here = new_normalizer as fn() -> Normalizer as usize as u64;
+    if probe
+        .normalize_user_addrs(std::process::id().into(), &[here])
+        .is_ok()
+    {
+        probe
+    } else {
+        build(false)
+    }
 }
 
 fn read_process(pid: u32) -> Process {

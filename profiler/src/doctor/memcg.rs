@@ -188,6 +188,7 @@ mod tests {
                 name,
                 module: vmlinux,
                 kind,
+                ..Frame::default()
             })
         };
         let main = frame(&mut i, "main", FrameKind::User);

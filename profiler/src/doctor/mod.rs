@@ -70,6 +70,7 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
         pids: Vec::new(),
         comms: Vec::new(),
         verbose: config.verbose,
+        inline: false,
     })?;
     let (churn, churn_error) = match &tracer {
         Ok(t) => (t.counts(), None),

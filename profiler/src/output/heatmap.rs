@@ -199,6 +199,7 @@ fn heatmap_scale() {
                 name,
                 module: 0,
                 kind: FrameKind::User,
+                ..Frame::default()
             })
         })
         .collect();

@@ -3,6 +3,7 @@ pub mod diff;
 mod folded;
 mod heatmap;
 mod perf_text;
+mod pprof;
 mod svg;
 
 use std::{
@@ -14,6 +15,7 @@ use std::{
 pub use folded::{folded_lines, folded_lines_by, write_folded};
 pub use heatmap::{HeatmapData, heatmap_data, write_heatmap};
 pub use perf_text::write_perf_text;
+pub use pprof::write_pprof;
 pub use svg::write_svg;
 
 use crate::profile::{self, GroupBy, Profile};
@@ -31,10 +33,12 @@ pub enum Format {
     PerfText,
     /// `.html`: the self-contained sub-second heat map page with time-range flame graphs.
     Html,
+    /// `.pb.gz`: gzipped pprof (profile.proto), for `go tool pprof` and profile stores.
+    Pprof,
 }
 
 /// Extensions we write, for error messages and --help.
-pub const EXTENSIONS: &str = ".capture, .folded, .svg, .perf.txt, .html";
+pub const EXTENSIONS: &str = ".capture, .folded, .svg, .perf.txt, .html, .pb.gz";
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
@@ -65,12 +69,15 @@ impl Output {
         // A double extension first: `x.perf.txt` is perf text, not some other `.txt`.
         let ext = if name.ends_with(".perf.txt") {
             Some("perf.txt")
+        } else if name.ends_with(".pb.gz") {
+            Some("pb.gz")
         } else {
             name.rsplit_once('.').map(|(_, ext)| ext)
         };
         let format = match ext {
             Some("perf.txt") => Format::PerfText,
             Some("html") => Format::Html,
+            Some("pb.gz") => Format::Pprof,
             Some("capture") => Format::Capture,
             Some("folded") => Format::Folded,
             Some("svg") => Format::Svg,
@@ -115,6 +122,7 @@ impl Output {
             Format::Svg => write_svg(profile, self.group_by, &mut w),
             Format::PerfText => write_perf_text(profile, &mut w),
             Format::Html => write_heatmap(profile, &mut w),
+            Format::Pprof => write_pprof(profile, &mut w),
             Format::Capture => unreachable!("handled above"),
         }
         .and_then(|()| w.flush())

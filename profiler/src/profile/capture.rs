@@ -9,11 +9,14 @@ use std::{
 
 use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 
-use super::model::{Cgroup, Counters, Frame, FrameKind, Meta, Process, Profile, Sample, Stack};
+use super::model::{
+    Binary, Cgroup, Counters, Frame, FrameKind, Meta, Process, Profile, Sample, Stack,
+};
 
 pub const MAGIC: &[u8; 8] = b"PROFCAP\0";
 /// Bumped on any change a reader of the previous version would misread.
-pub const CAPTURE_VERSION: u32 = 1;
+/// 2: binaries (path, build id) and each frame's address and binary.
+pub const CAPTURE_VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
@@ -100,14 +103,28 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
     for s in &p.strings {
         w.s(s)?;
     }
+    w.u(p.binaries.len() as u64)?;
+    for Binary { path, build_id } in &p.binaries {
+        w.s(path)?;
+        w.s(build_id)?;
+    }
     w.u(p.frames.len() as u64)?;
-    for Frame { name, module, kind } in &p.frames {
+    for Frame {
+        name,
+        module,
+        kind,
+        addr,
+        binary,
+    } in &p.frames
+    {
         w.u((*name).into())?;
         w.u((*module).into())?;
         w.u(match kind {
             FrameKind::Kernel => 0,
             FrameKind::User => 1,
         })?;
+        w.u(*addr)?;
+        w.u((*binary).into())?;
     }
     w.u(p.stacks.len() as u64)?;
     for Stack { frames } in &p.stacks {
@@ -178,7 +195,7 @@ pub fn decode(input: &mut impl Read) -> Result<Profile, CaptureError> {
         return Err(CaptureError::NewerVersion(version));
     }
     let mut r = Reader(BufReader::new(GzDecoder::new(input)));
-    let profile = read_body(&mut r).map_err(|e| CaptureError::Corrupt(e.to_string()))?;
+    let profile = read_body(&mut r, version).map_err(|e| CaptureError::Corrupt(e.to_string()))?;
     // Reading to the end makes gzip check its CRC and length trailer.
     let mut rest = Vec::new();
     match r.0.read_to_end(&mut rest) {
@@ -190,7 +207,8 @@ pub fn decode(input: &mut impl Read) -> Result<Profile, CaptureError> {
     }
 }
 
-fn read_body<R: Read>(r: &mut Reader<R>) -> io::Result<Profile> {
+/// Reads version 1 too: its frames have no address or binary (both read as 0, "unknown").
+fn read_body<R: Read>(r: &mut Reader<R>, version: u32) -> io::Result<Profile> {
     let mut meta = Meta {
         start_unix_ns: r.u()?,
         start_mono_ns: r.u()?,
@@ -219,6 +237,19 @@ fn read_body<R: Read>(r: &mut Reader<R>) -> io::Result<Profile> {
             Err(corrupt("string id out of range"))
         }
     };
+    let binaries: Vec<Binary> = if version >= 2 {
+        let n = r.len()?;
+        (0..n)
+            .map(|_| {
+                Ok(Binary {
+                    path: r.s()?,
+                    build_id: r.s()?,
+                })
+            })
+            .collect::<io::Result<_>>()?
+    } else {
+        vec![Binary::default()]
+    };
     let n = r.len()?;
     let mut frames = Vec::with_capacity(n);
     for _ in 0..n {
@@ -229,7 +260,22 @@ fn read_body<R: Read>(r: &mut Reader<R>) -> io::Result<Profile> {
             1 => FrameKind::User,
             _ => return Err(corrupt("unknown frame kind")),
         };
-        frames.push(Frame { name, module, kind });
+        let (addr, binary) = if version >= 2 {
+            (r.u()?, r.u32()?)
+        } else {
+            (0, 0)
+        };
+        // 0 is "no binary" even in a profile whose table is empty.
+        if binary != 0 && binary as usize >= binaries.len() {
+            return Err(corrupt("binary id out of range"));
+        }
+        frames.push(Frame {
+            name,
+            module,
+            kind,
+            addr,
+            binary,
+        });
     }
     let n = r.len()?;
     let mut stacks = Vec::with_capacity(n);
@@ -297,6 +343,7 @@ fn read_body<R: Read>(r: &mut Reader<R>) -> io::Result<Profile> {
         samples,
         processes,
         cgroups,
+        binaries,
     })
 }
 
@@ -384,98 +431,5 @@ impl<R: Read> Reader<R> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::profile::Interner;
-
-    fn sample_profile() -> Profile {
-        let mut i = Interner::new(Meta {
-            start_unix_ns: 1_700_000_000_000_000_000,
-            start_mono_ns: 123_456,
-            duration_ns: 2_000_000_000,
-            frequency_hz: 99,
-            event: "cpu-clock".into(),
-            hostname: "host".into(),
-            kernel_release: "6.18".into(),
-            cpus: vec![0, 1],
-            counters: Counters {
-                recorded: 3,
-                lost_ringbuf_full: 1,
-                filtered: 7,
-                kstack_failed: 0,
-                ustack_failed: 2,
-            },
-        });
-        let (main, vm) = (i.string("main"), i.string("vmlinux"));
-        let f0 = i.frame(Frame {
-            name: main,
-            module: 0,
-            kind: FrameKind::User,
-        });
-        let syscall = i.string("do_syscall_64");
-        let f1 = i.frame(Frame {
-            name: syscall,
-            module: vm,
-            kind: FrameKind::Kernel,
-        });
-        let s0 = i.stack(vec![f0]);
-        let s1 = i.stack(vec![f0, f1]);
-        let comm = i.string("fx-chain");
-        for (t, stack) in [(5, s0), (3, s1), (10_000_000_000, s0)] {
-            i.sample(Sample {
-                offset_ns: t,
-                cpu: 1,
-                pid: 42,
-                tid: 43,
-                cgroup_id: 9,
-                comm,
-                stack,
-            });
-        }
-        i.process(Process {
-            pid: 42,
-            comm: "fx-chain".into(),
-            exe: "/bin/fx".into(),
-            cgroup: "/system.slice/fx.service".into(),
-            memory_cgroup: "/lab/a".into(),
-            cpu_cgroup: String::new(),
-        });
-        i.cgroup(Cgroup {
-            id: 9,
-            path: "/system.slice/fx.service".into(),
-        });
-        i.finish()
-    }
-
-    #[test]
-    fn round_trip_is_exact() {
-        let p = sample_profile();
-        let mut bytes = Vec::new();
-        encode(&p, &mut bytes).unwrap();
-        assert_eq!(decode(&mut bytes.as_slice()).unwrap(), p);
-    }
-
-    #[test]
-    fn rejects_other_files_and_newer_versions() {
-        assert!(matches!(
-            decode(&mut &b"hello world, not a capture"[..]),
-            Err(CaptureError::NotCapture)
-        ));
-        let mut bytes = Vec::new();
-        encode(&sample_profile(), &mut bytes).unwrap();
-        bytes[8] = 99;
-        assert!(matches!(
-            decode(&mut bytes.as_slice()),
-            Err(CaptureError::NewerVersion(99))
-        ));
-    }
-
-    #[test]
-    fn truncation_is_reported_not_panicked() {
-        let mut bytes = Vec::new();
-        encode(&sample_profile(), &mut bytes).unwrap();
-        for cut in [13, bytes.len() / 2, bytes.len() - 1] {
-            assert!(decode(&mut &bytes[..cut]).is_err(), "cut at {cut} decoded");
-        }
-    }
-}
+#[path = "capture_tests.rs"]
+mod tests;

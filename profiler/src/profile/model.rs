@@ -5,20 +5,38 @@ use std::collections::HashMap;
 pub type StrId = u32;
 
 /// Where a frame's code lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum FrameKind {
     Kernel,
+    /// The default, as most frames of most stacks are user code.
+    #[default]
     User,
 }
 
-/// One symbolized frame, shared by every stack that passes through it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// One symbolized frame at one address, shared by every stack that passes through it. Two
+/// addresses in one function are two frames (pprof wants per-address locations); outputs that
+/// print names only merge them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Frame {
     /// Function name, or `[unknown]`, or `binary+0xOFFSET` when the binary has no symbol there.
     pub name: StrId,
     /// Binary or kernel module the code belongs to ("" when unknown; "vmlinux" for the kernel).
     pub module: StrId,
     pub kind: FrameKind,
+    /// Kernel: the instruction address. User: the file offset within `binary`. 0 when unknown.
+    pub addr: u64,
+    /// Index into `Profile::binaries`; 0 when the frame maps no known file.
+    pub binary: u32,
+}
+
+/// A file frames' code comes from: an executable, a library, or the kernel.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Binary {
+    /// Path as the process saw it; `[kernel.kallsyms]` for the kernel, `[module]` for a
+    /// kernel module.
+    pub path: String,
+    /// GNU build id, lowercase hex; "" when the file has none (or it could not be read).
+    pub build_id: String,
 }
 
 /// A call stack, root (outermost caller) first, leaf last: user frames then kernel frames.
@@ -117,6 +135,9 @@ pub struct Profile {
     pub samples: Vec<Sample>,
     pub processes: Vec<Process>,
     pub cgroups: Vec<Cgroup>,
+    /// Files that frames point into; entry 0 is the empty "no binary" (when built by
+    /// `Interner`).
+    pub binaries: Vec<Binary>,
 }
 
 impl Profile {
@@ -140,6 +161,7 @@ pub struct Interner {
     strings: HashMap<String, StrId>,
     frames: HashMap<Frame, u32>,
     stacks: HashMap<Vec<u32>, u32>,
+    binaries: HashMap<Binary, u32>,
 }
 
 impl Interner {
@@ -152,6 +174,7 @@ impl Interner {
             ..Self::default()
         };
         me.string(""); // id 0 is the empty string
+        me.binary(Binary::default()); // binary 0 is "none"
         me
     }
 
@@ -169,6 +192,14 @@ impl Interner {
         let next = self.profile.frames.len() as u32;
         *self.frames.entry(frame.clone()).or_insert_with(|| {
             self.profile.frames.push(frame);
+            next
+        })
+    }
+
+    pub fn binary(&mut self, binary: Binary) -> u32 {
+        let next = self.profile.binaries.len() as u32;
+        *self.binaries.entry(binary.clone()).or_insert_with(|| {
+            self.profile.binaries.push(binary);
             next
         })
     }

@@ -259,6 +259,7 @@ impl Profile {
             samples: self.samples.iter().filter(|s| keep(s)).copied().collect(),
             processes: self.processes.clone(),
             cgroups: self.cgroups.clone(),
+            binaries: self.binaries.clone(),
         }
     }
 }

@@ -20,7 +20,12 @@ pub(crate) fn pattern_profile() -> Profile {
     let (app, vm) = (i.string("/usr/bin/busy"), i.string("vmlinux"));
     let frame = |i: &mut Interner, name: &str, module, kind| {
         let name = i.string(name);
-        i.frame(Frame { name, module, kind })
+        i.frame(Frame {
+            name,
+            module,
+            kind,
+            ..Frame::default()
+        })
     };
     let main = frame(&mut i, "main", app, FrameKind::User);
     let spin = frame(&mut i, "spin", app, FrameKind::User);

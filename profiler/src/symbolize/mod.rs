@@ -1,5 +1,6 @@
 //! Third stage: turn raw addresses into named frames (kernel from kallsyms, user through
 //! blazesym, each unique address once) and build the profile model from the collection.
+mod debuginfo;
 mod demangle;
 mod kernel;
 mod user;
@@ -11,8 +12,11 @@ pub use user::UserSymbolizer;
 
 use crate::{
     collect::{Collection, UserLoc},
-    profile::{Cgroup, Frame, FrameKind, Interner, Meta, Profile, Sample},
+    profile::{Binary, Cgroup, Frame, FrameKind, Interner, Meta, Profile, Sample},
 };
+
+/// The module of frames named by a perf map (JIT code has no file).
+pub const JIT_MODULE: &str = "[jit]";
 
 /// Builds the profile: symbolizes every frame of `collection` and orders samples by time.
 pub fn build_profile(
@@ -21,11 +25,27 @@ pub fn build_profile(
     kernel: &KernelSymbols,
     user: &UserSymbolizer,
 ) -> Profile {
+    build_profile_ref(&collection, meta, kernel, user)
+}
+
+/// `build_profile` leaving the collection to the caller: the agent keeps its process table
+/// (open binaries, resolved addresses) from one window to the next.
+pub fn build_profile_ref(
+    collection: &Collection,
+    meta: Meta,
+    kernel: &KernelSymbols,
+    user: &UserSymbolizer,
+) -> Profile {
     let start = meta.start_mono_ns;
     let mut out = Interner::new(meta);
-    let user_names = symbolize_user(&collection, user);
+    let user_names = symbolize_user(collection, user);
 
     let kernel_module = out.string("vmlinux");
+    // pprof mappings name the kernel as perf does; modules have no build id at hand.
+    let kernel_binary = out.binary(Binary {
+        path: "[kernel.kallsyms]".into(),
+        build_id: debuginfo::kernel_build_id(),
+    });
     let kstacks: Vec<Vec<u32>> = collection
         .kstacks
         .stacks
@@ -35,59 +55,101 @@ pub fn build_profile(
                 .iter()
                 .rev()
                 .map(|&addr| {
-                    let (name, module) = match kernel.lookup(addr) {
-                        Some(KernelSym { name, module }) => (out.string(name), out.string(module)),
-                        None if kernel.hidden() => (out.string("[kernel]"), kernel_module),
-                        None => (out.string("[unknown]"), kernel_module),
+                    let (name, module, binary) = match kernel.lookup(addr) {
+                        Some(KernelSym { name, module }) if module != "vmlinux" => {
+                            let binary = out.binary(Binary {
+                                path: format!("[{module}]"),
+                                build_id: String::new(),
+                            });
+                            (out.string(name), out.string(module), binary)
+                        }
+                        Some(KernelSym { name, .. }) => {
+                            (out.string(name), kernel_module, kernel_binary)
+                        }
+                        None if kernel.hidden() => {
+                            (out.string("[kernel]"), kernel_module, kernel_binary)
+                        }
+                        None => (out.string("[unknown]"), kernel_module, kernel_binary),
                     };
                     out.frame(Frame {
                         name,
                         module,
                         kind: FrameKind::Kernel,
+                        addr,
+                        binary,
                     })
                 })
                 .collect()
         })
         .collect();
 
+    let user_binaries: Vec<u32> = collection
+        .processes
+        .files
+        .iter()
+        .map(|f| {
+            out.binary(Binary {
+                path: f.path.display().to_string(),
+                build_id: f
+                    .build_id
+                    .as_deref()
+                    .map(debuginfo::hex)
+                    .unwrap_or_default(),
+            })
+        })
+        .collect();
     let ustacks: Vec<Vec<u32>> = collection
         .ustacks
         .stacks
         .iter()
         .map(|(pid, addrs)| {
-            addrs
-                .iter()
-                .rev()
-                .map(|&addr| {
-                    let loc = collection.processes.locs.get(&(*pid, addr)).copied();
-                    let (name, module) = match loc {
-                        Some(UserLoc::File { file, offset }) => {
-                            let path = &collection.processes.files[file as usize].path;
-                            let base = path.file_name().map_or_else(
-                                || path.display().to_string(),
-                                |b| b.to_string_lossy().into_owned(),
-                            );
-                            let name = match user_names.get(&(file, offset)) {
-                                Some(Some(name)) => out.string(name),
-                                _ => out.string(&format!("{base}+{offset:#x}")),
-                            };
-                            (name, out.string(&base))
+            let mut frames = Vec::with_capacity(addrs.len());
+            for &addr in addrs.iter().rev() {
+                let loc = collection.processes.locs.get(&(*pid, addr)).copied();
+                // Outermost first: the function, then what `--inline` found inlined in it.
+                let names: Vec<(u32, u32)> = match loc {
+                    Some(UserLoc::File { file, offset }) => {
+                        let path = &collection.processes.files[file as usize].path;
+                        let base = path.file_name().map_or_else(
+                            || path.display().to_string(),
+                            |b| b.to_string_lossy().into_owned(),
+                        );
+                        let module = out.string(&base);
+                        match user_names.get(&(file, offset)) {
+                            Some(names) if !names.is_empty() => names
+                                .iter()
+                                .map(|name| (out.string(name), module))
+                                .collect(),
+                            _ => vec![(out.string(&format!("{base}+{offset:#x}")), module)],
                         }
-                        _ => (out.string("[unknown]"), 0),
-                    };
-                    out.frame(Frame {
+                    }
+                    Some(UserLoc::Named(id)) => vec![(
+                        out.string(&collection.processes.names[id as usize]),
+                        out.string(JIT_MODULE),
+                    )],
+                    _ => vec![(out.string("[unknown]"), 0)],
+                };
+                let (addr, binary) = match loc {
+                    Some(UserLoc::File { file, offset }) => (offset, user_binaries[file as usize]),
+                    _ => (0, 0),
+                };
+                for (name, module) in names {
+                    frames.push(out.frame(Frame {
                         name,
                         module,
                         kind: FrameKind::User,
-                    })
-                })
-                .collect()
+                        addr,
+                        binary,
+                    }));
+                }
+            }
+            frames
         })
         .collect();
 
     let comms: Vec<u32> = collection.comms.iter().map(|c| out.string(c)).collect();
     let mut joined: HashMap<(u32, u32), u32> = HashMap::new();
-    let mut samples = collection.samples;
+    let mut samples = collection.samples.clone();
     samples.sort_by_key(|s| s.time_ns);
     for s in &samples {
         let stack = *joined.entry((s.ustack, s.kstack)).or_insert_with(|| {
@@ -105,13 +167,16 @@ pub fn build_profile(
             stack,
         });
     }
-    for p in collection.processes.processes.into_values() {
-        out.process(p);
+    for p in collection.processes.processes.values() {
+        out.process(p.clone());
     }
     let mut cgroups: Vec<Cgroup> = collection
         .cgroup_paths
-        .into_iter()
-        .map(|(id, path)| Cgroup { id, path })
+        .iter()
+        .map(|(id, path)| Cgroup {
+            id: *id,
+            path: path.clone(),
+        })
         .collect();
     cgroups.sort_by_key(|c| c.id);
     for c in cgroups {
@@ -121,7 +186,8 @@ pub fn build_profile(
 }
 
 /// Names for every (file, offset) the collection holds, one blazesym batch per file.
-fn symbolize_user(c: &Collection, user: &UserSymbolizer) -> HashMap<(u32, u64), Option<String>> {
+/// Each holds the function then, with `--inline`, the functions inlined there (empty: no symbol).
+fn symbolize_user(c: &Collection, user: &UserSymbolizer) -> HashMap<(u32, u64), Vec<String>> {
     let mut per_file: HashMap<u32, Vec<u64>> = HashMap::new();
     for loc in c.processes.locs.values() {
         if let UserLoc::File { file, offset } = *loc {
@@ -132,10 +198,37 @@ fn symbolize_user(c: &Collection, user: &UserSymbolizer) -> HashMap<(u32, u64), 
     for (file, mut offsets) in per_file {
         offsets.sort_unstable();
         offsets.dedup();
-        let path = c.processes.files[file as usize].readable_path();
-        for (offset, name) in offsets.iter().zip(user.symbolize_file(&path, &offsets)) {
+        let f = &c.processes.files[file as usize];
+        let path = f.readable_path();
+        let mut found = user.symbolize_file_inlined(&path, &offsets);
+        debug_file_names(f, &path, &offsets, &mut found);
+        for (offset, name) in offsets.iter().zip(found) {
             names.insert((file, *offset), name);
         }
     }
     names
+}
+
+/// Fills in the offsets `found` has no name for from the file's separate debug file, found by
+/// build id (stripped binaries; issue 3).
+fn debug_file_names(
+    f: &crate::collect::UserFile,
+    path: &std::path::Path,
+    offsets: &[u64],
+    found: &mut [Vec<String>],
+) {
+    let missing: Vec<usize> = (0..offsets.len())
+        .filter(|&i| found[i].is_empty())
+        .collect();
+    let Some(debug) = f.build_id.as_deref().and_then(debuginfo::debug_file) else {
+        return;
+    };
+    if missing.is_empty() {
+        return;
+    }
+    let wanted: Vec<u64> = missing.iter().map(|&i| offsets[i]).collect();
+    let named = debuginfo::symbolize_from_debug_file(path, &debug, &wanted);
+    for (i, name) in missing.into_iter().zip(named) {
+        found[i].extend(name);
+    }
 }

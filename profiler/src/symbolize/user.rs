@@ -7,40 +7,63 @@ use blazesym::symbolize::{
     source::{Elf, Source},
 };
 
+/// Marks a frame that exists only in DWARF (`--inline`): the code was inlined into its caller.
+pub const INLINED_SUFFIX: &str = " (inlined)";
+
 pub struct UserSymbolizer {
     inner: Symbolizer,
 }
 
 impl Default for UserSymbolizer {
     fn default() -> Self {
-        Self {
-            // Names only: line info and inlined frames cost time and memory we do not use yet.
-            // blazesym's demangler would turn C names like `a` into C++ types: we demangle.
-            inner: Symbolizer::builder()
-                .enable_code_info(false)
-                .enable_inlined_fns(false)
-                .enable_demangling(false)
-                .build(),
-        }
+        Self::new(false)
     }
 }
 
 impl UserSymbolizer {
+    /// `inline`: also report the functions inlined at each address (from DWARF). Off by
+    /// default: line info and inline trees cost time and memory.
+    pub fn new(inline: bool) -> Self {
+        Self {
+            // blazesym's demangler would turn C names like `a` into C++ types: we demangle.
+            // Inlined functions need code info (blazesym reads them from the line program).
+            inner: Symbolizer::builder()
+                .enable_code_info(inline)
+                .enable_inlined_fns(inline)
+                .enable_demangling(false)
+                .build(),
+        }
+    }
+
     /// Names for `offsets` (file offsets) in the ELF file at `path`; None where the file has
     /// no symbol (or cannot be read): callers show those as `binary+0xOFFSET`.
     pub fn symbolize_file(&self, path: &Path, offsets: &[u64]) -> Vec<Option<String>> {
+        self.symbolize_file_inlined(path, offsets)
+            .into_iter()
+            .map(|names| names.into_iter().next())
+            .collect()
+    }
+
+    /// Like `symbolize_file`, but each offset gets its function followed by the functions
+    /// inlined there, outermost first, each marked with `INLINED_SUFFIX` (empty: no symbol).
+    /// Without `inline` each list has at most one name.
+    pub fn symbolize_file_inlined(&self, path: &Path, offsets: &[u64]) -> Vec<Vec<String>> {
         let src = Source::Elf(Elf::new(path));
         match self.inner.symbolize(&src, Input::FileOffset(offsets)) {
             Ok(results) => results
                 .into_iter()
                 .map(|r| match r {
-                    Symbolized::Sym(sym) => Some(super::demangle::demangle(&sym.name)),
-                    Symbolized::Unknown(_) => None,
+                    Symbolized::Sym(sym) => std::iter::once(super::demangle::demangle(&sym.name))
+                        .chain(sym.inlined.iter().map(|f| {
+                            format!("{}{INLINED_SUFFIX}", super::demangle::demangle(&f.name))
+                        }))
+                        .collect(),
+                    Symbolized::Unknown(_) => Vec::new(),
                 })
                 .collect(),
             Err(e) => {
                 log::debug!("{}: cannot symbolize: {e}", path.display());
-                vec![None; offsets.len()]
+                vec![Vec::new(); offsets.len()]
             }
         }
     }

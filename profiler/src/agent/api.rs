@@ -1,0 +1,152 @@
+//! The agent's HTTP routes. Every parameter is checked and bounded; a bad one is a 400 with
+//! one line saying what is wrong.
+use std::{rc::Rc, time::Duration};
+
+use super::{State, time_ago, unix_now_ns};
+use crate::{
+    http::{Request, Response},
+    output,
+    profile::{GroupBy, Profile},
+    record::{RecordConfig, record},
+    store::{Query, Store, StoreError},
+};
+
+/// Longest range the store endpoints read.
+pub const MAX_RANGE: Duration = Duration::from_secs(31 * 24 * 3600);
+/// Longest fresh profile /debug/pprof/profile records, s.
+pub const MAX_PPROF_SECONDS: u64 = 60;
+/// Rate of the fresh profiles of /debug/pprof/profile, Hz (pprof's usual 100 Hz, off-beat).
+pub const PPROF_HZ: u32 = 99;
+
+pub(crate) async fn handle(state: Rc<State>, req: Request) -> Response {
+    let result = match req.path.as_str() {
+        "/healthz" => only(&req, &[]).map(|()| Response::ok("text/plain", b"ok\n".to_vec())),
+        "/metrics" => only(&req, &[]).map(|()| {
+            let body = state.metrics.borrow().render();
+            Response::ok(
+                "text/plain; version=0.0.4; charset=utf-8",
+                body.into_bytes(),
+            )
+        }),
+        "/debug/pprof/profile" => pprof(&state, &req).await,
+        "/api/flamegraph" => stored(&state, &req, true).await,
+        "/api/heatmap" => stored(&state, &req, false).await,
+        _ => Err(Response::text(
+            404,
+            "not found; try /healthz, /metrics, /debug/pprof/profile, /api/flamegraph, /api/heatmap",
+        )),
+    };
+    result.unwrap_or_else(|r| r)
+}
+
+/// Rejects parameters outside `known`: a typo should not silently mean the default.
+fn only(req: &Request, known: &[&str]) -> Result<(), Response> {
+    match req.query.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+        Some((k, _)) => Err(bad(&format!(
+            "unknown parameter `{k}`{}",
+            if known.is_empty() {
+                String::new()
+            } else {
+                format!("; known: {}", known.join(", "))
+            }
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn bad(message: &str) -> Response {
+    Response::text(400, message)
+}
+
+/// `?seconds=N` (default 30, 1..=60): records a fresh profile and returns it as pprof.
+async fn pprof(state: &State, req: &Request) -> Result<Response, Response> {
+    only(req, &["seconds"])?;
+    let secs = match req.param("seconds") {
+        None => 30,
+        Some(s) => match s.parse::<u64>() {
+            Ok(n @ 1..=MAX_PPROF_SECONDS) => n,
+            _ => {
+                return Err(bad(&format!(
+                    "seconds must be a whole number in 1..={MAX_PPROF_SECONDS}, got `{s}`"
+                )));
+            }
+        },
+    };
+    if state.pprof_busy.replace(true) {
+        return Err(Response::text(
+            503,
+            "a profile is being recorded already; try again later",
+        ));
+    }
+    let config = RecordConfig {
+        event: crate::bpf::Event::CpuClock,
+        frequency_hz: PPROF_HZ,
+        duration: Duration::from_secs(secs),
+        pids: Vec::new(),
+        comms: state.config.comms.clone(),
+        verbose: false,
+        inline: false,
+    };
+    let result = record(&config, tokio::time::sleep(config.duration)).await;
+    state.pprof_busy.set(false);
+    let profile = result.map_err(|e| Response::text(500, &format!("recording failed: {e}")))?;
+    let mut body = Vec::new();
+    output::write_pprof(&profile, &mut body)
+        .map_err(|e| Response::text(500, &format!("encoding failed: {e}")))?;
+    Ok(Response::ok("application/octet-stream", body))
+}
+
+/// `?since=&until=&comm=` from the store, as a flame graph (SVG) or the heat-map page.
+async fn stored(state: &State, req: &Request, flamegraph: bool) -> Result<Response, Response> {
+    only(req, &["since", "until", "comm", "cgroup"])?;
+    let now = unix_now_ns();
+    let at = |name: &str, default: &str| {
+        let text = req.param(name).unwrap_or(default);
+        time_ago(text, now).map_err(|e| bad(&format!("{name}: {e}")))
+    };
+    let (since, until) = (at("since", "10m")?, at("until", "now")?);
+    if since >= until {
+        return Err(bad("since must be before until"));
+    }
+    if until - since > MAX_RANGE.as_nanos() as u64 {
+        return Err(bad("the range may span at most 31 days"));
+    }
+    let query = Query {
+        since_unix_ns: since,
+        until_unix_ns: until,
+        comms: req
+            .param("comm")
+            .map(|c| vec![c.to_owned()])
+            .unwrap_or_default(),
+        cgroup: req.param("cgroup").map(str::to_owned),
+    };
+    let dir = state.config.data_dir.clone();
+    // Reading and rendering can take a while: off the sampling thread.
+    let rendered = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, Response> {
+        let profile: Profile = Store::open_read(&dir)
+            .and_then(|s| s.read(&query))
+            .map_err(|e| match e {
+                StoreError::Range(m) => bad(&m),
+                e => Response::text(500, &e.to_string()),
+            })?;
+        if profile.samples.is_empty() {
+            return Err(Response::text(404, "no samples stored in that range"));
+        }
+        let mut body = Vec::new();
+        if flamegraph {
+            output::write_svg(&profile, GroupBy::Comm, &mut body)
+        } else {
+            output::write_heatmap(&profile, &mut body)
+        }
+        .map_err(|e| Response::text(500, &format!("rendering failed: {e}")))?;
+        Ok(body)
+    })
+    .await
+    .map_err(|e| Response::text(500, &format!("rendering failed: {e}")))??;
+    let kind = if flamegraph {
+        "image/svg+xml"
+    } else {
+        "text/html; charset=utf-8"
+    };
+    Ok(Response::ok(kind, rendered))
+}

@@ -1,0 +1,191 @@
+//! The agent's settings: defaults, an optional TOML file with the same keys as the flags
+//! (kebab-case or snake_case), then flags given on the command line, which win.
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use serde::Deserialize;
+
+use crate::util::parse_duration;
+
+/// Everything the agent needs to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentConfig {
+    /// Samples per second per CPU.
+    pub frequency_hz: u32,
+    /// Length of one stored window.
+    pub window: Duration,
+    /// Where the store lives.
+    pub data_dir: PathBuf,
+    /// Windows older than this are deleted.
+    pub retention: Duration,
+    /// The store is kept under this many bytes (oldest windows go first).
+    pub max_size_bytes: u64,
+    /// Address of the HTTP API.
+    pub listen: SocketAddr,
+    /// Pyroscope-compatible server to push each window to (base URL, `/ingest` is added).
+    pub push_url: Option<String>,
+    /// Only threads with these comms; empty = all.
+    pub comms: Vec<String>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            frequency_hz: 19,
+            window: Duration::from_secs(10),
+            data_dir: PathBuf::from("/var/lib/profiler"),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            max_size_bytes: 1 << 30,
+            // Loopback unless asked: profiles reveal what a host runs.
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            push_url: None,
+            comms: Vec::new(),
+        }
+    }
+}
+
+/// The TOML file: every key optional, unknown keys rejected (serde names the key).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    #[serde(alias = "frequency_hz")]
+    pub frequency: Option<u32>,
+    pub window: Option<String>,
+    #[serde(alias = "data_dir")]
+    pub data_dir: Option<PathBuf>,
+    pub retention: Option<String>,
+    #[serde(alias = "max_size")]
+    pub max_size: Option<String>,
+    pub listen: Option<String>,
+    #[serde(alias = "push_url")]
+    pub push_url: Option<String>,
+    pub comm: Option<Vec<String>>,
+}
+
+impl FileConfig {
+    /// Reads and parses `path`; errors say which file and which key.
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| {
+            // toml's message spans several lines with a source excerpt: keep it on one.
+            let msg = e.message().to_owned();
+            format!("config {}: {msg}", path.display())
+        })
+    }
+
+    /// Applies the file's keys over `c`.
+    pub fn apply(self, c: &mut AgentConfig) -> Result<(), String> {
+        let Self {
+            frequency,
+            window,
+            data_dir,
+            retention,
+            max_size,
+            listen,
+            push_url,
+            comm,
+        } = self;
+        if let Some(hz) = frequency {
+            c.frequency_hz = check_frequency(hz)?;
+        }
+        if let Some(w) = window {
+            c.window = parse_window(&w)?;
+        }
+        if let Some(d) = data_dir {
+            c.data_dir = d;
+        }
+        if let Some(r) = retention {
+            c.retention = parse_duration(&r).map_err(|e| format!("retention: {e}"))?;
+        }
+        if let Some(s) = max_size {
+            c.max_size_bytes = parse_size(&s)?;
+        }
+        if let Some(l) = listen {
+            c.listen = parse_listen(&l)?;
+        }
+        if push_url.is_some() {
+            c.push_url = push_url;
+        }
+        if let Some(comm) = comm {
+            c.comms = comm;
+        }
+        Ok(())
+    }
+}
+
+pub fn check_frequency(hz: u32) -> Result<u32, String> {
+    if (1..=1000).contains(&hz) {
+        Ok(hz)
+    } else {
+        Err(format!(
+            "frequency must be in 1..=1000 Hz for the agent, got {hz}"
+        ))
+    }
+}
+
+/// A window length: 1 s to 1 h.
+pub fn parse_window(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(3600) {
+        return Err(format!("window `{text}` must be between 1s and 1h"));
+    }
+    Ok(d)
+}
+
+/// `ADDR:PORT`, e.g. 127.0.0.1:7070 or [::1]:7070.
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    text.parse()
+        .map_err(|_| format!("listen address `{text}` is not IP:PORT (e.g. 127.0.0.1:7070)"))
+}
+
+/// Bytes: `1GiB`, `500MiB`, `100MB`, `4096`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size; write e.g. 1GiB, 500MiB"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        u => {
+            return Err(format!(
+                "`{text}`: unknown unit `{u}`; use B, KiB, MiB or GiB"
+            ));
+        }
+    };
+    let bytes = n.saturating_mul(scale);
+    if bytes < 1 << 20 {
+        return Err(format!("max size `{text}` is below 1MiB"));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("500MiB"), Ok(500 << 20));
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("10").is_err());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = toml::from_str::<FileConfig>("frequency = 19\nwindoww = \"10s\"\n").unwrap_err();
+        assert!(e.message().contains("windoww"), "{}", e.message());
+        let ok: FileConfig = toml::from_str("data-dir = \"/tmp/x\"\nmax_size = \"2GiB\"").unwrap();
+        let mut c = AgentConfig::default();
+        ok.apply(&mut c).unwrap();
+        assert_eq!(c.max_size_bytes, 2 << 30);
+    }
+}

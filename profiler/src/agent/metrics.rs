@@ -1,0 +1,274 @@
+//! Prometheus metrics of the agent, updated once per window and rendered on each scrape.
+//! Label sets are bounded: the first `MAX_SERIES` comms (and cgroups) seen keep their own
+//! series, later ones add to `other`, so counters stay monotonic and cardinality fixed.
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Write as _,
+};
+
+use crate::{
+    cgroups,
+    doctor::memcg,
+    profile::{Counters, Profile},
+};
+
+/// Distinct label values per metric at most, `other` excluded.
+pub const MAX_SERIES: usize = 50;
+const OTHER: &str = "other";
+
+/// Cumulative figures since the agent started.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// CPU seconds by comm (idle task excluded).
+    cpu_by_comm: BoundedCounter,
+    /// CPU seconds by cgroup v2 path.
+    cpu_by_cgroup: BoundedCounter,
+    /// Seconds with a memory-cgroup catalogue function on the stack, by comm.
+    memcg_by_comm: BoundedCounter,
+    /// Sample accounting summed over windows.
+    counters: Counters,
+    /// Windows written to the store, and those dropped (store failing too long).
+    pub windows_stored: u64,
+    pub windows_dropped: u64,
+    /// Windows pushed to --push-url, and those dropped from the full push spool.
+    pub push_sent: u64,
+    pub push_dropped: u64,
+    /// Dying cgroups by controller (v1) and `v2` for cgroup2, at the last window.
+    dying: Vec<(String, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct BoundedCounter(BTreeMap<String, f64>);
+
+impl BoundedCounter {
+    fn add(&mut self, label: &str, value: f64) {
+        let key = if self.0.contains_key(label) || self.0.len() < MAX_SERIES {
+            label
+        } else {
+            OTHER
+        };
+        *self.0.entry(key.to_owned()).or_default() += value;
+    }
+}
+
+impl Metrics {
+    /// Adds one window's samples and reads the dying-cgroup figures.
+    pub fn add_window(&mut self, p: &Profile) {
+        let hz = f64::from(p.meta.frequency_hz.max(1));
+        let paths: HashMap<u64, &str> = p.cgroups.iter().map(|c| (c.id, c.path.as_str())).collect();
+        let mut by_comm: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut by_cgroup: BTreeMap<&str, u64> = BTreeMap::new();
+        for s in p.samples.iter().filter(|s| s.pid != 0) {
+            *by_comm.entry(p.str(s.comm)).or_default() += 1;
+            let path = paths.get(&s.cgroup_id).copied().unwrap_or("");
+            *by_cgroup
+                .entry(if path.is_empty() { "unknown" } else { path })
+                .or_default() += 1;
+        }
+        // Most samples first, so the bounded slots go to the busiest.
+        for (map, counter) in [
+            (by_comm, &mut self.cpu_by_comm),
+            (by_cgroup, &mut self.cpu_by_cgroup),
+        ] {
+            let mut v: Vec<_> = map.into_iter().collect();
+            v.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+            for (label, n) in v {
+                counter.add(label, n as f64 / hz);
+            }
+        }
+        let mut memcg_by_comm: BTreeMap<String, u64> = BTreeMap::new();
+        for share in memcg::shares(p, memcg::CATALOGUE) {
+            *memcg_by_comm.entry(share.comm).or_default() += share.memcg_samples;
+        }
+        for (comm, n) in memcg_by_comm {
+            self.memcg_by_comm.add(&comm, n as f64 / hz);
+        }
+        let c = p.meta.counters;
+        self.counters = Counters {
+            recorded: self.counters.recorded + c.recorded,
+            lost_ringbuf_full: self.counters.lost_ringbuf_full + c.lost_ringbuf_full,
+            filtered: self.counters.filtered + c.filtered,
+            kstack_failed: self.counters.kstack_failed + c.kstack_failed,
+            ustack_failed: self.counters.ustack_failed + c.ustack_failed,
+        };
+        let snap = cgroups::snapshot();
+        let mut dying: Vec<(String, u64)> = snap
+            .controllers
+            .iter()
+            .map(|c| (c.controller.clone(), c.dying))
+            .collect();
+        if let Some((_, n)) = snap.v2 {
+            dying.push(("v2".to_owned(), n));
+        }
+        self.dying = dying;
+    }
+
+    /// The Prometheus text exposition format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        counter_family(
+            &mut o,
+            "profiler_process_cpu_seconds_total",
+            "CPU time seen in samples, by process comm (top comms, the rest as other).",
+            "comm",
+            &self.cpu_by_comm,
+        );
+        counter_family(
+            &mut o,
+            "profiler_cgroup_cpu_seconds_total",
+            "CPU time seen in samples, by cgroup v2 path (top cgroups, the rest as other).",
+            "cgroup",
+            &self.cpu_by_cgroup,
+        );
+        counter_family(
+            &mut o,
+            "profiler_process_memcg_seconds_total",
+            "CPU time with a kernel memory-cgroup function on the stack, by comm.",
+            "comm",
+            &self.memcg_by_comm,
+        );
+        let _ = writeln!(
+            o,
+            "# HELP profiler_dying_cgroups Dying cgroups now, by controller (v2: cgroup2 nr_dying_descendants)."
+        );
+        let _ = writeln!(o, "# TYPE profiler_dying_cgroups gauge");
+        for (c, n) in &self.dying {
+            let _ = writeln!(
+                o,
+                "profiler_dying_cgroups{{controller=\"{}\"}} {n}",
+                escape(c)
+            );
+        }
+        let c = self.counters;
+        let _ = writeln!(o, "# HELP profiler_samples_total Samples by outcome.");
+        let _ = writeln!(o, "# TYPE profiler_samples_total counter");
+        let _ = writeln!(
+            o,
+            "profiler_samples_total{{outcome=\"recorded\"}} {}",
+            c.recorded
+        );
+        let _ = writeln!(
+            o,
+            "profiler_samples_total{{outcome=\"filtered\"}} {}",
+            c.filtered
+        );
+        let _ = writeln!(
+            o,
+            "# HELP profiler_samples_lost_total Samples lost or damaged, by reason."
+        );
+        let _ = writeln!(o, "# TYPE profiler_samples_lost_total counter");
+        for (reason, n) in [
+            ("ringbuf_full", c.lost_ringbuf_full),
+            ("kstack_failed", c.kstack_failed),
+            ("ustack_failed", c.ustack_failed),
+        ] {
+            let _ = writeln!(o, "profiler_samples_lost_total{{reason=\"{reason}\"}} {n}");
+        }
+        let _ = writeln!(
+            o,
+            "# HELP profiler_windows_total Windows by outcome (dropped: the store failed for too long)."
+        );
+        let _ = writeln!(o, "# TYPE profiler_windows_total counter");
+        let _ = writeln!(
+            o,
+            "profiler_windows_total{{outcome=\"stored\"}} {}",
+            self.windows_stored
+        );
+        let _ = writeln!(
+            o,
+            "profiler_windows_total{{outcome=\"dropped\"}} {}",
+            self.windows_dropped
+        );
+        let _ = writeln!(
+            o,
+            "# HELP profiler_push_windows_total Windows pushed to --push-url, or dropped from the full spool."
+        );
+        let _ = writeln!(o, "# TYPE profiler_push_windows_total counter");
+        let _ = writeln!(
+            o,
+            "profiler_push_windows_total{{outcome=\"sent\"}} {}",
+            self.push_sent
+        );
+        let _ = writeln!(
+            o,
+            "profiler_push_windows_total{{outcome=\"dropped\"}} {}",
+            self.push_dropped
+        );
+        let (cpu, rss) = own_usage();
+        let _ = writeln!(
+            o,
+            "# HELP profiler_agent_cpu_seconds_total CPU time of the agent itself (user + system)."
+        );
+        let _ = writeln!(o, "# TYPE profiler_agent_cpu_seconds_total counter");
+        let _ = writeln!(o, "profiler_agent_cpu_seconds_total {cpu}");
+        let _ = writeln!(
+            o,
+            "# HELP profiler_agent_resident_memory_bytes Resident memory of the agent."
+        );
+        let _ = writeln!(o, "# TYPE profiler_agent_resident_memory_bytes gauge");
+        let _ = writeln!(o, "profiler_agent_resident_memory_bytes {rss}");
+        o
+    }
+}
+
+fn counter_family(o: &mut String, name: &str, help: &str, label: &str, c: &BoundedCounter) {
+    let _ = writeln!(o, "# HELP {name} {help}");
+    let _ = writeln!(o, "# TYPE {name} counter");
+    for (value, secs) in &c.0 {
+        let _ = writeln!(o, "{name}{{{label}=\"{}\"}} {secs}", escape(value));
+    }
+}
+
+/// Label value escaping of the text format: backslash, quote, newline.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The agent's own CPU seconds (user + system) and resident bytes, from /proc/self.
+pub fn own_usage() -> (f64, u64) {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let (ticks, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_CLK_TCK),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the comm's closing paren; utime and stime are the 14th and 15th overall.
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let cpu = (num(11) + num(12)) / ticks.max(1) as f64;
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    (cpu, pages * page.max(0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cardinality_is_bounded() {
+        let mut c = BoundedCounter::default();
+        for i in 0..(MAX_SERIES + 10) {
+            c.add(&format!("p{i}"), 1.0);
+        }
+        c.add("p0", 1.0);
+        assert_eq!(c.0.len(), MAX_SERIES + 1);
+        assert_eq!(c.0[OTHER], 10.0);
+        assert_eq!(c.0["p0"], 2.0);
+    }
+
+    #[test]
+    fn own_usage_reads_proc() {
+        let (_, rss) = own_usage();
+        assert!(rss > 0);
+    }
+}

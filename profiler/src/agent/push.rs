@@ -1,0 +1,238 @@
+//! `--push-url`: each window goes to a Pyroscope-compatible ingest endpoint
+//! (`POST {url}/ingest?name=...&from=...&until=...&format=pprof`, pprof body). Windows are
+//! spooled on disk first (`<data-dir>/push/`, at most `MAX_SPOOLED` files) and sent oldest
+//! first; while the server is down the sender retries with exponential backoff. A window that
+//! overflows the spool is deleted and counted. Plain http:// only (a TLS proxy can front it).
+use std::{
+    cell::Cell,
+    path::{Path, PathBuf},
+    rc::Rc,
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+    sync::Notify,
+};
+
+use crate::profile::Profile;
+
+/// Windows kept on disk while the server is unreachable (one hour of 10 s windows).
+pub const MAX_SPOOLED: usize = 360;
+/// Backoff between failed attempts: from 1 s, doubling, up to this.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Time one push may take.
+pub const PUSH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where a push goes: `http://HOST:PORT[/base]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushUrl {
+    /// `host:port`, as connected to and sent in `Host:`.
+    pub authority: String,
+    /// Path prefix without a trailing `/` ("" for none).
+    pub base: String,
+}
+
+/// Parses `http://host[:port][/base]`.
+pub fn parse_push_url(text: &str) -> Result<PushUrl, String> {
+    let rest = text.strip_prefix("http://").ok_or_else(|| {
+        format!(
+            "push url `{text}` must start with http:// (https is not spoken; use a local proxy)"
+        )
+    })?;
+    let (authority, base) = rest.split_once('/').map_or((rest, ""), |(a, b)| (a, b));
+    if authority.is_empty() {
+        return Err(format!("push url `{text}` has no host"));
+    }
+    let authority = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        authority.to_owned()
+    } else {
+        format!("{authority}:80")
+    };
+    let base = base.trim_end_matches('/');
+    Ok(PushUrl {
+        authority,
+        base: if base.is_empty() {
+            String::new()
+        } else {
+            format!("/{base}")
+        },
+    })
+}
+
+/// The spool and its counters, shared by the window loop and the sender task.
+pub struct Pusher {
+    url: PushUrl,
+    dir: PathBuf,
+    wake: Notify,
+    /// Windows sent, and windows deleted because the spool was full.
+    pub sent: Cell<u64>,
+    pub dropped: Cell<u64>,
+}
+
+impl Pusher {
+    /// Creates the spool dir under `data_dir`; windows left there by an earlier run are sent too.
+    pub fn new(url: PushUrl, data_dir: &Path) -> std::io::Result<Rc<Self>> {
+        let dir = data_dir.join("push");
+        std::fs::create_dir_all(&dir)?;
+        Ok(Rc::new(Self {
+            url,
+            dir,
+            wake: Notify::new(),
+            sent: Cell::new(0),
+            dropped: Cell::new(0),
+        }))
+    }
+
+    /// Spools one window (as pprof) and wakes the sender.
+    pub fn enqueue(&self, p: &Profile, hostname: &str) {
+        let until = (p.meta.start_unix_ns + p.meta.duration_ns).div_ceil(1_000_000_000);
+        let mut body = Vec::new();
+        if let Err(e) = crate::output::write_pprof(p, &mut body) {
+            log::error!("push: cannot encode a window: {e}");
+            return;
+        }
+        // The name sorts by time; the host is in it because a restart may reuse a second.
+        let name = format!(
+            "{:020}-{until}-{}.pb.gz",
+            p.meta.start_unix_ns,
+            sanitize(hostname)
+        );
+        if let Err(e) = std::fs::write(self.dir.join(name), body) {
+            log::error!("push: cannot spool a window in {}: {e}", self.dir.display());
+        }
+        let mut files = self.spooled();
+        while files.len() > MAX_SPOOLED {
+            let _ = std::fs::remove_file(files.remove(0));
+            self.dropped.set(self.dropped.get() + 1);
+        }
+        self.wake.notify_one();
+    }
+
+    /// Spooled windows, oldest first.
+    fn spooled(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.retain(|p| p.extension().is_some_and(|e| e == "gz"));
+        files.sort();
+        files
+    }
+
+    /// Sends spooled windows forever, oldest first, backing off while the server fails.
+    pub async fn run(self: Rc<Self>) {
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let files = self.spooled();
+            if files.is_empty() {
+                self.wake.notified().await;
+                continue;
+            }
+            for file in files {
+                match self.send(&file).await {
+                    Ok(()) => {
+                        let _ = std::fs::remove_file(&file);
+                        self.sent.set(self.sent.get() + 1);
+                        backoff = Duration::from_secs(1);
+                    }
+                    Err(e) => {
+                        log::error!(
+                            "push to http://{}{}/ingest failed: {e}; {} windows kept on disk, retrying in {backoff:?}",
+                            self.url.authority,
+                            self.url.base,
+                            self.spooled().len()
+                        );
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn send(&self, file: &Path) -> Result<(), String> {
+        let body =
+            std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        let stem = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let mut parts = stem.trim_end_matches(".pb.gz").splitn(3, '-');
+        let from = parts
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            / 1_000_000_000;
+        let until = parts
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(from + 1);
+        let host = parts.next().unwrap_or("");
+        // name = profiler.cpu{host="..."}, percent-encoded.
+        let name = format!("profiler.cpu%7Bhost%3D{host}%7D");
+        let head = format!(
+            "POST {}/ingest?name={name}&from={from}&until={until}&format=pprof&spyName=profiler HTTP/1.1\r\n\
+             Host: {}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n",
+            self.url.base,
+            self.url.authority,
+            body.len()
+        );
+        let io = async {
+            let mut s = TcpStream::connect(&self.url.authority).await?;
+            s.write_all(head.as_bytes()).await?;
+            s.write_all(&body).await?;
+            let mut answer = Vec::new();
+            // The status line is enough; the rest is bounded anyway.
+            (&mut s).take(64 * 1024).read_to_end(&mut answer).await?;
+            Ok::<_, std::io::Error>(answer)
+        };
+        let answer = tokio::time::timeout(PUSH_TIMEOUT, io)
+            .await
+            .map_err(|_| "timed out".to_owned())?
+            .map_err(|e| e.to_string())?;
+        let line = String::from_utf8_lossy(&answer);
+        let status = line.split(' ').nth(1).unwrap_or("");
+        if status.starts_with('2') {
+            Ok(())
+        } else {
+            Err(format!(
+                "the server answered `{}`",
+                line.lines().next().unwrap_or("nothing")
+            ))
+        }
+    }
+}
+
+/// Host names in file names and URLs: letters, digits, `.` and `_` only.
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = parse_push_url("http://pyro:4040/").unwrap();
+        assert_eq!((u.authority.as_str(), u.base.as_str()), ("pyro:4040", ""));
+        let u = parse_push_url("http://pyro/base").unwrap();
+        assert_eq!(
+            (u.authority.as_str(), u.base.as_str()),
+            ("pyro:80", "/base")
+        );
+        assert!(parse_push_url("https://pyro").is_err());
+        assert!(parse_push_url("pyro:4040").is_err());
+    }
+}

@@ -1,0 +1,186 @@
+//! Continuous sampling for the agent: the sampler stays attached and every `window` call cuts
+//! one `Profile` out of the stream. Process facts (maps, exe, open binaries) of live processes
+//! carry over between windows; those of exited processes are dropped, so memory follows the
+//! number of live processes, not the pid churn.
+use std::{collections::HashMap, future::Future, time::Duration};
+
+use aya::maps::{MapData, RingBuf};
+use tokio::io::{Interest, unix::AsyncFd};
+
+use crate::{
+    bpf::{Event, KernelCounters, Sampler, SamplerConfig},
+    collect::{Collection, CommFilter, ProcessTable},
+    profile::{Counters, Meta, Profile},
+    record::RecordError,
+    symbolize::{self, KernelSymbols, UserSymbolizer},
+    util,
+};
+
+/// Mapped files remembered across windows at most; past it the table starts afresh (live
+/// processes are simply read again when next seen), which bounds open handles and memory.
+const MAX_FILES: usize = 2048;
+/// Addresses remembered across windows at most (same reset as `MAX_FILES`).
+const MAX_LOCS: usize = 1_000_000;
+
+/// A sampler that stays attached, handing out one profile per window.
+pub struct Recorder {
+    sampler: Sampler,
+    ring: AsyncFd<RingBuf<MapData>>,
+    collection: Collection,
+    filter: CommFilter,
+    kernel: KernelSymbols,
+    user: UserSymbolizer,
+    frequency_hz: u32,
+    event: Event,
+    /// Kernel counters at the start of the current window (they are cumulative).
+    last_counters: KernelCounters,
+    /// Wall-clock and monotonic start of the current window, ns.
+    start_unix_ns: u64,
+    start_mono_ns: u64,
+    hostname: String,
+    kernel_release: String,
+}
+
+impl Recorder {
+    /// Loads and attaches the sampler on every CPU. Needs CAP_BPF + CAP_PERFMON (or root).
+    pub fn start(event: Event, frequency_hz: u32, comms: Vec<String>) -> Result<Self, RecordError> {
+        util::raise_fd_limit();
+        let (sampler, ring) = Sampler::start(&SamplerConfig {
+            event,
+            frequency_hz: frequency_hz.into(),
+            pids: &[],
+        })?;
+        // SAFETY: the RingBuf owns its map fd and keeps it open until the AsyncFd drops it.
+        let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
+        let kernel = KernelSymbols::load().map_err(RecordError::Kallsyms)?;
+        if kernel.hidden() {
+            log::warn!(
+                "kernel addresses are hidden by kernel.kptr_restrict; kernel frames show as [kernel]"
+            );
+        }
+        let filter = CommFilter(comms);
+        Ok(Self {
+            last_counters: sampler.counters()?,
+            sampler,
+            ring,
+            collection: Collection::new(filter.clone()),
+            filter,
+            kernel,
+            user: UserSymbolizer::default(),
+            frequency_hz,
+            event,
+            start_unix_ns: unix_now_ns(),
+            start_mono_ns: util::monotonic_ns(),
+            hostname: read_trimmed("/proc/sys/kernel/hostname"),
+            kernel_release: read_trimmed("/proc/sys/kernel/osrelease"),
+        })
+    }
+
+    /// Samples per second per CPU.
+    pub fn frequency_hz(&self) -> u32 {
+        self.frequency_hz
+    }
+
+    /// Collects until `stop` completes, then returns everything since the previous window
+    /// as a symbolized profile and starts the next window at once (no gap in sampling).
+    pub async fn window(&mut self, stop: impl Future<Output = ()>) -> Result<Profile, RecordError> {
+        let tick = Duration::from_millis(profiler_common::DRAIN_INTERVAL_MS);
+        self.collection
+            .run_until(&mut self.ring, stop, tick, |_| {})
+            .await?;
+        Ok(self.cut()?)
+    }
+
+    /// Ends the current window: drains, takes its samples, symbolizes them.
+    fn cut(&mut self) -> Result<Profile, crate::bpf::BpfError> {
+        self.collection.drain(self.ring.get_mut());
+        self.collection.processes.resolve_pending();
+        self.collection.resolve_cgroups();
+        let now_mono = util::monotonic_ns();
+        let now_unix = unix_now_ns();
+        let k = self.sampler.counters()?;
+        let prev = std::mem::replace(&mut self.last_counters, k);
+
+        // The window's samples and stacks go; the process table (open binaries, resolved
+        // addresses) stays for the next window, minus exited processes.
+        let mut window =
+            std::mem::replace(&mut self.collection, Collection::new(self.filter.clone()));
+        let counters = Counters {
+            recorded: window.samples.len() as u64,
+            lost_ringbuf_full: k.lost_ringbuf_full.saturating_sub(prev.lost_ringbuf_full),
+            filtered: k.filtered.saturating_sub(prev.filtered) + window.filtered,
+            kstack_failed: window.kstack_failed,
+            ustack_failed: window.ustack_failed,
+        };
+        let meta = Meta {
+            start_unix_ns: self.start_unix_ns,
+            start_mono_ns: self.start_mono_ns,
+            duration_ns: now_mono.saturating_sub(self.start_mono_ns),
+            frequency_hz: self.frequency_hz,
+            event: self.event.name().to_owned(),
+            hostname: self.hostname.clone(),
+            kernel_release: self.kernel_release.clone(),
+            cpus: self.sampler.cpus.clone(),
+            counters,
+        };
+        self.start_unix_ns = now_unix;
+        self.start_mono_ns = now_mono;
+        // One symbolizer for the agent's life: blazesym caches parsed binaries by path, and
+        // the paths (/proc/self/fd/N of the table's open handles) stay valid until a reset.
+        // Symbolize only this window's addresses, not every address the table remembers.
+        let all_locs = std::mem::take(&mut window.processes.locs);
+        window.processes.locs = window
+            .ustacks
+            .stacks
+            .iter()
+            .flat_map(|(pid, addrs)| addrs.iter().map(move |a| (*pid, *a)))
+            .filter_map(|k| all_locs.get(&k).map(|l| (k, *l)))
+            .collect();
+        let profile = symbolize::build_profile_ref(&window, meta, &self.kernel, &self.user);
+        window.processes.locs = all_locs;
+        let mut live = std::mem::take(&mut window.processes);
+        if prune(&mut live) {
+            self.user = UserSymbolizer::default();
+        }
+        self.collection.processes = live;
+        // Cgroup paths are a small cache: keep the ones this window saw.
+        self.collection.cgroup_paths = std::mem::take(&mut window.cgroup_paths);
+        Ok(profile)
+    }
+}
+
+/// Forgets exited processes; starts afresh when the table outgrows its bounds (then returns
+/// true: the symbolizer's cache must go too, as its paths name the table's handles).
+fn prune(live: &mut ProcessTable) -> bool {
+    let mut alive: HashMap<u32, bool> = HashMap::new();
+    let mut is_alive = |pid: u32| {
+        *alive
+            .entry(pid)
+            .or_insert_with(|| std::path::Path::new(&format!("/proc/{pid}")).exists())
+    };
+    live.processes.retain(|pid, _| is_alive(*pid));
+    live.locs.retain(|(pid, _), _| is_alive(*pid));
+    if live.files.len() > MAX_FILES || live.locs.len() > MAX_LOCS || live.names.len() > MAX_LOCS {
+        log::info!(
+            "process table reset ({} files, {} addresses): live processes are read again",
+            live.files.len(),
+            live.locs.len()
+        );
+        *live = ProcessTable::default();
+        return true;
+    }
+    false
+}
+
+fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}

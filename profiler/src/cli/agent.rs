@@ -1,0 +1,87 @@
+//! `profiler agent`: always-on sampling into an embedded store, with an HTTP API
+//! (docs/agent.md). Flags override the `--config` file, which overrides the defaults.
+use std::{path::PathBuf, time::Duration};
+
+use crate::agent::{
+    AgentConfig,
+    config::{FileConfig, check_frequency, parse_listen, parse_size, parse_window},
+};
+
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// TOML file with the same keys as these flags (frequency, window, data-dir, retention,
+    /// max-size, listen, push-url, comm); flags given here win.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Samples per second on each CPU (1..=1000; default 19).
+    #[arg(short = 'F', long, value_name = "HZ", value_parser = |s: &str| {
+        s.parse::<u32>().map_err(|_| format!("`{s}` is not a whole number")).and_then(check_frequency)
+    })]
+    pub frequency: Option<u32>,
+    /// Length of one stored window (1s..=1h; default 10s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_window)]
+    pub window: Option<Duration>,
+    /// Where the store lives (default /var/lib/profiler).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Delete windows older than this (default 7d is written 168h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_retention)]
+    pub retention: Option<Duration>,
+    /// Keep the store under this size: 1GiB (default), 500MiB...
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_size: Option<u64>,
+    /// HTTP API address (default 127.0.0.1:7070; other addresses only when given).
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_listen)]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Also push each window (pprof) to this Pyroscope-compatible server: http://HOST:PORT.
+    #[arg(long, value_name = "URL")]
+    pub push_url: Option<String>,
+    /// Only threads with this comm (repeatable).
+    #[arg(long = "comm", value_name = "NAME")]
+    pub comms: Vec<String>,
+}
+
+/// Durations plus days (`7d`), for retention.
+fn parse_retention(text: &str) -> Result<Duration, String> {
+    if let Some(days) = text.strip_suffix('d') {
+        let d: u64 = days
+            .parse()
+            .map_err(|_| format!("`{text}` is not a duration; write e.g. 7d, 12h"))?;
+        return Ok(Duration::from_secs(d * 24 * 3600));
+    }
+    crate::util::parse_duration(text)
+}
+
+pub fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let mut config = AgentConfig::default();
+    if let Some(path) = &args.config {
+        FileConfig::load(path)
+            .and_then(|f| f.apply(&mut config))
+            .map_err(anyhow::Error::msg)?;
+    }
+    let AgentArgs {
+        config: _,
+        frequency,
+        window,
+        data_dir,
+        retention,
+        max_size,
+        listen,
+        push_url,
+        comms,
+    } = args;
+    config.frequency_hz = frequency.unwrap_or(config.frequency_hz);
+    config.window = window.unwrap_or(config.window);
+    config.data_dir = data_dir.unwrap_or(config.data_dir);
+    config.retention = retention.unwrap_or(config.retention);
+    config.max_size_bytes = max_size.unwrap_or(config.max_size_bytes);
+    config.listen = listen.unwrap_or(config.listen);
+    if push_url.is_some() {
+        config.push_url = push_url;
+    }
+    if !comms.is_empty() {
+        config.comms = comms;
+    }
+    crate::agent::run(config)?;
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! `profiler query`: render a time range of the agent's store to any output format.
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+
+use crate::{
+    agent::{time_ago, unix_now_ns},
+    store::{Query, Store},
+};
+
+#[derive(Debug, clap::Args)]
+pub struct QueryArgs {
+    /// The agent's data dir.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/profiler")]
+    pub data_dir: PathBuf,
+    /// Start of the range: a duration ago (1h, 30m, 90s) or `now`.
+    #[arg(long, value_name = "TIME", default_value = "1h")]
+    pub since: String,
+    /// End of the range (same forms as --since).
+    #[arg(long, value_name = "TIME", default_value = "now")]
+    pub until: String,
+    /// Only threads with this comm (repeatable).
+    #[arg(long = "comm", value_name = "NAME")]
+    pub comms: Vec<String>,
+    /// Only this cgroup v2 path and those below it, e.g. /system.slice.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+    /// Output file, by extension (see `profiler record --help`). Repeatable.
+    #[arg(short, long = "output", value_name = "FILE", required = true)]
+    pub outputs: Vec<PathBuf>,
+    /// Root frame of every stack in .folded and .svg outputs.
+    #[arg(long, value_enum, default_value_t = crate::profile::GroupBy::Comm)]
+    pub group_by: crate::profile::GroupBy,
+}
+
+pub fn run(args: QueryArgs) -> anyhow::Result<()> {
+    let now = unix_now_ns();
+    let since = time_ago(&args.since, now).map_err(|e| anyhow::anyhow!("--since: {e}"))?;
+    let until = time_ago(&args.until, now).map_err(|e| anyhow::anyhow!("--until: {e}"))?;
+    if since >= until {
+        bail!("--since must be before --until");
+    }
+    let outputs = super::parse_outputs(&args.outputs, args.group_by)?;
+    for o in &outputs {
+        o.check_writable()?;
+    }
+    let store = Store::open_read(&args.data_dir)?;
+    let profile = store
+        .read(&Query {
+            since_unix_ns: since,
+            until_unix_ns: until,
+            comms: args.comms,
+            cgroup: args.cgroup,
+        })
+        .context("reading the store")?;
+    if profile.samples.is_empty() {
+        bail!(
+            "no samples stored between --since {} and --until {}",
+            args.since,
+            args.until
+        );
+    }
+    for o in &outputs {
+        o.write(&profile)?;
+    }
+    eprintln!(
+        "wrote {} samples from {:.0} s of windows",
+        profile.samples.len(),
+        profile.meta.duration_ns as f64 / 1e9
+    );
+    Ok(())
+}

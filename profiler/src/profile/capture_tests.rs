@@ -1,0 +1,164 @@
+//! Unit tests of the capture format: exact round trips, old versions, corrupt input.
+use super::*;
+use crate::profile::Interner;
+
+fn sample_profile() -> Profile {
+    let mut i = Interner::new(Meta {
+        start_unix_ns: 1_700_000_000_000_000_000,
+        start_mono_ns: 123_456,
+        duration_ns: 2_000_000_000,
+        frequency_hz: 99,
+        event: "cpu-clock".into(),
+        hostname: "host".into(),
+        kernel_release: "6.18".into(),
+        cpus: vec![0, 1],
+        counters: Counters {
+            recorded: 3,
+            lost_ringbuf_full: 1,
+            filtered: 7,
+            kstack_failed: 0,
+            ustack_failed: 2,
+        },
+    });
+    let (main, vm) = (i.string("main"), i.string("vmlinux"));
+    let fx = i.binary(Binary {
+        path: "/bin/fx".into(),
+        build_id: "0123456789abcdef0123456789abcdef01234567".into(),
+    });
+    let kernel = i.binary(Binary {
+        path: "[kernel.kallsyms]".into(),
+        build_id: String::new(),
+    });
+    let f0 = i.frame(Frame {
+        name: main,
+        module: 0,
+        kind: FrameKind::User,
+        addr: 0x1139,
+        binary: fx,
+    });
+    let syscall = i.string("do_syscall_64");
+    let f1 = i.frame(Frame {
+        name: syscall,
+        module: vm,
+        kind: FrameKind::Kernel,
+        addr: 0xffff_ffff_8100_1234,
+        binary: kernel,
+    });
+    // The same function at another address is another frame.
+    let f2 = i.frame(Frame {
+        name: main,
+        kind: FrameKind::User,
+        addr: 0x1140,
+        binary: fx,
+        ..Frame::default()
+    });
+    assert_ne!(f0, f2);
+    let s0 = i.stack(vec![f0]);
+    let s1 = i.stack(vec![f0, f1]);
+    let s2 = i.stack(vec![f2, f1]);
+    let comm = i.string("fx-chain");
+    for (t, stack) in [(5, s0), (3, s1), (7, s2), (10_000_000_000, s0)] {
+        i.sample(Sample {
+            offset_ns: t,
+            cpu: 1,
+            pid: 42,
+            tid: 43,
+            cgroup_id: 9,
+            comm,
+            stack,
+        });
+    }
+    i.process(Process {
+        pid: 42,
+        comm: "fx-chain".into(),
+        exe: "/bin/fx".into(),
+        cgroup: "/system.slice/fx.service".into(),
+        memory_cgroup: "/lab/a".into(),
+        cpu_cgroup: String::new(),
+    });
+    i.cgroup(Cgroup {
+        id: 9,
+        path: "/system.slice/fx.service".into(),
+    });
+    i.finish()
+}
+
+#[test]
+fn round_trip_is_exact() {
+    let p = sample_profile();
+    let mut bytes = Vec::new();
+    encode(&p, &mut bytes).unwrap();
+    assert_eq!(decode(&mut bytes.as_slice()).unwrap(), p);
+}
+
+#[test]
+fn rejects_other_files_and_newer_versions() {
+    assert!(matches!(
+        decode(&mut &b"hello world, not a capture"[..]),
+        Err(CaptureError::NotCapture)
+    ));
+    let mut bytes = Vec::new();
+    encode(&sample_profile(), &mut bytes).unwrap();
+    bytes[8] = 99;
+    assert!(matches!(
+        decode(&mut bytes.as_slice()),
+        Err(CaptureError::NewerVersion(99))
+    ));
+}
+
+/// Version 1 had no binaries and no frame addresses: it reads with both unknown.
+#[test]
+fn reads_version_1() {
+    let p = sample_profile();
+    let mut body = Writer(GzEncoder::new(Vec::new(), Compression::new(6)));
+    let m = &p.meta;
+    for v in [m.start_unix_ns, m.start_mono_ns, m.duration_ns, 99] {
+        body.u(v).unwrap();
+    }
+    for text in [&m.event, &m.hostname, &m.kernel_release] {
+        body.s(text).unwrap();
+    }
+    body.u(0).unwrap(); // no cpus
+    for _ in 0..5 {
+        body.u(0).unwrap(); // counters
+    }
+    body.u(p.strings.len() as u64).unwrap();
+    for text in &p.strings {
+        body.s(text).unwrap();
+    }
+    body.u(1).unwrap(); // one frame: main, user
+    for v in [1, 0, 1] {
+        body.u(v).unwrap();
+    }
+    for v in [1, 1, 0, 0, 0, 0] {
+        body.u(v).unwrap(); // one stack of that frame; no processes, cgroups, samples
+    }
+    let mut bytes = MAGIC.to_vec();
+    bytes.extend(1u32.to_le_bytes());
+    bytes.extend(body.0.finish().unwrap());
+    let old = decode(&mut bytes.as_slice()).unwrap();
+    assert_eq!(old.binaries, [Binary::default()]);
+    assert_eq!(old.str(old.frames[0].name), "main");
+    assert_eq!((old.frames[0].addr, old.frames[0].binary), (0, 0));
+}
+
+#[test]
+fn corrupt_binary_ids_are_rejected() {
+    let mut p = sample_profile();
+    p.frames[0].binary = 99;
+    let mut bytes = Vec::new();
+    encode(&p, &mut bytes).unwrap();
+    assert!(matches!(
+        decode(&mut bytes.as_slice()),
+        Err(CaptureError::Corrupt(_))
+    ));
+}
+
+#[test]
+fn truncation_is_reported_not_panicked() {
+    let mut bytes = Vec::new();
+    encode(&sample_profile(), &mut bytes).unwrap();
+    for cut in [13, bytes.len() / 2, bytes.len() - 1] {
+        assert!(decode(&mut &bytes[..cut]).is_err(), "cut at {cut} decoded");
+    }
+}

@@ -1,0 +1,386 @@
+//! The agent's embedded store, beside the pipeline's end: one SQLite file (WAL, crash-safe)
+//! under the data dir holding, per window, how many samples each (stack, pid, comm, cgroup)
+//! had. Per-sample times are not kept: a window's samples are rebuilt spread evenly over the
+//! window (`read`), which is what flame graphs need and all a window-sized heat map can show.
+mod read;
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use rusqlite::{Connection, OpenFlags, params};
+
+pub use read::Query;
+
+use crate::profile::{FrameKind, Profile};
+
+/// A frame row: (kernel, name id, module id, address, binary id).
+type FrameKey = (bool, i64, i64, i64, i64);
+
+/// The database file's name inside the data dir.
+pub const DB_FILE: &str = "profiles.db";
+
+/// Windows deleted by age between two collections of unused stacks and names.
+const GC_EVERY: u64 = 360;
+
+/// Cached ids at most before the caches start afresh (they are only a shortcut).
+const MAX_CACHED: usize = 100_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot use data dir {dir}: {source}")]
+    DataDir { dir: String, source: std::io::Error },
+    #[error("store {path}: {source}")]
+    Sql {
+        path: String,
+        source: rusqlite::Error,
+    },
+    #[error("no store at {0} (is --data-dir the agent's?)")]
+    Missing(String),
+    #[error("{0}")]
+    Range(String),
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS windows(
+  id INTEGER PRIMARY KEY,
+  start_ns INTEGER NOT NULL,      -- wall clock, ns since the Unix epoch
+  duration_ns INTEGER NOT NULL,
+  frequency_hz INTEGER NOT NULL,
+  event TEXT NOT NULL, hostname TEXT NOT NULL, kernel TEXT NOT NULL,
+  cpus TEXT NOT NULL,             -- comma-separated CPU numbers
+  recorded INTEGER NOT NULL, lost_ringbuf_full INTEGER NOT NULL, filtered INTEGER NOT NULL,
+  kstack_failed INTEGER NOT NULL, ustack_failed INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS windows_start ON windows(start_ns);
+-- Comms and cgroup paths, each once.
+CREATE TABLE IF NOT EXISTS names(id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE);
+-- A frame: kind (1 = kernel), name and module (names), address (kernel) or file offset
+-- (user), binary (names: `path TAB build id`, or empty).
+CREATE TABLE IF NOT EXISTS frames(
+  id INTEGER PRIMARY KEY, kernel INTEGER NOT NULL, name INTEGER NOT NULL,
+  module INTEGER NOT NULL, addr INTEGER NOT NULL, binary INTEGER NOT NULL,
+  UNIQUE(kernel, name, module, addr, binary));
+-- A stack: frame ids, root first, comma-separated.
+CREATE TABLE IF NOT EXISTS stacks(id INTEGER PRIMARY KEY, frames TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS counts(
+  window INTEGER NOT NULL, stack INTEGER NOT NULL, pid INTEGER NOT NULL,
+  comm INTEGER NOT NULL, cgroup_id INTEGER NOT NULL, cgroup INTEGER NOT NULL,
+  samples INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS counts_window ON counts(window);
+";
+
+/// An open store, for writing (the agent) or reading (query, the HTTP API).
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+    names: HashMap<String, i64>,
+    stacks: HashMap<String, i64>,
+    frames: HashMap<FrameKey, i64>,
+    /// Windows deleted since unused stacks and names were last collected.
+    deleted_since_gc: u64,
+}
+
+impl Store {
+    /// Opens (creating it and the dir if needed) the store in `dir` for writing.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let dir_err = |source| StoreError::DataDir {
+            dir: dir.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(dir_err)?;
+        // Root ignores permission bits, so try a real write rather than trusting them.
+        let probe = dir.join(".write-test");
+        std::fs::write(&probe, b"").map_err(dir_err)?;
+        let _ = std::fs::remove_file(&probe);
+        let path = dir.join(DB_FILE);
+        let conn = Connection::open(&path).map_err(|e| sql(&path, e))?;
+        let me = Self::with(conn, path);
+        me.conn
+            .execute_batch(
+                "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;",
+            )
+            .and_then(|()| me.conn.execute_batch(SCHEMA))
+            .map_err(|e| me.err(e))?;
+        Ok(me)
+    }
+
+    /// Opens an existing store read-only (the agent may be writing it meanwhile: WAL).
+    pub fn open_read(dir: &Path) -> Result<Self, StoreError> {
+        let path = dir.join(DB_FILE);
+        if !path.is_file() {
+            return Err(StoreError::Missing(path.display().to_string()));
+        }
+        let conn = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(|e| sql(&path, e))?;
+        let me = Self::with(conn, path);
+        me.conn
+            .execute_batch("PRAGMA busy_timeout=5000;")
+            .map_err(|e| me.err(e))?;
+        Ok(me)
+    }
+
+    fn with(conn: Connection, path: PathBuf) -> Self {
+        Self {
+            conn,
+            path,
+            names: HashMap::new(),
+            stacks: HashMap::new(),
+            frames: HashMap::new(),
+            deleted_since_gc: 0,
+        }
+    }
+
+    fn err(&self, e: rusqlite::Error) -> StoreError {
+        sql(&self.path, e)
+    }
+
+    /// Stores one window: its meta and its samples counted per (stack, pid, comm, cgroup).
+    pub fn write_window(&mut self, p: &Profile) -> Result<(), StoreError> {
+        self.write_inner(p).map_err(|e| self.err(e))
+    }
+
+    fn write_inner(&mut self, p: &Profile) -> rusqlite::Result<()> {
+        if self.names.len() + self.stacks.len() + self.frames.len() > MAX_CACHED {
+            self.clear_caches();
+        }
+        let mut counts: HashMap<(u32, u32, u32, u64), i64> = HashMap::new();
+        for s in &p.samples {
+            *counts
+                .entry((s.stack, s.pid, s.comm, s.cgroup_id))
+                .or_default() += 1;
+        }
+        let cgroup_paths: HashMap<u64, &str> =
+            p.cgroups.iter().map(|c| (c.id, c.path.as_str())).collect();
+        let m = &p.meta;
+        let cpus: Vec<String> = m.cpus.iter().map(u32::to_string).collect();
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT INTO windows(start_ns, duration_ns, frequency_hz, event, hostname, kernel, \
+             cpus, recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            params![
+                m.start_unix_ns as i64,
+                m.duration_ns as i64,
+                m.frequency_hz,
+                m.event,
+                m.hostname,
+                m.kernel_release,
+                cpus.join(","),
+                m.counters.recorded as i64,
+                m.counters.lost_ringbuf_full as i64,
+                m.counters.filtered as i64,
+                m.counters.kstack_failed as i64,
+                m.counters.ustack_failed as i64,
+            ],
+        )?;
+        let window = tx.last_insert_rowid();
+        let mut stack_ids: HashMap<u32, i64> = HashMap::new();
+        for ((stack, pid, comm, cgroup_id), n) in counts {
+            let sid = match stack_ids.get(&stack) {
+                Some(&id) => id,
+                None => {
+                    let text = stack_frames(&tx, &mut self.names, &mut self.frames, p, stack)?;
+                    let id = intern(&tx, &mut self.stacks, "stacks", "frames", &text)?;
+                    stack_ids.insert(stack, id);
+                    id
+                }
+            };
+            let comm = intern(&tx, &mut self.names, "names", "text", p.str(comm))?;
+            let path = cgroup_paths.get(&cgroup_id).copied().unwrap_or("");
+            let cgroup = intern(&tx, &mut self.names, "names", "text", path)?;
+            tx.execute(
+                "INSERT INTO counts(window, stack, pid, comm, cgroup_id, cgroup, samples) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![window, sid, pid, comm, cgroup_id as i64, cgroup, n],
+            )?;
+        }
+        tx.commit()
+    }
+
+    /// Deletes windows older than `max_age` and then the oldest until the live data fits in
+    /// `max_bytes`; then stacks and names no window uses. Returns the windows deleted.
+    pub fn retain(
+        &mut self,
+        now_unix_ns: u64,
+        max_age_ns: u64,
+        max_bytes: u64,
+    ) -> Result<u64, StoreError> {
+        self.retain_inner(now_unix_ns, max_age_ns, max_bytes)
+            .map_err(|e| self.err(e))
+    }
+
+    fn retain_inner(&mut self, now: u64, max_age: u64, max_bytes: u64) -> rusqlite::Result<u64> {
+        let cutoff = now.saturating_sub(max_age) as i64;
+        let mut deleted = self.delete_windows_where("start_ns + duration_ns < ?1", cutoff)?;
+        // Deleted pages are reused, not returned: count the pages in use.
+        while self.used_bytes()? > max_bytes {
+            let (n, oldest): (i64, Option<i64>) =
+                self.conn
+                    .query_row("SELECT count(*), min(start_ns) FROM windows", [], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })?;
+            if n <= 1 {
+                break; // one window larger than the bound: keep it rather than nothing
+            }
+            // The oldest tenth (at least one), by start time.
+            let nth: i64 = self.conn.query_row(
+                "SELECT start_ns FROM windows ORDER BY start_ns LIMIT 1 OFFSET ?1",
+                [(n / 10).max(1) - 1],
+                |r| r.get(0),
+            )?;
+            deleted += self.delete_windows_where("start_ns <= ?1", nth.max(oldest.unwrap_or(0)))?;
+            self.collect_garbage()?;
+        }
+        // Finding unused stacks scans every count: after age-based deletion (one window per
+        // window, once the store is full) do it in batches, not every window.
+        self.deleted_since_gc += deleted;
+        if self.deleted_since_gc >= GC_EVERY {
+            self.collect_garbage()?;
+        }
+        Ok(deleted)
+    }
+
+    fn delete_windows_where(&self, cond: &str, arg: i64) -> rusqlite::Result<u64> {
+        let tx = self.conn.unchecked_transaction()?;
+        tx.execute(
+            &format!("DELETE FROM counts WHERE window IN (SELECT id FROM windows WHERE {cond})"),
+            [arg],
+        )?;
+        let n = tx.execute(&format!("DELETE FROM windows WHERE {cond}"), [arg])?;
+        tx.commit()?;
+        Ok(n as u64)
+    }
+
+    fn collect_garbage(&mut self) -> rusqlite::Result<()> {
+        self.deleted_since_gc = 0;
+        self.conn.execute_batch(
+            "DELETE FROM stacks WHERE id NOT IN (SELECT DISTINCT stack FROM counts);",
+        )?;
+        // Frame ids live inside stack texts, out of SQL's sight: gather them here.
+        let mut used: std::collections::HashSet<i64> = std::collections::HashSet::new();
+        {
+            let mut stmt = self.conn.prepare("SELECT frames FROM stacks")?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let text: String = r.get(0)?;
+                used.extend(text.split(',').filter_map(|f| f.parse::<i64>().ok()));
+            }
+        }
+        let all: Vec<i64> = self
+            .conn
+            .prepare("SELECT id FROM frames")?
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        let tx = self.conn.unchecked_transaction()?;
+        for id in all.into_iter().filter(|id| !used.contains(id)) {
+            tx.execute("DELETE FROM frames WHERE id = ?1", [id])?;
+        }
+        tx.execute_batch(
+            "DELETE FROM names WHERE id NOT IN (
+               SELECT comm FROM counts UNION SELECT cgroup FROM counts
+               UNION SELECT name FROM frames UNION SELECT module FROM frames
+               UNION SELECT binary FROM frames);",
+        )?;
+        tx.commit()?;
+        // Cached ids may name deleted rows now.
+        self.clear_caches();
+        Ok(())
+    }
+
+    fn clear_caches(&mut self) {
+        self.names.clear();
+        self.stacks.clear();
+        self.frames.clear();
+    }
+
+    /// Bytes of the database in use (pages minus free pages).
+    pub fn used_bytes(&self) -> rusqlite::Result<u64> {
+        let get = |pragma: &str| -> rusqlite::Result<i64> {
+            self.conn
+                .query_row(&format!("PRAGMA {pragma}"), [], |r| r.get(0))
+        };
+        let pages = get("page_count")? - get("freelist_count")?;
+        Ok((pages.max(0) * get("page_size")?) as u64)
+    }
+}
+
+fn sql(path: &Path, source: rusqlite::Error) -> StoreError {
+    StoreError::Sql {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// The stored form of a stack: its frames' ids, interned, root first.
+fn stack_frames(
+    tx: &rusqlite::Transaction<'_>,
+    names: &mut HashMap<String, i64>,
+    frames: &mut HashMap<FrameKey, i64>,
+    p: &Profile,
+    stack: u32,
+) -> rusqlite::Result<String> {
+    let mut ids = Vec::new();
+    for f in p.stack_frames(stack) {
+        let binary = p
+            .binaries
+            .get(f.binary as usize)
+            .filter(|b| !b.path.is_empty())
+            .map_or(String::new(), |b| format!("{}\t{}", b.path, b.build_id));
+        let key: FrameKey = (
+            f.kind == FrameKind::Kernel,
+            intern(tx, names, "names", "text", p.str(f.name))?,
+            intern(tx, names, "names", "text", p.str(f.module))?,
+            f.addr as i64,
+            intern(tx, names, "names", "text", &binary)?,
+        );
+        let id = match frames.get(&key) {
+            Some(&id) => id,
+            None => {
+                let args = params![key.0, key.1, key.2, key.3, key.4];
+                tx.execute(
+                    "INSERT OR IGNORE INTO frames(kernel, name, module, addr, binary) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    args,
+                )?;
+                let id = tx.query_row(
+                    "SELECT id FROM frames WHERE kernel = ?1 AND name = ?2 AND module = ?3 \
+                     AND addr = ?4 AND binary = ?5",
+                    args,
+                    |r| r.get(0),
+                )?;
+                frames.insert(key, id);
+                id
+            }
+        };
+        ids.push(id.to_string());
+    }
+    Ok(ids.join(","))
+}
+
+/// The id of `text` in `table`, inserting it on first sight.
+fn intern(
+    tx: &rusqlite::Transaction<'_>,
+    cache: &mut HashMap<String, i64>,
+    table: &str,
+    column: &str,
+    text: &str,
+) -> rusqlite::Result<i64> {
+    if let Some(&id) = cache.get(text) {
+        return Ok(id);
+    }
+    tx.execute(
+        &format!("INSERT OR IGNORE INTO {table}({column}) VALUES (?1)"),
+        [text],
+    )?;
+    let id: i64 = tx.query_row(
+        &format!("SELECT id FROM {table} WHERE {column} = ?1"),
+        [text],
+        |r| r.get(0),
+    )?;
+    cache.insert(text.to_owned(), id);
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,226 @@
+//! Stored windows back into a `Profile`, so every output renders them. Each stored count
+//! becomes that many samples spread evenly over its window (CPU 0, tid = pid): the store keeps
+//! per-window counts, not per-sample times or CPUs.
+use std::collections::{BTreeMap, HashMap};
+
+use super::{Store, StoreError};
+use crate::profile::{
+    Binary, Cgroup, Counters, Frame, FrameKind, Interner, Meta, Process, Profile, Sample,
+};
+
+/// Samples one query may rebuild at most (about 40 bytes each in memory).
+pub const MAX_SAMPLES: u64 = 20_000_000;
+
+/// Which stored windows and samples to read.
+#[derive(Clone, Debug, Default)]
+pub struct Query {
+    /// Windows overlapping [since, until), wall clock, ns since the Unix epoch.
+    pub since_unix_ns: u64,
+    pub until_unix_ns: u64,
+    /// Only these comms (any of them); empty = all.
+    pub comms: Vec<String>,
+    /// Only this cgroup path and those below it.
+    pub cgroup: Option<String>,
+}
+
+struct Window {
+    id: i64,
+    start: u64,
+    duration: u64,
+}
+
+impl Store {
+    /// The samples of every window overlapping the query's range, as one profile.
+    pub fn read(&self, q: &Query) -> Result<Profile, StoreError> {
+        self.read_inner(q).map_err(|e| match e {
+            ReadError::Sql(e) => self.err(e),
+            ReadError::Range(m) => StoreError::Range(m),
+        })
+    }
+
+    fn read_inner(&self, q: &Query) -> Result<Profile, ReadError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT id, start_ns, duration_ns, frequency_hz, event, hostname, kernel, cpus, \
+             recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed FROM windows \
+             WHERE start_ns < ?1 AND start_ns + duration_ns > ?2 ORDER BY start_ns",
+        )?;
+        let mut windows = Vec::new();
+        let mut meta = Meta::default();
+        let mut rows = stmt.query([q.until_unix_ns as i64, q.since_unix_ns as i64])?;
+        while let Some(r) = rows.next()? {
+            let w = Window {
+                id: r.get(0)?,
+                start: r.get::<_, i64>(1)? as u64,
+                duration: r.get::<_, i64>(2)? as u64,
+            };
+            if windows.is_empty() {
+                meta.start_unix_ns = w.start;
+                meta.frequency_hz = r.get(3)?;
+                meta.event = r.get(4)?;
+                meta.hostname = r.get(5)?;
+                meta.kernel_release = r.get(6)?;
+                let cpus: String = r.get(7)?;
+                meta.cpus = cpus.split(',').filter_map(|c| c.parse().ok()).collect();
+            }
+            meta.duration_ns = (w.start + w.duration).saturating_sub(meta.start_unix_ns);
+            let c = &mut meta.counters;
+            let get = |i| r.get::<_, i64>(i).map(|v| v as u64);
+            *c = Counters {
+                recorded: c.recorded + get(8)?,
+                lost_ringbuf_full: c.lost_ringbuf_full + get(9)?,
+                filtered: c.filtered + get(10)?,
+                kstack_failed: c.kstack_failed + get(11)?,
+                ustack_failed: c.ustack_failed + get(12)?,
+            };
+            windows.push(w);
+        }
+        if meta.counters.recorded > MAX_SAMPLES {
+            return Err(ReadError::Range(format!(
+                "the range holds {} samples, more than the {MAX_SAMPLES} one query may read; \
+                 ask for a shorter range",
+                meta.counters.recorded
+            )));
+        }
+        let start = meta.start_unix_ns;
+        let mut out = Interner::new(meta);
+        let mut stacks: HashMap<i64, u32> = HashMap::new();
+        let mut processes: BTreeMap<u32, Process> = BTreeMap::new();
+        let mut cgroups: BTreeMap<u64, String> = BTreeMap::new();
+        let mut samples = Vec::new();
+        let mut counts = self.conn.prepare(
+            "SELECT c.stack, c.pid, n.text, c.cgroup_id, g.text, c.samples FROM counts c \
+             JOIN names n ON n.id = c.comm JOIN names g ON g.id = c.cgroup WHERE c.window = ?1",
+        )?;
+        let mut stack_text = self
+            .conn
+            .prepare("SELECT frames FROM stacks WHERE id = ?1")?;
+        let mut frame_of = self.conn.prepare(
+            "SELECT f.kernel, n.text, m.text, f.addr, b.text FROM frames f JOIN names n ON \
+             n.id = f.name JOIN names m ON m.id = f.module JOIN names b ON b.id = f.binary \
+             WHERE f.id = ?1",
+        )?;
+        let mut frames: HashMap<i64, u32> = HashMap::new();
+        for w in &windows {
+            let mut rows = counts.query([w.id])?;
+            while let Some(r) = rows.next()? {
+                let comm: String = r.get(2)?;
+                let cgroup: String = r.get(4)?;
+                if !q.comms.is_empty() && !q.comms.contains(&comm) {
+                    continue;
+                }
+                if let Some(want) = &q.cgroup
+                    && !under(&cgroup, want)
+                {
+                    continue;
+                }
+                let db_stack: i64 = r.get(0)?;
+                let stack = match stacks.get(&db_stack) {
+                    Some(&s) => s,
+                    None => {
+                        let text: String = stack_text.query_row([db_stack], |r| r.get(0))?;
+                        let s = parse_stack(&mut out, &mut frame_of, &mut frames, &text)?;
+                        stacks.insert(db_stack, s);
+                        s
+                    }
+                };
+                let pid: u32 = r.get(1)?;
+                let cgroup_id = r.get::<_, i64>(3)? as u64;
+                let n = r.get::<_, i64>(5)?.max(0) as u64;
+                let comm_id = out.string(&comm);
+                processes.entry(pid).or_insert_with(|| Process {
+                    pid,
+                    comm: comm.clone(),
+                    cgroup: cgroup.clone(),
+                    ..Process::default()
+                });
+                cgroups.entry(cgroup_id).or_insert(cgroup);
+                let base = w.start - start;
+                for i in 0..n {
+                    samples.push(Sample {
+                        offset_ns: base + w.duration * i / n,
+                        cpu: 0,
+                        pid,
+                        tid: pid,
+                        cgroup_id,
+                        comm: comm_id,
+                        stack,
+                    });
+                }
+            }
+        }
+        samples.sort_by_key(|s| s.offset_ns);
+        for s in samples {
+            out.sample(s);
+        }
+        for p in processes.into_values() {
+            out.process(p);
+        }
+        for (id, path) in cgroups {
+            out.cgroup(Cgroup { id, path });
+        }
+        Ok(out.finish())
+    }
+}
+
+/// `path` is `want` or below it.
+fn under(path: &str, want: &str) -> bool {
+    let want = want.trim_end_matches('/');
+    path == want
+        || path
+            .strip_prefix(want)
+            .is_some_and(|rest| rest.starts_with('/'))
+        || want.is_empty()
+}
+
+/// Interns a stored stack (frame ids, see `SCHEMA`) into the profile.
+fn parse_stack(
+    out: &mut Interner,
+    frame_of: &mut rusqlite::Statement<'_>,
+    frames: &mut HashMap<i64, u32>,
+    text: &str,
+) -> rusqlite::Result<u32> {
+    let mut ids = Vec::new();
+    for id in text.split(',').filter_map(|f| f.parse::<i64>().ok()) {
+        if let Some(&f) = frames.get(&id) {
+            ids.push(f);
+            continue;
+        }
+        let (kernel, name, module, addr, binary): (bool, String, String, i64, String) = frame_of
+            .query_row([id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })?;
+        let binary = match binary.split_once('\t') {
+            Some((path, build_id)) => out.binary(Binary {
+                path: path.to_owned(),
+                build_id: build_id.to_owned(),
+            }),
+            None => 0,
+        };
+        let (name, module) = (out.string(&name), out.string(&module));
+        let f = out.frame(Frame {
+            name,
+            module,
+            kind: if kernel {
+                FrameKind::Kernel
+            } else {
+                FrameKind::User
+            },
+            addr: addr as u64,
+            binary,
+        });
+        frames.insert(id, f);
+        ids.push(f);
+    }
+    Ok(out.stack(ids))
+}
+
+enum ReadError {
+    Sql(rusqlite::Error),
+    Range(String),
+}
+
+impl From<rusqlite::Error> for ReadError {
+    fn from(e: rusqlite::Error) -> Self {
+        Self::Sql(e)
+    }
+}

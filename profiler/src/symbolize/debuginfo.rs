@@ -1,0 +1,159 @@
+//! Where frames come from, kept for pprof mappings and stripped binaries: build ids as hex, the
+//! running kernel's build id, and separate debug files found by build id
+//! (`/usr/lib/debug/.build-id/xx/yyyy.debug`) for binaries that have no symbols of their own.
+//!
+//! blazesym only follows a build id when the binary also has a `.gnu_debuglink`; a plain
+//! `strip`ped binary has none, and we open binaries through `/proc/self/fd/N`, so the lookup
+//! by build id is done here.
+use std::path::{Path, PathBuf};
+
+use blazesym::symbolize::{
+    Input, Symbolized, Symbolizer,
+    source::{Elf, Source},
+};
+
+/// Where distributions install debug files (`.build-id/` under each).
+const DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
+
+/// Lowercase hex, as `readelf -n` and pprof print build ids.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The running kernel's GNU build id from /sys/kernel/notes ("" if unreadable).
+pub fn kernel_build_id() -> String {
+    std::fs::read("/sys/kernel/notes")
+        .ok()
+        .and_then(|notes| gnu_build_id(&notes))
+        .map_or_else(String::new, |id| hex(&id))
+}
+
+/// The NT_GNU_BUILD_ID note among ELF notes (4-byte aligned name and descriptor).
+fn gnu_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
+    let word = |b: &[u8], at: usize| -> Option<usize> {
+        Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?) as usize)
+    };
+    let pad = |n: usize| n.div_ceil(4) * 4;
+    while notes.len() >= 12 {
+        let (namesz, descsz, kind) = (word(notes, 0)?, word(notes, 4)?, word(notes, 8)?);
+        let name = notes.get(12..12 + namesz)?;
+        let desc_at = 12 + pad(namesz);
+        let desc = notes.get(desc_at..desc_at + descsz)?;
+        if kind == 3 && name == b"GNU\0" {
+            return Some(desc.to_vec());
+        }
+        notes = notes.get(desc_at + pad(descsz)..)?;
+    }
+    None
+}
+
+/// The separate debug file for `build_id`, if one is installed.
+pub fn debug_file(build_id: &[u8]) -> Option<PathBuf> {
+    let (first, rest) = build_id.split_first()?;
+    let rel = format!(".build-id/{first:02x}/{}.debug", hex(rest));
+    DEBUG_DIRS
+        .iter()
+        .map(|dir| Path::new(dir).join(&rel))
+        .find(|p| p.is_file())
+}
+
+/// Names for `offsets` (file offsets in `binary`) from its separate debug file. A debug file
+/// made by `objcopy --only-keep-debug` keeps the virtual addresses but not the file layout, so
+/// offsets become virtual addresses through `binary`'s own program headers first.
+pub fn symbolize_from_debug_file(
+    binary: &Path,
+    debug: &Path,
+    offsets: &[u64],
+) -> Vec<Option<String>> {
+    let Some(segments) = std::fs::read(binary).ok().and_then(|b| load_segments(&b)) else {
+        return vec![None; offsets.len()];
+    };
+    let vaddrs: Vec<Option<u64>> = offsets
+        .iter()
+        .map(|&off| {
+            segments
+                .iter()
+                .find(|s| (s.offset..s.offset + s.filesz).contains(&off))
+                .map(|s| off - s.offset + s.vaddr)
+        })
+        .collect();
+    let known: Vec<u64> = vaddrs.iter().flatten().copied().collect();
+    let symbolizer = Symbolizer::builder()
+        .enable_code_info(false)
+        .enable_inlined_fns(false)
+        .enable_demangling(false)
+        .build();
+    let src = Source::Elf(Elf::new(debug));
+    let mut names = match symbolizer.symbolize(&src, Input::VirtOffset(&known)) {
+        Ok(results) => results.into_iter().map(|r| match r {
+            Symbolized::Sym(sym) => Some(super::demangle::demangle(&sym.name)),
+            Symbolized::Unknown(_) => None,
+        }),
+        Err(e) => {
+            log::debug!("{}: cannot symbolize: {e}", debug.display());
+            return vec![None; offsets.len()];
+        }
+    };
+    vaddrs
+        .iter()
+        .map(|v| v.and_then(|_| names.next().flatten()))
+        .collect()
+}
+
+struct Segment {
+    offset: u64,
+    filesz: u64,
+    vaddr: u64,
+}
+
+/// PT_LOAD segments of a 64-bit little-endian ELF file (the only kind we sample).
+fn load_segments(elf: &[u8]) -> Option<Vec<Segment>> {
+    if elf.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let u64_at = |at: usize| Some(u64::from_le_bytes(elf.get(at..at + 8)?.try_into().ok()?));
+    let u16_at = |at: usize| Some(u16::from_le_bytes(elf.get(at..at + 2)?.try_into().ok()?));
+    let (phoff, phentsize, phnum) = (u64_at(0x20)? as usize, u16_at(0x36)?, u16_at(0x38)?);
+    (0..usize::from(phnum))
+        .map(|i| phoff + i * usize::from(phentsize))
+        .filter(|&ph| elf.get(ph..ph + 4) == Some(&1u32.to_le_bytes()[..]))
+        .map(|ph| {
+            Some(Segment {
+                offset: u64_at(ph + 8)?,
+                vaddr: u64_at(ph + 16)?,
+                filesz: u64_at(ph + 32)?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_gnu_note_among_others() {
+        let mut notes = Vec::new();
+        for (name, kind, desc) in [
+            (&b"Xen\0"[..], 1u32, &[9u8, 9, 9][..]),
+            (b"GNU\0", 3, &[0xde, 0xad, 0xbe, 0xef, 0x01]),
+        ] {
+            notes.extend((name.len() as u32).to_ne_bytes());
+            notes.extend((desc.len() as u32).to_ne_bytes());
+            notes.extend(kind.to_ne_bytes());
+            notes.extend(name);
+            notes.extend(desc);
+            notes.resize(notes.len().div_ceil(4) * 4, 0);
+        }
+        assert_eq!(hex(&gnu_build_id(&notes).unwrap()), "deadbeef01");
+        assert_eq!(gnu_build_id(&notes[..20]), None);
+    }
+
+    #[test]
+    fn reads_our_own_load_segments() {
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        let segments = load_segments(&exe).unwrap();
+        assert!(segments.iter().any(|s| s.filesz > 0));
+        assert!(load_segments(b"not an elf").is_none());
+    }
+}

@@ -1,0 +1,176 @@
+//! `profiler agent --push-url`: a local receiver speaking the Pyroscope ingest endpoint gets
+//! every window; stopped and restarted, it still gets every window once the agent's on-disk
+//! buffer drains. An unreachable server is a clear error in the agent's log.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use profiler_tests::{Agent, TempDir, exclusive, free_port, require_bpf};
+
+/// One ingest request: its `from` and `until` (s) and the body's first two bytes.
+#[derive(Clone, Debug)]
+struct Pushed {
+    from: u64,
+    until: u64,
+    gzip: bool,
+    name: String,
+}
+
+/// A receiver on a fixed port, until dropped.
+struct Receiver {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Receiver {
+    fn start(port: u16, got: Arc<Mutex<Vec<Pushed>>>) -> Receiver {
+        let listener = TcpListener::bind(("127.0.0.1", port)).expect("binding the receiver");
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        s.set_nonblocking(false).unwrap();
+                        if let Some(p) = serve(s) {
+                            got.lock().unwrap().push(p);
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        Receiver {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.take().unwrap().join();
+    }
+}
+
+fn serve(s: std::net::TcpStream) -> Option<Pushed> {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let target = line.split(' ').nth(1)?.to_owned();
+    let mut length = 0usize;
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).ok()?;
+        if h.trim().is_empty() {
+            break;
+        }
+        if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().ok()?;
+        }
+    }
+    let mut body = vec![0; length];
+    r.read_exact(&mut body).ok()?;
+    r.get_mut()
+        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let (path, query) = target.split_once('?')?;
+    assert_eq!(path, "/ingest");
+    let param = |k: &str| {
+        query
+            .split('&')
+            .find_map(|p| p.strip_prefix(&format!("{k}=")))
+            .unwrap_or("")
+            .to_owned()
+    };
+    Some(Pushed {
+        from: param("from").parse().ok()?,
+        until: param("until").parse().ok()?,
+        gzip: body.starts_with(&[0x1f, 0x8b]),
+        name: param("name"),
+    })
+}
+
+fn wait_for(got: &Arc<Mutex<Vec<Pushed>>>, n: usize, what: &str) {
+    let start = Instant::now();
+    while got.lock().unwrap().len() < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{what}: only {:?}",
+            got.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn push_survives_a_receiver_restart() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("agent-push");
+    let port = free_port();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let receiver = Receiver::start(port, got.clone());
+    let url = format!("http://127.0.0.1:{port}");
+    let mut agent = Agent::start(&dir.file("data"), &["--window", "1s", "--push-url", &url]);
+    wait_for(&got, 2, "before the restart");
+    drop(receiver);
+    let before = got.lock().unwrap().len();
+    // Three windows or so while nobody listens.
+    std::thread::sleep(Duration::from_secs(3));
+    let _receiver = Receiver::start(port, got.clone());
+    wait_for(&got, before + 5, "after the restart");
+    assert!(agent.stop().success());
+    let mut all = got.lock().unwrap().clone();
+    all.sort_by_key(|p| p.from);
+    for p in &all {
+        assert!(p.gzip, "not a gzipped pprof body: {p:?}");
+        assert!(p.name.starts_with("profiler.cpu"), "{p:?}");
+        assert!(p.from < p.until, "{p:?}");
+    }
+    // Windows follow each other: no window is missing (rounding to seconds aside).
+    for w in all.windows(2) {
+        assert!(
+            w[1].from + 1 >= w[0].until && w[1].from <= w[0].until,
+            "a gap between windows: {w:?} in {all:?}"
+        );
+    }
+}
+
+#[test]
+fn unreachable_push_url_is_a_clear_log_line() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("agent-push-down");
+    let log = dir.file("agent.log");
+    let port = free_port(); // nothing listens there
+    let url = format!("http://127.0.0.1:{port}");
+    let stderr = Stdio::from(std::fs::File::create(&log).unwrap());
+    let mut agent = Agent::start_with(
+        &dir.file("data"),
+        &["--window", "1s", "--push-url", &url],
+        stderr,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(agent.stop().success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let want = format!("push to {url}/ingest failed");
+    assert!(text.contains(&want), "no {want:?} in the log:\n{text}");
+    // The windows wait on disk for the server.
+    let spooled = std::fs::read_dir(dir.path().join("data/push"))
+        .unwrap()
+        .count();
+    assert!(spooled >= 2, "only {spooled} windows spooled");
+}

@@ -1,0 +1,157 @@
+//! Stripped binaries (issue 3): a recording of the stripped chain fixture has
+//! `fx-stripped+0xOFFSET` frames and the binary's build id in the capture; with its separate
+//! debug file installed by build id under /usr/lib/debug/.build-id, the same frames resolve to
+//! main, a, b, c. The capture is read through the profiler library, as `report` would.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use profiler::profile::{FrameKind, Profile, read_file};
+use profiler_tests::{TempDir, exclusive, expect_success, record, require_bpf, spawn_fixture};
+
+const BIN: &str = env!("FIXTURE_FX_STRIPPED");
+const DEBUG: &str = env!("FIXTURE_FX_STRIPPED_DEBUG");
+
+/// The GNU build id of `path` as `readelf -n` prints it (lowercase hex).
+fn build_id(path: &str) -> String {
+    let out = Command::new("readelf")
+        .args(["-n", path])
+        .output()
+        .expect("running readelf (binutils)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("readelf -n {path} shows no build id:\n{text}"))
+        .to_owned()
+}
+
+/// The debug file installed where debuggers look it up by build id; removed on drop (also
+/// when the test fails), with the directory if we made it.
+struct Installed {
+    file: PathBuf,
+    made_dir: bool,
+}
+
+impl Installed {
+    fn path(build_id: &str) -> PathBuf {
+        Path::new("/usr/lib/debug/.build-id")
+            .join(&build_id[..2])
+            .join(format!("{}.debug", &build_id[2..]))
+    }
+
+    fn new(build_id: &str) -> Self {
+        let file = Self::path(build_id);
+        let dir = file.parent().unwrap();
+        let made_dir = !dir.exists();
+        std::fs::create_dir_all(dir).expect("creating the .build-id directory");
+        std::fs::copy(DEBUG, &file).expect("installing the debug file");
+        Installed { file, made_dir }
+    }
+}
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+        if self.made_dir {
+            let _ = std::fs::remove_dir(self.file.parent().unwrap());
+        }
+    }
+}
+
+/// Records the stripped fixture into a capture and reads it back.
+fn record_capture(dir: &TempDir, name: &str) -> Profile {
+    let _fixture = spawn_fixture(Path::new(BIN), 20);
+    let capture = dir.file(name);
+    let args = [
+        "--comm",
+        "fx-stripped",
+        "-F",
+        "499",
+        "-d",
+        "3s",
+        "-o",
+        &capture,
+    ];
+    expect_success(&record(&args), &format!("profiler record {args:?}"));
+    read_file(Path::new(&capture)).expect("reading the capture")
+}
+
+/// The user frames of fx-stripped samples that lie in the fx-stripped binary, as
+/// (name, build id), one entry per sample and frame, root first.
+fn fixture_frames(p: &Profile) -> Vec<Vec<(String, String)>> {
+    p.samples
+        .iter()
+        .filter(|s| p.str(s.comm) == "fx-stripped")
+        .map(|s| {
+            p.stack_frames(s.stack)
+                .filter(|f| f.kind == FrameKind::User)
+                .filter_map(|f| {
+                    let b = p.binaries.get(f.binary as usize)?;
+                    b.path
+                        .ends_with("/fx-stripped")
+                        .then(|| (p.str(f.name).to_owned(), b.build_id.clone()))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn stripped_frames_keep_build_id_and_resolve_with_debug_file() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let id = build_id(BIN);
+    assert_eq!(id, build_id(DEBUG), "the debug file belongs to the binary");
+    // A debug file left behind by an interrupted run would name the frames in the first half.
+    let _ = std::fs::remove_file(Installed::path(&id));
+    let dir = TempDir::new("stripped");
+
+    let bare = fixture_frames(&record_capture(&dir, "bare.capture"));
+    let frames: Vec<&(String, String)> = bare.iter().flatten().collect();
+    assert!(
+        bare.len() >= 50 && !frames.is_empty(),
+        "{} samples of fx-stripped, {} frames in its binary",
+        bare.len(),
+        frames.len()
+    );
+    let unnamed = frames
+        .iter()
+        .filter(|(name, _)| {
+            name.strip_prefix("fx-stripped+0x")
+                .is_some_and(|hex| u64::from_str_radix(hex, 16).is_ok())
+        })
+        .count();
+    assert_eq!(
+        unnamed,
+        frames.len(),
+        "frames of the stripped binary should be fx-stripped+0xOFFSET; got {:?}",
+        frames.iter().take(10).collect::<Vec<_>>()
+    );
+    assert!(
+        frames.iter().all(|(_, build_id)| *build_id == id),
+        "frames should carry build id {id}; got {:?}",
+        frames.iter().take(5).collect::<Vec<_>>()
+    );
+
+    let _installed = Installed::new(&id);
+    let named = fixture_frames(&record_capture(&dir, "debug.capture"));
+    let chained = named
+        .iter()
+        .filter(|stack| {
+            let names: Vec<&str> = stack.iter().map(|(n, _)| n.as_str()).collect();
+            names.windows(4).any(|w| w == ["main", "a", "b", "c"])
+        })
+        .count();
+    eprintln!(
+        "with the debug file: {chained} of {} samples have main;a;b;c",
+        named.len()
+    );
+    assert!(
+        named.len() >= 50 && chained * 100 >= named.len() * 80,
+        "only {chained} of {} fx-stripped samples resolve to main;a;b;c; first: {:?}",
+        named.len(),
+        named.first()
+    );
+}

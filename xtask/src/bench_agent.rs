@@ -1,0 +1,185 @@
+//! `cargo xtask bench agent`: the always-on agent at 19 Hz on every CPU while at least 50
+//! short-lived processes start per second, then `perf record -F 19 -a -g` over the same time
+//! and load. Reports CPU (% of one core), RSS over time (and its trend), and bytes written per
+//! hour; writes target/bench/agent.json. Targets: CPU < 0.2% of a core, RSS < 40 MB, flat.
+use std::{
+    fs,
+    path::Path,
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+
+use crate::{
+    bench_support::{Proc, catch_ctrl_c, process_cpu_seconds, sleep},
+    run,
+    setup::{self, Extras},
+    util,
+};
+
+/// New processes per second the load starts (the issue asks for at least 50).
+const SPAWN_RATE: u64 = 60;
+/// Time the agent gets to load BPF and settle before measuring.
+const WARMUP: Duration = Duration::from_secs(10);
+/// RSS is read this often.
+const RSS_EVERY: Duration = Duration::from_secs(10);
+
+struct Run {
+    cpu_percent: f64,
+    bytes: u64,
+    /// (seconds since the start of measuring, RSS bytes).
+    rss: Vec<(u64, u64)>,
+}
+
+pub fn agent(seconds: u64) -> Result<()> {
+    setup::require(Extras {
+        bench: true,
+        ..Extras::default()
+    })?;
+    let bin = run::build(true)?;
+    let out_dir = util::target_dir().join("bench");
+    fs::create_dir_all(&out_dir)?;
+    let tmp = std::env::temp_dir().join(format!("profiler-bench-agent-{}", std::process::id()));
+    fs::create_dir_all(&tmp)?;
+    catch_ctrl_c();
+    let stop = Arc::new(AtomicBool::new(false));
+    let spawned = Arc::new(AtomicU64::new(0));
+    let load = churn(stop.clone(), spawned.clone());
+    let result = (|| -> Result<(Run, Run)> {
+        let data = tmp.join("data");
+        let mut cmd = Command::new(&bin);
+        cmd.args(["agent", "-F", "19", "--listen", "127.0.0.1:0"])
+            .arg("--data-dir")
+            .arg(&data);
+        let ours = measure(&mut cmd, seconds, &data)?;
+        let perf_data = tmp.join("perf.data");
+        let mut cmd = Command::new("perf");
+        cmd.args(["record", "-F", "19", "-a", "-g", "-q", "-o"])
+            .arg(&perf_data);
+        let perf = measure(&mut cmd, seconds, &perf_data)?;
+        Ok((ours, perf))
+    })();
+    stop.store(true, Ordering::Relaxed);
+    let _ = load.join();
+    let _ = fs::remove_dir_all(&tmp);
+    let (ours, perf) = result?;
+    let rate = spawned.load(Ordering::Relaxed) as f64 / (2 * (seconds + WARMUP.as_secs())) as f64;
+    let per_hour = |b: u64| b as f64 * 3600.0 / seconds as f64 / 1e6;
+    let (first, last) = trend(&ours.rss);
+    println!("agent benchmark: {seconds} s each, {rate:.0} new processes/s");
+    println!("{:<28} {:>12} {:>12}", "", "agent", "perf record");
+    println!(
+        "{:<28} {:>11.3}% {:>11.3}%",
+        "CPU (% of one core)", ours.cpu_percent, perf.cpu_percent
+    );
+    println!(
+        "{:<28} {:>12.1} {:>12.1}",
+        "written (MB per hour)",
+        per_hour(ours.bytes),
+        per_hour(perf.bytes)
+    );
+    println!(
+        "{:<28} {:>12.1} {:>12.1}",
+        "RSS max (MB)",
+        max_mb(&ours.rss),
+        max_mb(&perf.rss)
+    );
+    println!(
+        "{:<28} {:>12.1} {:>12}",
+        "RSS first/last third (MB)", first, ""
+    );
+    println!("{:<28} {:>12.1} {:>12}", "", last, "");
+    let json = format!(
+        "{{\"seconds\": {seconds}, \"spawn_rate\": {rate:.1}, \"agent\": {{\"cpu_percent\": {:.4}, \
+         \"mb_per_hour\": {:.3}, \"rss_max_mb\": {:.2}, \"rss_first_third_mb\": {first:.2}, \
+         \"rss_last_third_mb\": {last:.2}}}, \"perf\": {{\"cpu_percent\": {:.4}, \"mb_per_hour\": {:.3}, \
+         \"rss_max_mb\": {:.2}}}}}\n",
+        ours.cpu_percent,
+        per_hour(ours.bytes),
+        max_mb(&ours.rss),
+        perf.cpu_percent,
+        per_hour(perf.bytes),
+        max_mb(&perf.rss)
+    );
+    let path = out_dir.join("agent.json");
+    fs::write(&path, json).with_context(|| format!("cannot write {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+/// Starts `cmd`, lets it warm up, measures its CPU and RSS for `seconds`, stops it with SIGINT
+/// and returns what it wrote to `output` (a file or a directory).
+fn measure(cmd: &mut Command, seconds: u64, output: &Path) -> Result<Run> {
+    let mut proc = Proc::spawn(cmd)?;
+    sleep(WARMUP)?;
+    let pid = proc.pid();
+    let cpu0 = process_cpu_seconds(pid)?;
+    let start = Instant::now();
+    let mut rss = Vec::new();
+    while start.elapsed() < Duration::from_secs(seconds) {
+        rss.push((start.elapsed().as_secs(), rss_bytes(pid)));
+        sleep(RSS_EVERY.min(Duration::from_secs(seconds).saturating_sub(start.elapsed())))?;
+    }
+    let cpu = process_cpu_seconds(pid)? - cpu0;
+    let wall = start.elapsed().as_secs_f64();
+    proc.interrupt();
+    proc.wait_success(Duration::from_secs(120))?;
+    Ok(Run {
+        cpu_percent: cpu * 100.0 / wall,
+        bytes: size_of(output),
+        rss,
+    })
+}
+
+/// Short-lived processes at `SPAWN_RATE` per second until `stop`.
+fn churn(stop: Arc<AtomicBool>, spawned: Arc<AtomicU64>) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let tick = Duration::from_secs(1) / SPAWN_RATE as u32;
+        let mut next = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            if Command::new("true").status().is_ok() {
+                spawned.fetch_add(1, Ordering::Relaxed);
+            }
+            next += tick;
+            if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                thread::sleep(wait);
+            }
+        }
+    })
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    util::field(&status, "VmRSS")
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Bytes of a file, or of every file in a directory.
+fn size_of(path: &Path) -> u64 {
+    match fs::read_dir(path) {
+        Ok(entries) => entries.flatten().map(|e| size_of(&e.path())).sum(),
+        Err(_) => fs::metadata(path).map_or(0, |m| m.len()),
+    }
+}
+
+fn max_mb(rss: &[(u64, u64)]) -> f64 {
+    rss.iter().map(|r| r.1).max().unwrap_or(0) as f64 / 1e6
+}
+
+/// Mean RSS of the first and of the last third of the run, MB: an upward trend shows as growth.
+fn trend(rss: &[(u64, u64)]) -> (f64, f64) {
+    let third = (rss.len() / 3).max(1);
+    let mean =
+        |s: &[(u64, u64)]| s.iter().map(|r| r.1).sum::<u64>() as f64 / s.len().max(1) as f64 / 1e6;
+    (
+        mean(&rss[..third.min(rss.len())]),
+        mean(&rss[rss.len().saturating_sub(third)..]),
+    )
+}
