@@ -27,14 +27,21 @@ pub const SEEN_PIDS_CAPACITY: u32 = 16384;
 /// Capacity of the in-kernel pid filter.
 pub const MAX_PID_FILTER: u32 = 1024;
 
+/// Capacity of the in-kernel cgroup filter (cgroup2 directories in `MAP_CGROUP_FILTER`).
+pub const MAX_CGROUP_FILTER: u32 = 16;
+
 /// Map names, so both sides agree.
 pub const MAP_SAMPLES: &str = "SAMPLES";
 pub const MAP_COUNTERS: &str = "COUNTERS";
 pub const MAP_PID_FILTER: &str = "PID_FILTER";
 pub const MAP_SCRATCH: &str = "SCRATCH";
+/// BPF_MAP_TYPE_CGROUP_ARRAY of cgroup2 directories: sample only tasks in one of them or below.
+pub const MAP_CGROUP_FILTER: &str = "CGROUP_FILTER";
 pub const PROGRAM_NAME: &str = "sample_cpu";
 /// Load-time global: 1 when only pids in PID_FILTER are sampled.
 pub const GLOBAL_FILTER_PIDS: &str = "FILTER_PIDS";
+/// Load-time global (u32): how many slots of CGROUP_FILTER are set; 0 = no cgroup filter.
+pub const GLOBAL_FILTER_CGROUPS: &str = "FILTER_CGROUPS";
 
 /// `SampleEvent::flags` bits.
 pub mod flags {
@@ -53,7 +60,7 @@ pub mod counter {
     pub const SENT: u32 = 0;
     /// Samples dropped because the ring buffer was full (the reader fell behind).
     pub const LOST_RINGBUF_FULL: u32 = 1;
-    /// Samples of processes outside the pid filter (not lost: not wanted).
+    /// Samples of processes outside the pid or cgroup filter (not lost: not wanted).
     pub const FILTERED: u32 = 2;
     /// Sent samples whose kernel stack could not be read.
     pub const KSTACK_FAILED: u32 = 3;

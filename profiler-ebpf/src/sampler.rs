@@ -12,12 +12,12 @@ use aya_ebpf::{
         generated::bpf_get_stack,
     },
     macros::{map, perf_event},
-    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{CgroupArray, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::PerfEventContext,
 };
 use profiler_common::{
-    COMM_LEN, HEADER_BYTES, MAX_FRAMES, MAX_PID_FILTER, RING_BUFFER_BYTES, SEEN_PIDS_CAPACITY,
-    SampleScratch, WAKEUP_BYTES, counter, flags,
+    COMM_LEN, HEADER_BYTES, MAX_CGROUP_FILTER, MAX_FRAMES, MAX_PID_FILTER, RING_BUFFER_BYTES,
+    SEEN_PIDS_CAPACITY, SampleScratch, WAKEUP_BYTES, counter, flags,
 };
 
 #[map(name = "SAMPLES")]
@@ -28,6 +28,10 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT
 
 #[map(name = "PID_FILTER")]
 static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 0);
+
+/// cgroup2 directories (`--cgroup`): only tasks in one of them or below are sampled.
+#[map(name = "CGROUP_FILTER")]
+static CGROUP_FILTER: CgroupArray = CgroupArray::with_max_entries(MAX_CGROUP_FILTER, 0);
 
 /// Processes that already had a sample. The first sample of a new process wakes the reader at
 /// once, so it reads the process's mappings before a short-lived process exits.
@@ -41,6 +45,10 @@ static SCRATCH: PerCpuArray<SampleScratch> = PerCpuArray::with_max_entries(1, 0)
 #[unsafe(no_mangle)]
 static FILTER_PIDS: u8 = 0;
 
+/// Set at load time: how many slots of CGROUP_FILTER are set (0 = no cgroup filter).
+#[unsafe(no_mangle)]
+static FILTER_CGROUPS: u32 = 0;
+
 const STACK_BYTES: u32 = (MAX_FRAMES * 8) as u32;
 
 #[perf_event]
@@ -52,7 +60,7 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
 #[inline(always)]
 fn sample(ctx: &PerfEventContext) {
     let pid = ctx.tgid();
-    if !wanted(pid) {
+    if !wanted(pid) || !in_cgroups() {
         count(counter::FILTERED);
         return;
     }
@@ -166,6 +174,22 @@ fn wanted(pid: u32) -> bool {
     let filtering = unsafe { core::ptr::read_volatile(&FILTER_PIDS) };
     // SAFETY: the value is a u8 read by copy.
     filtering == 0 || unsafe { PID_FILTER.get(&pid) }.is_some()
+}
+
+/// Whether the current task is under one of the CGROUP_FILTER cgroups (always, when none
+/// are set): one bpf_current_task_under_cgroup call per cgroup given, before any other work.
+#[inline(always)]
+fn in_cgroups() -> bool {
+    // SAFETY: a read of a load-time constant.
+    let n = unsafe { core::ptr::read_volatile(&FILTER_CGROUPS) };
+    let mut i = 0;
+    while i < n && i < MAX_CGROUP_FILTER {
+        if CGROUP_FILTER.current_task_under_cgroup(i) == Ok(true) {
+            return true;
+        }
+        i += 1;
+    }
+    n == 0
 }
 
 /// bpf_get_stack into `buf`; returns bytes written or a negative error.

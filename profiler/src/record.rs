@@ -7,7 +7,7 @@ use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::{
     bpf::{BpfError, Event, Sampler, SamplerConfig},
-    collect::{Collection, CommFilter},
+    collect::{CgroupFilter, Collection, CommFilter, cgroup::CgroupTarget},
     profile::{Counters, Meta, Profile},
     symbolize::{self, KernelSymbols, UserSymbolizer},
     util,
@@ -25,6 +25,9 @@ pub struct RecordConfig {
     pub pids: Vec<u32>,
     /// Only these comms; empty = all.
     pub comms: Vec<String>,
+    /// Only tasks in these cgroups or below (`--cgroup`); empty = all. When all are cgroup2
+    /// ones they are filtered in the kernel, otherwise all in the collector.
+    pub cgroups: Vec<CgroupTarget>,
     /// Print progress and a summary on stderr.
     pub verbose: bool,
     /// Expand inlined functions from DWARF into frames of their own (`--inline`).
@@ -54,10 +57,36 @@ pub async fn record(
     config: &RecordConfig,
     stop: impl Future<Output = ()>,
 ) -> Result<Profile, RecordError> {
+    let in_kernel = config.cgroups.iter().all(CgroupTarget::is_v2)
+        && config.cgroups.len() <= profiler_common::MAX_CGROUP_FILTER as usize;
+    let (kernel_cgroups, user_cgroups) = if in_kernel {
+        (
+            config.cgroups.iter().map(CgroupTarget::dir).collect(),
+            Vec::new(),
+        )
+    } else {
+        (Vec::new(), config.cgroups.clone())
+    };
+    if config.verbose {
+        for t in &config.cgroups {
+            eprintln!(
+                "only cgroup {} ({} {}), filtered {}",
+                t.given,
+                t.hierarchy_name(),
+                t.path,
+                if in_kernel {
+                    "in the kernel"
+                } else {
+                    "in userspace"
+                }
+            );
+        }
+    }
     let sampler_config = SamplerConfig {
         event: config.event,
         frequency_hz: config.frequency_hz.into(),
         pids: &config.pids,
+        cgroups: &kernel_cgroups,
     };
     util::raise_fd_limit();
     let (mut sampler, ring) = Sampler::start(&sampler_config)?;
@@ -69,7 +98,8 @@ pub async fn record(
     // SAFETY: the RingBuf owns its map fd and keeps it open until the AsyncFd drops it.
     let mut ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
         .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
-    let mut collection = Collection::new(CommFilter(config.comms.clone()));
+    let mut collection = Collection::new(CommFilter(config.comms.clone()))
+        .with_cgroup_filter(CgroupFilter::new(user_cgroups));
     let secs = config.duration.as_secs_f64();
     let tty = config.verbose && std::io::IsTerminal::is_terminal(&std::io::stderr());
     if config.verbose {

@@ -129,7 +129,14 @@ fn measure(cmd: &mut Command, seconds: u64, output: &Path) -> Result<Run> {
     let cpu = process_cpu_seconds(pid)? - cpu0;
     let wall = start.elapsed().as_secs_f64();
     proc.interrupt();
-    proc.wait_success(Duration::from_secs(120))?;
+    let status = proc.wait(Duration::from_secs(120))?;
+    // perf re-raises SIGINT after writing its file: that is its normal end here.
+    anyhow::ensure!(
+        status.success()
+            || std::os::unix::process::ExitStatusExt::signal(&status) == Some(libc::SIGINT),
+        "`{:?}` failed ({status})",
+        cmd.get_program()
+    );
     Ok(Run {
         cpu_percent: cpu * 100.0 / wall,
         bytes: size_of(output),

@@ -2,6 +2,7 @@
 //! work the same on every machine.
 
 mod bench_agent;
+mod bench_heatmap;
 mod bench_kernel_cost;
 mod bench_support;
 mod bench_symbolize;
@@ -84,6 +85,22 @@ enum Bench {
         #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(30..))]
         seconds: u64,
     },
+    /// The heat-map page: time, peak RSS and size for a synthetic hour on 64 CPUs (22.8M
+    /// samples), and for a real capture of this host; render time in headless Chromium.
+    Heatmap {
+        /// Length of the synthetic capture, hours.
+        #[arg(long, default_value_t = 1.0)]
+        hours: f64,
+        /// CPUs of the synthetic capture.
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+        cpus: u32,
+        /// Sampling frequency of the synthetic capture, Hz.
+        #[arg(long, default_value_t = 99, value_parser = clap::value_parser!(u32).range(1..=10000))]
+        hz: u32,
+        /// Length of the real recording of this host, s.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+        seconds: u64,
+    },
     /// BPF time per sample against bpftrace, lost samples and own CPU use, with every CPU busy.
     KernelCost {
         /// How long each of the three runs lasts.
@@ -130,6 +147,17 @@ fn dispatch(task: Task) -> Result<ExitCode> {
         Task::Test { args } => test::test(&args)?,
         Task::Lab(Lab::Zombie { count, cleanup }) => return lab::zombie(count, cleanup),
         Task::Bench(Bench::Agent { seconds }) => bench_agent::agent(seconds)?,
+        Task::Bench(Bench::Heatmap {
+            hours,
+            cpus,
+            hz,
+            seconds,
+        }) => bench_heatmap::heatmap(&bench_heatmap::Options {
+            hours,
+            cpus,
+            hz,
+            seconds,
+        })?,
         Task::Bench(Bench::KernelCost { seconds, frequency }) => {
             bench_kernel_cost::kernel_cost(seconds, frequency)?;
         }

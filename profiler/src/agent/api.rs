@@ -84,6 +84,7 @@ async fn pprof(state: &State, req: &Request) -> Result<Response, Response> {
         duration: Duration::from_secs(secs),
         pids: Vec::new(),
         comms: state.config.comms.clone(),
+        cgroups: Vec::new(),
         verbose: false,
         inline: false,
     };

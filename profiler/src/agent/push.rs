@@ -235,4 +235,28 @@ mod tests {
         assert!(parse_push_url("https://pyro").is_err());
         assert!(parse_push_url("pyro:4040").is_err());
     }
+
+    #[test]
+    fn spool_is_bounded_and_counts_what_overflows() {
+        let dir = std::env::temp_dir().join(format!("push-spool-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let url = parse_push_url("http://127.0.0.1:1").unwrap();
+        let pusher = Pusher::new(url, &dir).unwrap();
+        let mut p = Profile::default();
+        for k in 0..(MAX_SPOOLED as u64 + 5) {
+            p.meta.start_unix_ns = (1_000 + k * 10) * 1_000_000_000;
+            p.meta.duration_ns = 10_000_000_000;
+            pusher.enqueue(&p, "host-1");
+        }
+        let files = pusher.spooled();
+        assert_eq!(files.len(), MAX_SPOOLED);
+        assert_eq!(pusher.dropped.get(), 5);
+        // The oldest went first.
+        let first = files[0].file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            first.starts_with(&format!("{:020}", 1_050 * 1_000_000_000u64)),
+            "{first}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -49,6 +49,7 @@ impl Recorder {
             event,
             frequency_hz: frequency_hz.into(),
             pids: &[],
+            cgroups: &[],
         })?;
         // SAFETY: the RingBuf owns its map fd and keeps it open until the AsyncFd drops it.
         let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }

@@ -2,18 +2,19 @@
 //! attach it to a perf event on every online CPU, and hand the maps to the collector.
 pub mod churn;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{CgroupArray, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         PerfEvent,
         perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
 use profiler_common::{
-    GLOBAL_FILTER_PIDS, MAP_COUNTERS, MAP_PID_FILTER, MAP_SAMPLES, PROGRAM_NAME, counter,
+    GLOBAL_FILTER_CGROUPS, GLOBAL_FILTER_PIDS, MAP_CGROUP_FILTER, MAP_COUNTERS, MAP_PID_FILTER,
+    MAP_SAMPLES, MAX_CGROUP_FILTER, PROGRAM_NAME, counter,
 };
 
 /// The sampler object, built by build.rs from profiler-ebpf.
@@ -55,6 +56,10 @@ pub enum BpfError {
          (no /sys/bus/event_source/devices/cpu); use --event cpu-clock"
     )]
     NoPmu,
+    #[error("cannot open cgroup {0}: {1}")]
+    Cgroup(PathBuf, std::io::Error),
+    #[error("at most {MAX_CGROUP_FILTER} cgroups can be filtered in the kernel, got {0}")]
+    TooManyCgroups(usize),
 }
 
 /// The sampler, attached: dropping it detaches from every CPU.
@@ -84,6 +89,9 @@ pub struct SamplerConfig<'a> {
     pub frequency_hz: u64,
     /// Sample only these processes (tgids); empty = all.
     pub pids: &'a [u32],
+    /// Sample only tasks in these cgroup2 directories or below (full paths under the cgroup2
+    /// mount, at most `MAX_CGROUP_FILTER`); empty = all.
+    pub cgroups: &'a [PathBuf],
 }
 
 impl Sampler {
@@ -94,10 +102,31 @@ impl Sampler {
         {
             return Err(BpfError::NoPmu);
         }
+        if config.cgroups.len() > MAX_CGROUP_FILTER as usize {
+            return Err(BpfError::TooManyCgroups(config.cgroups.len()));
+        }
+        // Open before loading: a cgroup that cannot be opened fails without loading anything.
+        let cgroup_dirs = config
+            .cgroups
+            .iter()
+            .map(|p| std::fs::File::open(p).map_err(|e| BpfError::Cgroup(p.clone(), e)))
+            .collect::<Result<Vec<_>, _>>()?;
         let filter: u8 = u8::from(!config.pids.is_empty());
+        let cgroup_count = cgroup_dirs.len() as u32;
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
+            .override_global(GLOBAL_FILTER_CGROUPS, &cgroup_count, true)
             .load(SAMPLER_OBJECT)?;
+        if !cgroup_dirs.is_empty() {
+            let mut map = CgroupArray::try_from(
+                ebpf.map_mut(MAP_CGROUP_FILTER)
+                    .ok_or(BpfError::Missing("cgroup map"))?,
+            )?;
+            // The map holds a reference to each cgroup; the descriptors can close after.
+            for (i, dir) in cgroup_dirs.into_iter().enumerate() {
+                map.set(i as u32, dir, 0)?;
+            }
+        }
 
         if !config.pids.is_empty() {
             let mut map: HashMap<_, u32, u8> = HashMap::try_from(

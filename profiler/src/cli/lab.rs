@@ -1,7 +1,7 @@
 //! `profiler lab` (hidden): the zombie-memcg lab behind `cargo xtask lab zombie`.
 use std::path::PathBuf;
 
-use crate::lab;
+use crate::{lab, lab_synth};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LabCommand {
@@ -13,6 +13,20 @@ pub enum LabCommand {
         /// Stop the poller, free the page cache, remove the lab cgroup.
         #[arg(long)]
         cleanup: bool,
+    },
+    /// Write a synthetic capture of CPUS x HZ x SECONDS samples (`cargo xtask bench heatmap`).
+    Synth {
+        #[arg(long, default_value_t = 64)]
+        cpus: u32,
+        #[arg(long, default_value_t = 99)]
+        hz: u32,
+        #[arg(long, default_value_t = 3600)]
+        seconds: u32,
+        /// PRNG seed: the same seed gives the same capture.
+        #[arg(long, default_value_t = 0x5eed)]
+        seed: u64,
+        #[arg(short, long)]
+        output: PathBuf,
     },
     /// The poller itself (started by `lab zombie`).
     #[command(hide = true)]
@@ -44,6 +58,29 @@ pub fn run(cmd: LabCommand) -> anyhow::Result<()> {
             );
         }
         LabCommand::Poller { parent } => lab::poller(&parent)?,
+        LabCommand::Synth {
+            cpus,
+            hz,
+            seconds,
+            seed,
+            output,
+        } => {
+            let spec = lab_synth::SynthSpec {
+                cpus,
+                hz,
+                seconds,
+                seed,
+            };
+            let r = lab_synth::synth(spec, &output)?;
+            println!(
+                "wrote {}: {} samples ({} idle), {} stacks, {} processes",
+                output.display(),
+                r.samples,
+                r.idle,
+                r.stacks,
+                r.processes
+            );
+        }
     }
     Ok(())
 }

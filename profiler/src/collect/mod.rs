@@ -58,6 +58,40 @@ impl CommFilter {
     }
 }
 
+/// `--cgroup` targets filtered here rather than in the kernel (cgroup v1 ones, or all of them
+/// when v1 and v2 are mixed): a process is kept when /proc/PID/cgroup puts it in one of them
+/// or below, decided at its first sample.
+#[derive(Clone, Debug, Default)]
+pub struct CgroupFilter {
+    targets: Vec<cgroup::CgroupTarget>,
+    decided: HashMap<u32, bool>,
+}
+
+impl CgroupFilter {
+    pub fn new(targets: Vec<cgroup::CgroupTarget>) -> Self {
+        Self {
+            targets,
+            decided: HashMap::new(),
+        }
+    }
+
+    fn wants(&mut self, pid: u32) -> bool {
+        if self.targets.is_empty() {
+            return true;
+        }
+        let targets = &self.targets;
+        *self.decided.entry(pid).or_insert_with(|| {
+            // The idle task (pid 0) has no /proc entry; it is in every root cgroup.
+            let text = match std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
+                Ok(t) => t,
+                Err(_) if pid == 0 => return targets.iter().any(|t| t.path == "/"),
+                Err(_) => return false, // gone before we looked: cannot tell
+            };
+            targets.iter().any(|t| t.contains(&text))
+        })
+    }
+}
+
 /// Everything collected during a recording.
 #[derive(Default)]
 pub struct Collection {
@@ -70,11 +104,12 @@ pub struct Collection {
     pub processes: ProcessTable,
     /// Paths of the cgroup v2 ids samples carry ("" if the cgroup was gone); `resolve_cgroups`.
     pub cgroup_paths: HashMap<u64, String>,
-    /// Samples dropped by the comm filter.
+    /// Samples dropped by the comm filter or the userspace cgroup filter.
     pub filtered: u64,
     pub kstack_failed: u64,
     pub ustack_failed: u64,
     filter: CommFilter,
+    cgroup_filter: CgroupFilter,
 }
 
 impl Collection {
@@ -83,6 +118,12 @@ impl Collection {
             filter,
             ..Self::default()
         }
+    }
+
+    /// Keeps only samples of processes in these cgroups (see `CgroupFilter`).
+    pub fn with_cgroup_filter(mut self, filter: CgroupFilter) -> Self {
+        self.cgroup_filter = filter;
+        self
     }
 
     /// Finds the path of every cgroup id seen so far.
@@ -121,6 +162,10 @@ impl Collection {
             self.filtered += 1;
             return;
         };
+        if !self.cgroup_filter.wants(h.pid) {
+            self.filtered += 1;
+            return;
+        }
         self.kstack_failed += u64::from(h.flags & flags::KSTACK_FAILED != 0);
         self.ustack_failed += u64::from(h.flags & flags::USTACK_FAILED != 0);
         let (kframes, uframes) = frames.split_at(klen * 8);

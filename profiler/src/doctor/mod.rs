@@ -69,6 +69,7 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
         duration: config.duration,
         pids: Vec::new(),
         comms: Vec::new(),
+        cgroups: Vec::new(),
         verbose: config.verbose,
         inline: false,
     })?;

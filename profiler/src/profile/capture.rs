@@ -60,7 +60,11 @@ pub fn read_file(path: &Path) -> Result<Profile, CaptureError> {
 pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
     out.write_all(MAGIC)?;
     out.write_all(&CAPTURE_VERSION.to_le_bytes())?;
-    let mut w = Writer(GzEncoder::new(out, Compression::new(6)));
+    // Varints are a few bytes each: buffer them, so the compressor sees large writes.
+    let mut w = Writer(BufWriter::with_capacity(
+        1 << 16,
+        GzEncoder::new(out, Compression::new(6)),
+    ));
     let Meta {
         start_unix_ns,
         start_mono_ns,
@@ -179,7 +183,10 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
             w.u(v)?;
         }
     }
-    w.0.finish()?.flush()
+    w.0.into_inner()
+        .map_err(io::IntoInnerError::into_error)?
+        .finish()?
+        .flush()
 }
 
 pub fn decode(input: &mut impl Read) -> Result<Profile, CaptureError> {
@@ -194,21 +201,24 @@ pub fn decode(input: &mut impl Read) -> Result<Profile, CaptureError> {
     if version > CAPTURE_VERSION {
         return Err(CaptureError::NewerVersion(version));
     }
-    let mut r = Reader(BufReader::new(GzDecoder::new(input)));
+    // Inflate first, then parse from memory: reading varints byte by byte through the decoder
+    // was the slowest part of `report`. Reading to the end also makes gzip check its CRC.
+    let mut body = Vec::new();
+    GzDecoder::new(input)
+        .read_to_end(&mut body)
+        .map_err(|e| CaptureError::Corrupt(e.to_string()))?;
+    let mut r = Reader { buf: &body, pos: 0 };
     let profile = read_body(&mut r, version).map_err(|e| CaptureError::Corrupt(e.to_string()))?;
-    // Reading to the end makes gzip check its CRC and length trailer.
-    let mut rest = Vec::new();
-    match r.0.read_to_end(&mut rest) {
-        Ok(0) => Ok(profile),
-        Ok(_) => Err(CaptureError::Corrupt(
+    if r.pos != body.len() {
+        return Err(CaptureError::Corrupt(
             "trailing data after the samples".into(),
-        )),
-        Err(e) => Err(CaptureError::Corrupt(e.to_string())),
+        ));
     }
+    Ok(profile)
 }
 
 /// Reads version 1 too: its frames have no address or binary (both read as 0, "unknown").
-fn read_body<R: Read>(r: &mut Reader<R>, version: u32) -> io::Result<Profile> {
+fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
     let mut meta = Meta {
         start_unix_ns: r.u()?,
         start_mono_ns: r.u()?,
@@ -383,17 +393,20 @@ impl<W: Write> Writer<W> {
     }
 }
 
-/// LEB128 reader; every length is checked against what a sane capture can hold.
-struct Reader<R: Read>(R);
+/// LEB128 reader over the inflated body; every length is checked against what is left.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
 
-impl<R: Read> Reader<R> {
+impl Reader<'_> {
     fn u(&mut self) -> io::Result<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
-            let mut b = [0u8];
-            self.0.read_exact(&mut b)?;
-            v |= u64::from(b[0] & 0x7f) << shift;
-            if b[0] & 0x80 == 0 {
+            let b = *self.buf.get(self.pos).ok_or(io::ErrorKind::UnexpectedEof)?;
+            self.pos += 1;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
                 return Ok(v);
             }
         }
@@ -409,10 +422,11 @@ impl<R: Read> Reader<R> {
         Ok((v >> 1) as i64 ^ -((v & 1) as i64))
     }
 
-    /// A count of items; bounded so a corrupt file cannot make us allocate terabytes.
+    /// A count of items. Every item takes at least one byte, so a count larger than what is
+    /// left is corrupt: a bad file cannot make us allocate more than its own size.
     fn len(&mut self) -> io::Result<usize> {
         let n = self.u()?;
-        if n > 1 << 32 {
+        if n > (self.buf.len() - self.pos) as u64 {
             Err(corrupt("implausible count"))
         } else {
             Ok(n as usize)
@@ -421,12 +435,9 @@ impl<R: Read> Reader<R> {
 
     fn s(&mut self) -> io::Result<String> {
         let n = self.len()?;
-        let mut buf = Vec::new();
-        (&mut self.0).take(n as u64).read_to_end(&mut buf)?;
-        if buf.len() != n {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        String::from_utf8(buf).map_err(|_| corrupt("string is not UTF-8"))
+        let bytes = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("string is not UTF-8"))
     }
 }
 

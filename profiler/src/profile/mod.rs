@@ -8,7 +8,8 @@ mod timeline;
 pub use attribution::GroupBy;
 pub use capture::{CAPTURE_VERSION, CaptureError, decode, encode, read_file, write_file};
 pub use model::{
-    Binary, Cgroup, Counters, Frame, FrameKind, Interner, Meta, Process, Profile, Sample, Stack, StrId,
+    Binary, Cgroup, Counters, Frame, FrameKind, Interner, Meta, Process, Profile, Sample, Stack,
+    StrId,
 };
 #[cfg(test)]
 pub(crate) use timeline::tests::pattern_profile as timeline_pattern;
