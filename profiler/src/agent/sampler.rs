@@ -22,6 +22,9 @@ const MAX_FILES: usize = 2048;
 /// Addresses remembered across windows at most (same reset as `MAX_FILES`).
 const MAX_LOCS: usize = 1_000_000;
 
+/// Windows one user symbolizer (and its cache of parsed binaries) serves before a fresh one.
+const SYMBOLIZER_WINDOWS: u32 = 30;
+
 /// A sampler that stays attached, handing out one profile per window.
 pub struct Recorder {
     sampler: Sampler,
@@ -30,6 +33,8 @@ pub struct Recorder {
     filter: CommFilter,
     kernel: KernelSymbols,
     user: UserSymbolizer,
+    /// Windows symbolized with `user` since it was made.
+    user_windows: u32,
     frequency_hz: u32,
     event: Event,
     /// Kernel counters at the start of the current window (they are cumulative).
@@ -69,6 +74,7 @@ impl Recorder {
             filter,
             kernel,
             user: UserSymbolizer::default(),
+            user_windows: 0,
             frequency_hz,
             event,
             start_unix_ns: unix_now_ns(),
@@ -141,8 +147,12 @@ impl Recorder {
         let profile = symbolize::build_profile_ref(&window, meta, &self.kernel, &self.user);
         window.processes.locs = all_locs;
         let mut live = std::mem::take(&mut window.processes);
-        if prune(&mut live) {
+        self.user_windows += 1;
+        // A table reset closes the handles the cache's paths name. And binaries stop being
+        // run (a finished build's compilers): a periodic fresh start returns their memory.
+        if prune(&mut live) || self.user_windows >= SYMBOLIZER_WINDOWS {
             self.user = UserSymbolizer::default();
+            self.user_windows = 0;
         }
         self.collection.processes = live;
         // Cgroup paths are a small cache: keep the ones this window saw.

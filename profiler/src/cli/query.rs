@@ -60,9 +60,7 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             args.until
         );
     }
-    for o in &outputs {
-        o.write(&profile)?;
-    }
+    crate::output::write_all(&outputs, &profile)?;
     eprintln!(
         "wrote {} samples from {:.0} s of windows",
         profile.samples.len(),

@@ -95,9 +95,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         inline: args.inline,
     };
     let profile = record_blocking(&config)?;
-    for o in &outputs {
-        o.write(&profile)?;
-    }
+    crate::output::write_all(&outputs, &profile)?;
     let names: Vec<String> = outputs
         .iter()
         .map(|o| o.path.display().to_string())

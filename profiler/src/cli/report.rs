@@ -60,9 +60,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
     if args.cpus {
         print!("{}", cpus::cpu_report(&profile));
     }
-    for o in &outputs {
-        o.write(&profile)?;
-    }
+    crate::output::write_all(&outputs, &profile)?;
     Ok(())
 }
 

@@ -7,6 +7,7 @@ mod pprof;
 mod svg;
 
 use std::{
+    collections::HashMap,
     fs::File,
     io::{self, BufWriter, Write},
     path::{Path, PathBuf},
@@ -16,7 +17,7 @@ pub use folded::{folded_lines, folded_lines_by, write_folded};
 pub use heatmap::{HeatmapData, heatmap_data, write_heatmap};
 pub use perf_text::write_perf_text;
 pub use pprof::write_pprof;
-pub use svg::write_svg;
+pub use svg::{write_svg, write_svg_lines};
 
 use crate::profile::{self, GroupBy, Profile};
 
@@ -112,14 +113,31 @@ impl Output {
 
     /// Renders `profile` into this output.
     pub fn write(&self, profile: &Profile) -> Result<(), OutputError> {
+        self.write_cached(profile, &mut HashMap::new())
+    }
+
+    /// Like `write`, reusing folded lines already built for this grouping (`.folded` and
+    /// `.svg` of one profile need the same ones, and building them is most of the work).
+    fn write_cached(
+        &self,
+        profile: &Profile,
+        folded: &mut HashMap<GroupBy, Vec<String>>,
+    ) -> Result<(), OutputError> {
         if self.format == Format::Capture {
             return Ok(profile::write_file(profile, &self.path)?);
         }
         let file = File::create(&self.path).map_err(|e| self.io_error(e))?;
         let mut w = BufWriter::new(file);
+        let lines = match self.format {
+            Format::Folded | Format::Svg => folded
+                .entry(self.group_by)
+                .or_insert_with(|| folded_lines_by(profile, self.group_by))
+                .as_slice(),
+            _ => &[],
+        };
         match self.format {
-            Format::Folded => write_folded(profile, self.group_by, &mut w),
-            Format::Svg => write_svg(profile, self.group_by, &mut w),
+            Format::Folded => lines.iter().try_for_each(|l| writeln!(w, "{l}")),
+            Format::Svg => write_svg_lines(profile, lines, &mut w),
             Format::PerfText => write_perf_text(profile, &mut w),
             Format::Html => write_heatmap(profile, &mut w),
             Format::Pprof => write_pprof(profile, &mut w),
@@ -135,4 +153,12 @@ impl Output {
             source,
         }
     }
+}
+
+/// Writes every output of one profile, building shared intermediate data once.
+pub fn write_all(outputs: &[Output], profile: &Profile) -> Result<(), OutputError> {
+    let mut folded = HashMap::new();
+    outputs
+        .iter()
+        .try_for_each(|o| o.write_cached(profile, &mut folded))
 }

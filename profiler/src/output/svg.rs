@@ -10,7 +10,15 @@ use inferno::flamegraph::{
 use crate::profile::{GroupBy, Profile};
 
 pub fn write_svg(profile: &Profile, group: GroupBy, w: &mut impl io::Write) -> io::Result<()> {
-    let lines = super::folded_lines_by(profile, group);
+    write_svg_lines(profile, &super::folded_lines_by(profile, group), w)
+}
+
+/// The flame graph of already folded `lines` (see `folded_lines_by`).
+pub fn write_svg_lines(
+    profile: &Profile,
+    lines: &[String],
+    w: &mut impl io::Write,
+) -> io::Result<()> {
     let mut opts = flamegraph::Options::default();
     opts.colors = Palette::Multi(MultiPalette::Java);
     opts.count_name = "samples".into();

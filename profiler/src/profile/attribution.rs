@@ -87,7 +87,7 @@ fn container_id(stem: &str) -> Option<String> {
 }
 
 /// The root frame of every stack in folded output and flame graphs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum GroupBy {
     /// The thread's comm (as perf and inferno do).
     #[default]
