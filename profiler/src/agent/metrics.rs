@@ -23,6 +23,9 @@ pub struct Metrics {
     cpu_by_comm: BoundedCounter,
     /// CPU seconds by cgroup v2 path.
     cpu_by_cgroup: BoundedCounter,
+    /// CPU seconds by container id (12 hex digits, from the cgroup path); hosts' own
+    /// processes are not counted here.
+    cpu_by_container: BoundedCounter,
     /// Seconds with a memory-cgroup catalogue function on the stack, by comm.
     memcg_by_comm: BoundedCounter,
     /// Sample accounting summed over windows.
@@ -58,12 +61,18 @@ impl Metrics {
         let paths: HashMap<u64, &str> = p.cgroups.iter().map(|c| (c.id, c.path.as_str())).collect();
         let mut by_comm: BTreeMap<&str, u64> = BTreeMap::new();
         let mut by_cgroup: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut by_container: BTreeMap<String, u64> = BTreeMap::new();
         for s in p.samples.iter().filter(|s| s.pid != 0) {
             *by_comm.entry(p.str(s.comm)).or_default() += 1;
             let path = paths.get(&s.cgroup_id).copied().unwrap_or("");
             *by_cgroup
                 .entry(if path.is_empty() { "unknown" } else { path })
                 .or_default() += 1;
+            if let Some(id) = crate::profile::attribution::owner(path).container {
+                *by_container
+                    .entry(id.chars().take(12).collect())
+                    .or_default() += 1;
+            }
         }
         // Most samples first, so the bounded slots go to the busiest.
         for (map, counter) in [
@@ -75,6 +84,11 @@ impl Metrics {
             for (label, n) in v {
                 counter.add(label, n as f64 / hz);
             }
+        }
+        let mut v: Vec<_> = by_container.into_iter().collect();
+        v.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        for (id, n) in v {
+            self.cpu_by_container.add(&id, n as f64 / hz);
         }
         let mut memcg_by_comm: BTreeMap<String, u64> = BTreeMap::new();
         for share in memcg::shares(p, memcg::CATALOGUE) {
@@ -119,6 +133,13 @@ impl Metrics {
             "CPU time seen in samples, by cgroup v2 path (top cgroups, the rest as other).",
             "cgroup",
             &self.cpu_by_cgroup,
+        );
+        counter_family(
+            &mut o,
+            "profiler_container_cpu_seconds_total",
+            "CPU time seen in samples, by container id (12 hex digits; top containers, the rest as other).",
+            "container",
+            &self.cpu_by_container,
         );
         counter_family(
             &mut o,
