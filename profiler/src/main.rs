@@ -21,7 +21,23 @@ fn main() {
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
     if let Err(e) = cli::run(cli) {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", one_line(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes on one line. Library errors already name their cause in their own
+/// message (`cannot write X: <io error>`), so a cause already said is not repeated.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
 }

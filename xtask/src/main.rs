@@ -81,7 +81,7 @@ enum Bench {
     /// The agent at 19 Hz under process churn (50+/s) against `perf record -F 19 -a -g`:
     /// CPU, RSS trend, bytes written per hour.
     Agent {
-        /// How long each of the two runs is measured (after a 10 s warm-up).
+        /// How long the agent and perf are measured, side by side (after a 10 s warm-up).
         #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(30..))]
         seconds: u64,
     },

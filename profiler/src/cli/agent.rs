@@ -82,6 +82,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     if !comms.is_empty() {
         config.comms = comms;
     }
+    super::check_privileges()?;
     crate::agent::run(config)?;
     Ok(())
 }

@@ -20,6 +20,7 @@ pub struct DoctorArgs {
 }
 
 pub fn run(args: DoctorArgs, verbose: bool) -> anyhow::Result<()> {
+    super::check_privileges()?;
     let findings = doctor::examine(&DoctorConfig {
         duration: args.duration,
         frequency_hz: args.frequency,
