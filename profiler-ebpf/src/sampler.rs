@@ -8,7 +8,8 @@ use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_cgroup_id, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
+        bpf_ktime_get_ns,
         generated::bpf_get_stack,
     },
     macros::{map, perf_event},
@@ -59,7 +60,9 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
 
 #[inline(always)]
 fn sample(ctx: &PerfEventContext) {
-    let pid = ctx.tgid();
+    // One helper call for both ids (tgid in the high half).
+    let ids = bpf_get_current_pid_tgid();
+    let pid = (ids >> 32) as u32;
     if !wanted(pid) || !in_cgroups() {
         count(counter::FILTERED);
         return;
@@ -69,11 +72,14 @@ fn sample(ctx: &PerfEventContext) {
     };
     // SAFETY: per-CPU value, and perf_event programs do not nest on one CPU.
     let s = unsafe { &mut *scratch };
+    // The scratch still holds this CPU's previous sample: the same process again (the common
+    // case) cannot be new, which saves the SEEN_PIDS lookup.
+    let maybe_new = s.header.pid != pid;
     let h = &mut s.header;
     h.time_ns = unsafe { bpf_ktime_get_ns() };
     h.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     h.pid = pid;
-    h.tid = ctx.pid();
+    h.tid = ids as u32;
     h.cpu = unsafe { bpf_get_smp_processor_id() };
     h.comm = ctx.command().unwrap_or([0u8; COMM_LEN]);
     let mut f = 0u32;
@@ -124,7 +130,7 @@ fn sample(ctx: &PerfEventContext) {
     };
     // SAFETY: `len` bytes of the scratch value, which is size_of::<SampleScratch>() long.
     let bytes = unsafe { core::slice::from_raw_parts(scratch.cast::<u8>(), len) };
-    match SAMPLES.output::<[u8]>(bytes, wakeup_flag(pid)) {
+    match SAMPLES.output::<[u8]>(bytes, wakeup_flag(pid, maybe_new)) {
         Ok(()) => count(counter::SENT),
         Err(_) => count(counter::LOST_RINGBUF_FULL),
     }
@@ -134,8 +140,10 @@ fn sample(ctx: &PerfEventContext) {
 /// of the sample. The reader drains on a short timer instead; it is woken only when the buffer
 /// fills past WAKEUP_BYTES, so a burst cannot overrun it, or for a process's first sample.
 #[inline(always)]
-fn wakeup_flag(pid: u32) -> u64 {
-    if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > u64::from(WAKEUP_BYTES) || first_sample(pid) {
+fn wakeup_flag(pid: u32, maybe_new: bool) -> u64 {
+    if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > u64::from(WAKEUP_BYTES)
+        || (maybe_new && first_sample(pid))
+    {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64

@@ -32,6 +32,9 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
         tools.push(("gcc", "gcc"));
         // The heat map page test renders it in headless Chromium (tests/tests/heatmap.rs).
         tools.push(("chromium", "chromium"));
+        // Playwright (tests/browser, from the npm registry) drags the mouse over that page
+        // (tests/tests/heatmap_drag.rs).
+        tools.extend([("node", "nodejs"), ("npm", "npm")]);
         // `go tool pprof` reads our pprof output (tests/tests/pprof.rs).
         tools.push(("go", "golang-go"));
         // A real Prometheus scrapes the agent (tests/tests/agent_peers.rs).
@@ -45,6 +48,7 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
         ensure_inferno()?;
     }
     if extras.tests {
+        ensure_browser_node_modules()?;
         ensure_rustup_components()?;
     }
     Ok(host::checks())
@@ -218,6 +222,28 @@ fn apt_install(packages: &[&str]) -> Result<()> {
             .args(packages),
     )
     .with_context(|| format!("installing {list} failed"))
+}
+
+/// tests/browser's npm packages (playwright-core, pinned by its package-lock.json), for the
+/// drag test. Playwright drives Debian's chromium: no browser download (`npx playwright
+/// install` is never run).
+fn ensure_browser_node_modules() -> Result<()> {
+    let dir = util::workspace_root().join("tests/browser");
+    if dir.join("node_modules/playwright-core").is_dir() {
+        println!("ok: tests/browser/node_modules");
+        return Ok(());
+    }
+    if util::which("node").is_none() {
+        println!("skipping npm ci in tests/browser: node is not on PATH");
+        return Ok(());
+    }
+    println!("installing tests/browser's npm packages (npm ci)");
+    util::run(
+        Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&dir),
+    )
+    .context("npm ci in tests/browser failed")
 }
 
 /// `cargo xtask test` runs `cargo fmt` and `cargo clippy`, which rustup installs as components.

@@ -1,0 +1,192 @@
+//! The heat map page in a real browser, used the way a person uses it: Playwright drives
+//! Debian's Chromium (tests/browser/drag.mjs), drags the mouse over the busy cells of the heat
+//! map and reads the flame graph back from the DOM. The page is opened from disk and must make
+//! no network request; the screenshot is kept as tests/artifacts/heatmap-drag.png.
+//!
+//! The capture is synthetic and deterministic: process `busy` runs `main;spin` on CPU 1 for
+//! the first 200 ms of every second of 3 s at 100 Hz; CPU 0 and the rest of CPU 1 are idle.
+//! Needs node, npm (for `npm ci` if tests/browser/node_modules is missing) and chromium:
+//! `cargo xtask setup --tests` installs them. Without them the test is skipped, but under
+//! CI=true it fails.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use profiler::profile::{Frame, FrameKind, Interner, Meta, Sample, write_file};
+use profiler_tests::{TempDir, expect_success, run_profiler, wait_timeout};
+
+const MS: u64 = 1_000_000;
+/// 2026-12-01T00:00:00Z, s.
+const START_UNIX_S: u64 = 1_796_083_200;
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+fn write_capture(path: &str) {
+    let mut i = Interner::new(Meta {
+        start_unix_ns: START_UNIX_S * 1_000_000_000,
+        duration_ns: 3_000 * MS,
+        frequency_hz: 100,
+        event: "cpu-clock".into(),
+        hostname: "drag".into(),
+        cpus: vec![0, 1],
+        ..Meta::default()
+    });
+    let (app, vm) = (i.string("/usr/bin/busy"), i.string("vmlinux"));
+    let mut frame = |name: &str, module, kind| {
+        let name = i.string(name);
+        i.frame(Frame {
+            name,
+            module,
+            kind,
+            ..Frame::default()
+        })
+    };
+    let main = frame("main", app, FrameKind::User);
+    let spin = frame("spin", app, FrameKind::User);
+    let idle_f = frame("cpuidle_enter", vm, FrameKind::Kernel);
+    let busy_stack = i.stack(vec![main, spin]);
+    let idle = i.stack(vec![idle_f]);
+    let (busy, swapper) = (i.string("busy"), i.string("swapper/0"));
+    for k in 0..300u64 {
+        let t = k * 10 * MS;
+        let s = |cpu, pid, comm, stack| Sample {
+            offset_ns: t,
+            cpu,
+            pid,
+            tid: pid,
+            cgroup_id: 7,
+            comm,
+            stack,
+        };
+        i.sample(s(0, 0, swapper, idle));
+        if t % (1000 * MS) < 200 * MS {
+            i.sample(s(1, 42, busy, busy_stack));
+        } else {
+            i.sample(s(1, 0, swapper, idle));
+        }
+    }
+    write_file(&i.finish(), path.as_ref()).expect("write capture");
+}
+
+/// A missing tool: under CI=true (where `cargo xtask setup --tests` installs it) a failure,
+/// elsewhere a skip with the reason. Returns false so callers can `return`.
+fn unavailable(reason: &str) -> bool {
+    if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+        panic!("{reason}, and CI=true forbids skipping; run `cargo xtask setup --tests`");
+    }
+    eprintln!("skipped: {reason}; `cargo xtask setup --tests` installs it");
+    false
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Runs `cmd` to completion within `timeout`; returns (success, stdout, stderr).
+fn run(cmd: &mut Command, what: &str, timeout: Duration) -> (bool, String, String) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let status = wait_timeout(&mut child, timeout);
+    let out = child.wait_with_output().expect("collect output");
+    (
+        status.is_some_and(|s| s.success()),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// node, chromium and tests/browser/node_modules (installed with `npm ci` from the lock file
+/// if missing), or false after `unavailable`.
+fn browser_tools(browser_dir: &Path) -> bool {
+    if on_path("node").is_none() {
+        return unavailable("node not found");
+    }
+    if !Path::new(CHROMIUM).is_file() {
+        return unavailable(&format!("{CHROMIUM} not found"));
+    }
+    if browser_dir.join("node_modules/playwright-core").is_dir() {
+        return true;
+    }
+    if on_path("npm").is_none() {
+        return unavailable("tests/browser/node_modules is missing and npm is not found");
+    }
+    let (ok, stdout, stderr) = run(
+        Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(browser_dir),
+        "npm ci",
+        Duration::from_secs(300),
+    );
+    assert!(ok, "`npm ci` in tests/browser failed:\n{stdout}\n{stderr}");
+    true
+}
+
+#[test]
+fn dragging_over_the_heat_map_renders_the_flame_graph() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let browser_dir = root.join("browser");
+    if !browser_tools(&browser_dir) {
+        return;
+    }
+    let dir = TempDir::new("heatmap-drag");
+    let (capture, html) = (dir.file("x.capture"), dir.file("h.html"));
+    write_capture(&capture);
+    let out = run_profiler(&["report", &capture, "-o", &html], Duration::from_secs(60));
+    expect_success(&out, "profiler report");
+
+    let artifacts = root.join("artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let png = artifacts.join("heatmap-drag.png");
+    let _ = std::fs::remove_file(&png);
+
+    // 3 columns (seconds) of 50 rows (20 ms slices, the end of the second at the top): the
+    // middle column from its bottom row (1.00 s) up to row 40 of 50 (slice 1.18-1.20 s), i.e.
+    // exactly the 200 ms burst of second 1: 20 samples, all `main;spin`.
+    let (ok, stdout, stderr) = run(
+        Command::new("node")
+            .arg(browser_dir.join("drag.mjs"))
+            .args([html.as_str(), png.to_str().unwrap(), "main", "spin", "busy"])
+            .args(["--from", "0.5,0.99", "--to", "0.5,0.81"])
+            .args(["--chromium", CHROMIUM]),
+        "node tests/browser/drag.mjs",
+        Duration::from_secs(120),
+    );
+    let line = stdout.lines().rev().find(|l| l.starts_with('{'));
+    let result: serde_json::Value = match line.map(serde_json::from_str) {
+        Some(Ok(v)) => v,
+        _ => panic!("drag.mjs printed no JSON result:\n{stdout}\n{stderr}"),
+    };
+    assert!(ok, "drag.mjs failed: {result:#}\n{stderr}");
+    assert_eq!(result["ok"], true, "{result:#}");
+    assert_eq!(result["requests"], serde_json::json!([]), "{result:#}");
+    assert_eq!(result["errors"], serde_json::json!([]), "{result:#}");
+
+    // Exactly the dragged range's samples, and nothing idle.
+    let frames = &result["frames"];
+    for (name, n) in [("all", 20), ("busy", 20), ("main", 20), ("spin", 20)] {
+        assert_eq!(frames[name], n, "frame {name}: {result:#}");
+    }
+    assert!(frames.get("cpuidle_enter").is_none(), "{result:#}");
+    let label = result["label_after"].as_str().unwrap_or_default();
+    assert!(
+        label.starts_with("1.000 s to 1.200 s") && label.contains("20 samples"),
+        "selection label {label:?}"
+    );
+    assert_ne!(result["label_before"], result["label_after"]);
+    assert_eq!(result["hash"], "#select=1.000-1.200", "{result:#}");
+    assert_eq!(
+        result["top"],
+        serde_json::json!([["busy", "20", "100.0"]]),
+        "{result:#}"
+    );
+    assert!(
+        png.metadata().is_ok_and(|m| m.len() > 1000),
+        "no screenshot at {}",
+        png.display()
+    );
+}
