@@ -9,8 +9,7 @@ use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
-        bpf_ktime_get_ns,
-        generated::bpf_get_stack,
+        bpf_ktime_get_ns, generated::bpf_get_stack,
     },
     macros::{map, perf_event},
     maps::{CgroupArray, HashMap, LruHashMap, PerCpuArray, RingBuf},

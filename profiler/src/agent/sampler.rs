@@ -22,8 +22,10 @@ const MAX_FILES: usize = 2048;
 /// Addresses remembered across windows at most (same reset as `MAX_FILES`).
 const MAX_LOCS: usize = 1_000_000;
 
-/// Windows one user symbolizer (and its cache of parsed binaries) serves before a fresh one.
-const SYMBOLIZER_WINDOWS: u32 = 30;
+/// Windows one user symbolizer (and its cache of parsed, memory-mapped binaries) serves before
+/// a fresh one. One: names already found are kept in `names`, so a window parses only the
+/// binaries with new addresses, and the mappings do not stay in the agent's RSS.
+const SYMBOLIZER_WINDOWS: u32 = 1;
 
 /// A sampler that stays attached, handing out one profile per window.
 pub struct Recorder {
@@ -35,6 +37,8 @@ pub struct Recorder {
     user: UserSymbolizer,
     /// Windows symbolized with `user` since it was made.
     user_windows: u32,
+    /// User frame names found in earlier windows (cleared with the process table).
+    names: symbolize::NameCache,
     frequency_hz: u32,
     event: Event,
     /// Kernel counters at the start of the current window (they are cumulative).
@@ -75,6 +79,7 @@ impl Recorder {
             kernel,
             user: UserSymbolizer::default(),
             user_windows: 0,
+            names: symbolize::NameCache::new(),
             frequency_hz,
             event,
             start_unix_ns: unix_now_ns(),
@@ -144,13 +149,28 @@ impl Recorder {
             .flat_map(|(pid, addrs)| addrs.iter().map(move |a| (*pid, *a)))
             .filter_map(|k| all_locs.get(&k).map(|l| (k, *l)))
             .collect();
-        let profile = symbolize::build_profile_ref(&window, meta, &self.kernel, &self.user);
+        let profile = symbolize::build_profile_cached(
+            &window,
+            meta,
+            &self.kernel,
+            &self.user,
+            &mut self.names,
+        );
         window.processes.locs = all_locs;
         let mut live = std::mem::take(&mut window.processes);
         self.user_windows += 1;
         // A table reset closes the handles the cache's paths name. And binaries stop being
         // run (a finished build's compilers): a periodic fresh start returns their memory.
-        if prune(&mut live) || self.user_windows >= SYMBOLIZER_WINDOWS {
+        if prune(&mut live) {
+            // File ids start afresh: names keyed by them would point at other files.
+            self.names.clear();
+            self.user = UserSymbolizer::default();
+            self.user_windows = 0;
+        } else if self.names.len() > MAX_LOCS {
+            // Names of exited processes' code pile up; finding them again is cheap.
+            self.names.clear();
+        }
+        if self.user_windows >= SYMBOLIZER_WINDOWS {
             self.user = UserSymbolizer::default();
             self.user_windows = 0;
         }

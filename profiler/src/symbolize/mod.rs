@@ -36,9 +36,26 @@ pub fn build_profile_ref(
     kernel: &KernelSymbols,
     user: &UserSymbolizer,
 ) -> Profile {
+    build_profile_cached(collection, meta, kernel, user, &mut NameCache::new())
+}
+
+/// User frame names by (file id in the collection's process table, file offset). The agent
+/// keeps one across windows, so each window symbolizes only addresses it has never seen; it
+/// must be cleared whenever the process table's file ids are reset.
+pub type NameCache = HashMap<(u32, u64), Vec<String>>;
+
+/// `build_profile_ref` that takes names from `names` and adds the ones it had to look up.
+pub fn build_profile_cached(
+    collection: &Collection,
+    meta: Meta,
+    kernel: &KernelSymbols,
+    user: &UserSymbolizer,
+    names: &mut NameCache,
+) -> Profile {
     let start = meta.start_mono_ns;
     let mut out = Interner::new(meta);
-    let user_names = symbolize_user(collection, user);
+    symbolize_user(collection, user, names);
+    let user_names = &*names;
 
     let kernel_module = out.string("vmlinux");
     // pprof mappings name the kernel as perf does; modules have no build id at hand.
@@ -185,16 +202,18 @@ pub fn build_profile_ref(
     out.finish()
 }
 
-/// Names for every (file, offset) the collection holds, one blazesym batch per file.
-/// Each holds the function then, with `--inline`, the functions inlined there (empty: no symbol).
-fn symbolize_user(c: &Collection, user: &UserSymbolizer) -> HashMap<(u32, u64), Vec<String>> {
+/// Names for every (file, offset) the collection holds and `names` lacks, one blazesym batch
+/// per file. Each holds the function then, with `--inline`, the functions inlined there
+/// (empty: no symbol).
+fn symbolize_user(c: &Collection, user: &UserSymbolizer, names: &mut NameCache) {
     let mut per_file: HashMap<u32, Vec<u64>> = HashMap::new();
     for loc in c.processes.locs.values() {
-        if let UserLoc::File { file, offset } = *loc {
+        if let UserLoc::File { file, offset } = *loc
+            && !names.contains_key(&(file, offset))
+        {
             per_file.entry(file).or_default().push(offset);
         }
     }
-    let mut names = HashMap::new();
     for (file, mut offsets) in per_file {
         offsets.sort_unstable();
         offsets.dedup();
@@ -206,7 +225,6 @@ fn symbolize_user(c: &Collection, user: &UserSymbolizer) -> HashMap<(u32, u64), 
             names.insert((file, *offset), name);
         }
     }
-    names
 }
 
 /// Fills in the offsets `found` has no name for from the file's separate debug file, found by
