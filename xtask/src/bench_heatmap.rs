@@ -9,13 +9,13 @@
 
 use std::fs::{self, File};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::bench_support::{Proc, catch_ctrl_c};
+use crate::bench_support::{Proc, catch_ctrl_c, wait4};
 use crate::setup::{self, Extras};
 use crate::{run, util};
 
@@ -235,22 +235,6 @@ fn timed(cmd: &mut Command) -> Result<(Cost, String)> {
             max_rss_mib: usage.ru_maxrss as f64 / 1024.0, // KiB on Linux
         },
         out,
-    ))
-}
-
-/// Reaps `child`, returning whether it exited 0 and its own resource usage.
-fn wait4(child: &Child) -> Result<(bool, libc::rusage)> {
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid, and wait4 only fills it in.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own unreaped child, with valid out pointers.
-    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
-    if pid < 0 {
-        bail!("wait4: {}", std::io::Error::last_os_error());
-    }
-    Ok((
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        usage,
     ))
 }
 

@@ -224,3 +224,19 @@ impl ProgStats {
         self.run_time_ns as f64 / self.run_cnt as f64
     }
 }
+
+/// Reaps `child`, returning whether it exited 0 and its resource usage.
+pub fn wait4(child: &Child) -> Result<(bool, libc::rusage)> {
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid, and wait4 only fills it in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own unreaped child, with valid out pointers.
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    if pid < 0 {
+        bail!("wait4: {}", std::io::Error::last_os_error());
+    }
+    Ok((
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        usage,
+    ))
+}

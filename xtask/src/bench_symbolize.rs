@@ -9,9 +9,9 @@ use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 
-use crate::bench_support::{Proc, catch_ctrl_c, sleep};
+use crate::bench_support::{Proc, catch_ctrl_c, sleep, wait4};
 use crate::setup::{self, Extras};
 use crate::{run, util};
 
@@ -206,22 +206,6 @@ fn measure(stages: Vec<&mut Command>) -> Result<Cost> {
     }
     cost.wall_s = start.elapsed().as_secs_f64();
     Ok(cost)
-}
-
-/// Reaps `child`, returning whether it exited 0 and its resource usage.
-fn wait4(child: &Child) -> Result<(bool, libc::rusage)> {
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid, and wait4 only fills it in.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own unreaped child, with valid out pointers.
-    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
-    if pid < 0 {
-        bail!("wait4: {}", std::io::Error::last_os_error());
-    }
-    Ok((
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        usage,
-    ))
 }
 
 /// From `profiler record`'s stderr: `symbolized N samples in X s`.
