@@ -3,61 +3,11 @@
 //! 3 s. Needs no privilege: the capture is written by the library, the real binary renders it.
 use std::time::Duration;
 
-use profiler::profile::{Frame, FrameKind, Interner, Meta, Sample, write_file};
 use profiler_tests::{TempDir, expect_success, run_profiler};
 
-const MS: u64 = 1_000_000;
-/// 2026-12-01T00:00:00Z, s.
-const START_UNIX_S: u64 = 1_796_083_200;
-
-fn write_pattern_capture(path: &str) {
-    let mut i = Interner::new(Meta {
-        start_unix_ns: START_UNIX_S * 1_000_000_000,
-        duration_ns: 3_000 * MS,
-        frequency_hz: 100,
-        event: "cpu-clock".into(),
-        hostname: "pattern".into(),
-        cpus: vec![0, 1],
-        ..Meta::default()
-    });
-    let (app, vm) = (i.string("/usr/bin/busy"), i.string("vmlinux"));
-    let mut frame = |name: &str, module, kind| {
-        let name = i.string(name);
-        i.frame(Frame {
-            name,
-            module,
-            kind,
-            ..Frame::default()
-        })
-    };
-    let main = frame("main", app, FrameKind::User);
-    let spin = frame("spin", app, FrameKind::User);
-    let clear = frame("clear_page", vm, FrameKind::Kernel);
-    let idle_f = frame("cpuidle_enter", vm, FrameKind::Kernel);
-    let user = i.stack(vec![main, spin]);
-    let kernel = i.stack(vec![main, clear]);
-    let idle = i.stack(vec![idle_f]);
-    let (busy, swapper) = (i.string("busy"), i.string("swapper/0"));
-    for k in 0..300u64 {
-        let t = k * 10 * MS;
-        let s = |cpu, pid, comm, stack| Sample {
-            offset_ns: t,
-            cpu,
-            pid,
-            tid: pid,
-            cgroup_id: 7,
-            comm,
-            stack,
-        };
-        i.sample(s(0, 0, swapper, idle));
-        if t % (1000 * MS) < 200 * MS {
-            i.sample(s(1, 42, busy, if k % 2 == 0 { user } else { kernel }));
-        } else {
-            i.sample(s(1, 0, swapper, idle));
-        }
-    }
-    write_file(&i.finish(), path.as_ref()).expect("write capture");
-}
+#[path = "support/pattern.rs"]
+mod pattern;
+use pattern::write_pattern_capture;
 
 fn report(args: &[&str]) -> String {
     let out = run_profiler(args, Duration::from_secs(60));
@@ -80,7 +30,7 @@ fn json_numbers(html: &str, key: &str) -> Vec<u64> {
 fn heat_map_page_and_cpu_table_match_the_pattern() {
     let dir = TempDir::new("heatmap");
     let (capture, html) = (dir.file("x.capture"), dir.file("h.html"));
-    write_pattern_capture(&capture);
+    write_pattern_capture(&capture, "pattern", true);
     let stdout = report(&["report", &capture, "-o", &html, "--cpus"]);
 
     // The CPU table: 3 seconds, CPU 0 idle, CPU 1 at 20% = 10% usr + 10% sys.
@@ -130,7 +80,7 @@ fn heat_map_page_and_cpu_table_match_the_pattern() {
 fn from_to_cut_every_output() {
     let dir = TempDir::new("from-to");
     let capture = dir.file("x.capture");
-    write_pattern_capture(&capture);
+    write_pattern_capture(&capture, "pattern", true);
     let total = |folded: &str| -> u64 {
         let text = std::fs::read_to_string(folded).unwrap();
         text.lines()
@@ -237,7 +187,7 @@ fn page_renders_a_selection_in_chromium() {
     let Some(browser) = chromium() else { return };
     let dir = TempDir::new("chromium");
     let (capture, html) = (dir.file("x.capture"), dir.file("h.html"));
-    write_pattern_capture(&capture);
+    write_pattern_capture(&capture, "pattern", true);
     report(&["report", &capture, "-o", &html]);
     let url = format!("file://{html}#select=1.0-1.2");
     let (dom, log) = headless(&browser, &dir.file("chrome"), &["--dump-dom"], &url);

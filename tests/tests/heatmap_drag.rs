@@ -12,60 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use profiler::profile::{Frame, FrameKind, Interner, Meta, Sample, write_file};
 use profiler_tests::{TempDir, expect_success, run_profiler, wait_timeout};
 
-const MS: u64 = 1_000_000;
-/// 2026-12-01T00:00:00Z, s.
-const START_UNIX_S: u64 = 1_796_083_200;
-const CHROMIUM: &str = "/usr/bin/chromium";
+#[path = "support/pattern.rs"]
+mod pattern;
 
-fn write_capture(path: &str) {
-    let mut i = Interner::new(Meta {
-        start_unix_ns: START_UNIX_S * 1_000_000_000,
-        duration_ns: 3_000 * MS,
-        frequency_hz: 100,
-        event: "cpu-clock".into(),
-        hostname: "drag".into(),
-        cpus: vec![0, 1],
-        ..Meta::default()
-    });
-    let (app, vm) = (i.string("/usr/bin/busy"), i.string("vmlinux"));
-    let mut frame = |name: &str, module, kind| {
-        let name = i.string(name);
-        i.frame(Frame {
-            name,
-            module,
-            kind,
-            ..Frame::default()
-        })
-    };
-    let main = frame("main", app, FrameKind::User);
-    let spin = frame("spin", app, FrameKind::User);
-    let idle_f = frame("cpuidle_enter", vm, FrameKind::Kernel);
-    let busy_stack = i.stack(vec![main, spin]);
-    let idle = i.stack(vec![idle_f]);
-    let (busy, swapper) = (i.string("busy"), i.string("swapper/0"));
-    for k in 0..300u64 {
-        let t = k * 10 * MS;
-        let s = |cpu, pid, comm, stack| Sample {
-            offset_ns: t,
-            cpu,
-            pid,
-            tid: pid,
-            cgroup_id: 7,
-            comm,
-            stack,
-        };
-        i.sample(s(0, 0, swapper, idle));
-        if t % (1000 * MS) < 200 * MS {
-            i.sample(s(1, 42, busy, busy_stack));
-        } else {
-            i.sample(s(1, 0, swapper, idle));
-        }
-    }
-    write_file(&i.finish(), path.as_ref()).expect("write capture");
-}
+const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// A missing tool: under CI=true (where `cargo xtask setup --tests` installs it) a failure,
 /// elsewhere a skip with the reason. Returns false so callers can `return`.
@@ -135,7 +87,7 @@ fn dragging_over_the_heat_map_renders_the_flame_graph() {
     }
     let dir = TempDir::new("heatmap-drag");
     let (capture, html) = (dir.file("x.capture"), dir.file("h.html"));
-    write_capture(&capture);
+    pattern::write_pattern_capture(&capture, "drag", false);
     let out = run_profiler(&["report", &capture, "-o", &html], Duration::from_secs(60));
     expect_success(&out, "profiler report");
 

@@ -161,74 +161,77 @@ impl Metrics {
             );
         }
         let c = self.counters;
-        let _ = writeln!(o, "# HELP profiler_samples_total Samples by outcome.");
-        let _ = writeln!(o, "# TYPE profiler_samples_total counter");
-        let _ = writeln!(
-            o,
-            "profiler_samples_total{{outcome=\"recorded\"}} {}",
-            c.recorded
+        let f = |n: u64| n as f64;
+        metric(
+            &mut o,
+            "profiler_samples_total",
+            "Samples by outcome.",
+            "counter",
+            &[
+                ("outcome=\"recorded\"", f(c.recorded)),
+                ("outcome=\"filtered\"", f(c.filtered)),
+            ],
         );
-        let _ = writeln!(
-            o,
-            "profiler_samples_total{{outcome=\"filtered\"}} {}",
-            c.filtered
+        metric(
+            &mut o,
+            "profiler_samples_lost_total",
+            "Samples lost or damaged, by reason.",
+            "counter",
+            &[
+                ("reason=\"ringbuf_full\"", f(c.lost_ringbuf_full)),
+                ("reason=\"kstack_failed\"", f(c.kstack_failed)),
+                ("reason=\"ustack_failed\"", f(c.ustack_failed)),
+            ],
         );
-        let _ = writeln!(
-            o,
-            "# HELP profiler_samples_lost_total Samples lost or damaged, by reason."
+        metric(
+            &mut o,
+            "profiler_windows_total",
+            "Windows by outcome (dropped: the store failed for too long).",
+            "counter",
+            &[
+                ("outcome=\"stored\"", f(self.windows_stored)),
+                ("outcome=\"dropped\"", f(self.windows_dropped)),
+            ],
         );
-        let _ = writeln!(o, "# TYPE profiler_samples_lost_total counter");
-        for (reason, n) in [
-            ("ringbuf_full", c.lost_ringbuf_full),
-            ("kstack_failed", c.kstack_failed),
-            ("ustack_failed", c.ustack_failed),
-        ] {
-            let _ = writeln!(o, "profiler_samples_lost_total{{reason=\"{reason}\"}} {n}");
-        }
-        let _ = writeln!(
-            o,
-            "# HELP profiler_windows_total Windows by outcome (dropped: the store failed for too long)."
-        );
-        let _ = writeln!(o, "# TYPE profiler_windows_total counter");
-        let _ = writeln!(
-            o,
-            "profiler_windows_total{{outcome=\"stored\"}} {}",
-            self.windows_stored
-        );
-        let _ = writeln!(
-            o,
-            "profiler_windows_total{{outcome=\"dropped\"}} {}",
-            self.windows_dropped
-        );
-        let _ = writeln!(
-            o,
-            "# HELP profiler_push_windows_total Windows pushed to --push-url, or dropped from the full spool."
-        );
-        let _ = writeln!(o, "# TYPE profiler_push_windows_total counter");
-        let _ = writeln!(
-            o,
-            "profiler_push_windows_total{{outcome=\"sent\"}} {}",
-            self.push_sent
-        );
-        let _ = writeln!(
-            o,
-            "profiler_push_windows_total{{outcome=\"dropped\"}} {}",
-            self.push_dropped
+        metric(
+            &mut o,
+            "profiler_push_windows_total",
+            "Windows pushed to --push-url, or dropped from the full spool.",
+            "counter",
+            &[
+                ("outcome=\"sent\"", f(self.push_sent)),
+                ("outcome=\"dropped\"", f(self.push_dropped)),
+            ],
         );
         let (cpu, rss) = own_usage();
-        let _ = writeln!(
-            o,
-            "# HELP profiler_agent_cpu_seconds_total CPU time of the agent itself (user + system)."
+        metric(
+            &mut o,
+            "profiler_agent_cpu_seconds_total",
+            "CPU time of the agent itself (user + system).",
+            "counter",
+            &[("", cpu)],
         );
-        let _ = writeln!(o, "# TYPE profiler_agent_cpu_seconds_total counter");
-        let _ = writeln!(o, "profiler_agent_cpu_seconds_total {cpu}");
-        let _ = writeln!(
-            o,
-            "# HELP profiler_agent_resident_memory_bytes Resident memory of the agent."
+        metric(
+            &mut o,
+            "profiler_agent_resident_memory_bytes",
+            "Resident memory of the agent.",
+            "gauge",
+            &[("", rss as f64)],
         );
-        let _ = writeln!(o, "# TYPE profiler_agent_resident_memory_bytes gauge");
-        let _ = writeln!(o, "profiler_agent_resident_memory_bytes {rss}");
         o
+    }
+}
+
+/// One metric family with fixed labels: `labels` is the text inside `{}` ("" for none).
+fn metric(o: &mut String, name: &str, help: &str, kind: &str, series: &[(&str, f64)]) {
+    let _ = writeln!(o, "# HELP {name} {help}");
+    let _ = writeln!(o, "# TYPE {name} {kind}");
+    for (labels, value) in series {
+        if labels.is_empty() {
+            let _ = writeln!(o, "{name} {value}");
+        } else {
+            let _ = writeln!(o, "{name}{{{labels}}} {value}");
+        }
     }
 }
 
