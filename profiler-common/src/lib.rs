@@ -9,13 +9,24 @@ pub const MAX_FRAMES: usize = 127;
 /// Length of a task's comm, as the kernel keeps it (TASK_COMM_LEN).
 pub const COMM_LEN: usize = 16;
 
-/// Ring buffer size in bytes (a power of two, a multiple of the page size). 8 MiB holds
-/// about 4000 samples: two seconds of 999 Hz on two CPUs, a long stall for the reader.
+/// Ring buffer size in bytes as compiled (a power of two, a multiple of the page size). The
+/// loader sets the real size per run (`ring_buffer_bytes`): the agent at 19 Hz needs far less,
+/// and every page of the buffer ends up in the reader's RSS (twice: the data is mapped twice).
 pub const RING_BUFFER_BYTES: u32 = 8 << 20;
 
-/// The sampler wakes the reader only when this much data waits; otherwise the reader drains
-/// on its own timer (`DRAIN_INTERVAL_MS`).
-pub const WAKEUP_BYTES: u32 = RING_BUFFER_BYTES / 4;
+/// The ring buffer for `hz` samples per second on `cpus` CPUs: room for about two seconds of
+/// the deepest stacks (4 KiB per sample-second covers a record of 2 x 127 frames twice over),
+/// a power of two between 256 KiB and 32 MiB.
+pub const fn ring_buffer_bytes(hz: u64, cpus: u64) -> u32 {
+    let want = hz.saturating_mul(cpus).saturating_mul(4096);
+    let want = if want < 256 << 10 { 256 << 10 } else { want };
+    let want = if want > 32 << 20 { 32 << 20 } else { want };
+    want.next_power_of_two() as u32
+}
+
+/// The sampler wakes the reader only when a quarter of the ring buffer waits (the loader sets
+/// `GLOBAL_WAKEUP_BYTES` to that); otherwise the reader drains on its own timer.
+pub const WAKEUP_FRACTION: u32 = 4;
 
 /// How often the reader drains the ring buffer without being woken, ms.
 pub const DRAIN_INTERVAL_MS: u64 = 100;
@@ -42,6 +53,8 @@ pub const PROGRAM_NAME: &str = "sample_cpu";
 pub const GLOBAL_FILTER_PIDS: &str = "FILTER_PIDS";
 /// Load-time global (u32): how many slots of CGROUP_FILTER are set; 0 = no cgroup filter.
 pub const GLOBAL_FILTER_CGROUPS: &str = "FILTER_CGROUPS";
+/// Global set at load time: bytes waiting in the ring buffer that wake the reader.
+pub const GLOBAL_WAKEUP_BYTES: &str = "WAKEUP_BYTES";
 
 /// `SampleEvent::flags` bits.
 pub mod flags {

@@ -17,7 +17,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     COMM_LEN, HEADER_BYTES, MAX_CGROUP_FILTER, MAX_FRAMES, MAX_PID_FILTER, RING_BUFFER_BYTES,
-    SEEN_PIDS_CAPACITY, SampleScratch, WAKEUP_BYTES, counter, flags,
+    SEEN_PIDS_CAPACITY, SampleScratch, WAKEUP_FRACTION, counter, flags,
 };
 
 #[map(name = "SAMPLES")]
@@ -48,6 +48,10 @@ static FILTER_PIDS: u8 = 0;
 /// Set at load time: how many slots of CGROUP_FILTER are set (0 = no cgroup filter).
 #[unsafe(no_mangle)]
 static FILTER_CGROUPS: u32 = 0;
+
+/// Set at load time to a quarter of the ring buffer's real size (the loader resizes it).
+#[unsafe(no_mangle)]
+static WAKEUP_BYTES: u64 = (RING_BUFFER_BYTES / WAKEUP_FRACTION) as u64;
 
 const STACK_BYTES: u32 = (MAX_FRAMES * 8) as u32;
 
@@ -140,9 +144,9 @@ fn sample(ctx: &PerfEventContext) {
 /// fills past WAKEUP_BYTES, so a burst cannot overrun it, or for a process's first sample.
 #[inline(always)]
 fn wakeup_flag(pid: u32, maybe_new: bool) -> u64 {
-    if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > u64::from(WAKEUP_BYTES)
-        || (maybe_new && first_sample(pid))
-    {
+    // SAFETY: a read of a load-time constant.
+    let wakeup_bytes = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
+    if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > wakeup_bytes || (maybe_new && first_sample(pid)) {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64

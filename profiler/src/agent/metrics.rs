@@ -105,16 +105,7 @@ impl Metrics {
             kstack_failed: self.counters.kstack_failed + c.kstack_failed,
             ustack_failed: self.counters.ustack_failed + c.ustack_failed,
         };
-        let snap = cgroups::snapshot();
-        let mut dying: Vec<(String, u64)> = snap
-            .controllers
-            .iter()
-            .map(|c| (c.controller.clone(), c.dying))
-            .collect();
-        if let Some((_, n)) = snap.v2 {
-            dying.push(("v2".to_owned(), n));
-        }
-        self.dying = dying;
+        self.dying = cgroups::dying_counts();
     }
 
     /// The Prometheus text exposition format (version 0.0.4).

@@ -27,6 +27,11 @@ const MAX_LOCS: usize = 1_000_000;
 /// binaries with new addresses, and the mappings do not stay in the agent's RSS.
 const SYMBOLIZER_WINDOWS: u32 = 1;
 
+/// How often the agent drains the ring buffer unwoken. At 19 Hz a second of samples is a few
+/// KiB, and every wake-up costs the agent CPU; new processes and a quarter-full buffer still
+/// wake it at once (see profiler-ebpf).
+const DRAIN_EVERY: Duration = Duration::from_secs(1);
+
 /// A sampler that stays attached, handing out one profile per window.
 pub struct Recorder {
     sampler: Sampler,
@@ -97,9 +102,8 @@ impl Recorder {
     /// Collects until `stop` completes, then returns everything since the previous window
     /// as a symbolized profile and starts the next window at once (no gap in sampling).
     pub async fn window(&mut self, stop: impl Future<Output = ()>) -> Result<Profile, RecordError> {
-        let tick = Duration::from_millis(profiler_common::DRAIN_INTERVAL_MS);
         self.collection
-            .run_until(&mut self.ring, stop, tick, |_| {})
+            .run_until(&mut self.ring, stop, DRAIN_EVERY, |_| {})
             .await?;
         Ok(self.cut()?)
     }

@@ -13,8 +13,9 @@ use aya::{
     },
 };
 use profiler_common::{
-    GLOBAL_FILTER_CGROUPS, GLOBAL_FILTER_PIDS, MAP_CGROUP_FILTER, MAP_COUNTERS, MAP_PID_FILTER,
-    MAP_SAMPLES, MAX_CGROUP_FILTER, PROGRAM_NAME, counter,
+    GLOBAL_FILTER_CGROUPS, GLOBAL_FILTER_PIDS, GLOBAL_WAKEUP_BYTES, MAP_CGROUP_FILTER,
+    MAP_COUNTERS, MAP_PID_FILTER, MAP_SAMPLES, MAX_CGROUP_FILTER, PROGRAM_NAME, WAKEUP_FRACTION,
+    counter, ring_buffer_bytes,
 };
 
 /// The sampler object, built by build.rs from profiler-ebpf.
@@ -113,9 +114,14 @@ impl Sampler {
             .collect::<Result<Vec<_>, _>>()?;
         let filter: u8 = u8::from(!config.pids.is_empty());
         let cgroup_count = cgroup_dirs.len() as u32;
+        let cpus = aya::util::online_cpus().map_err(|(what, e)| BpfError::Cpus(what, e))?;
+        let ring_bytes = ring_buffer_bytes(config.frequency_hz, cpus.len() as u64);
+        let wakeup_bytes = u64::from(ring_bytes / WAKEUP_FRACTION);
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
             .override_global(GLOBAL_FILTER_CGROUPS, &cgroup_count, true)
+            .override_global(GLOBAL_WAKEUP_BYTES, &wakeup_bytes, true)
+            .map_max_entries(MAP_SAMPLES, ring_bytes)
             .load(SAMPLER_OBJECT)?;
         if !cgroup_dirs.is_empty() {
             let mut map = CgroupArray::try_from(
@@ -137,7 +143,6 @@ impl Sampler {
                 map.insert(pid, 1, 0)?;
             }
         }
-        let cpus = aya::util::online_cpus().map_err(|(what, e)| BpfError::Cpus(what, e))?;
         let (perf_config, policy) = match config.event {
             // A fixed period in ns gives evenly spaced samples on the timer.
             Event::CpuClock => (

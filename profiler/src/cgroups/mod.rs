@@ -97,16 +97,11 @@ impl Snapshot {
 pub fn snapshot() -> Snapshot {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let mounts = parse_mountinfo(&read("/proc/self/mountinfo"));
-    let controllers = dying_per_controller(&parse_proc_cgroups(&read("/proc/cgroups")), &mounts);
-    let v2_mount = mounts.iter().find(|m| m.v2).map(|m| m.path.clone());
-    let v2 = v2_mount.as_ref().map(|p| {
-        let stat = std::fs::read_to_string(p.join("cgroup.stat")).unwrap_or_default();
-        (
-            p.clone(),
-            stat_value(&stat, "nr_dying_descendants").unwrap_or(0),
-        )
-    });
-    let v2_top = v2_mount.as_deref().map(v2_top_subtrees).unwrap_or_default();
+    let (controllers, v2) = dying_in(&mounts);
+    let v2_top = v2
+        .as_ref()
+        .map(|(p, _)| v2_top_subtrees(p))
+        .unwrap_or_default();
     let memory = mount_of(&mounts, "memory");
     Snapshot {
         controllers,
@@ -116,6 +111,31 @@ pub fn snapshot() -> Snapshot {
         percpu_kb: meminfo_kb(&read("/proc/meminfo"), "Percpu"),
         cache_holders: memory.map(|m| cache_holders(&m, 5)).unwrap_or_default(),
     }
+}
+
+/// Just the dying counts: per v1 controller, and the cgroup2 root's. The cheap part of
+/// `snapshot` (no slab figures, no memory.stat walk) that the agent reads every window.
+pub fn dying_counts() -> Vec<(String, u64)> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let (controllers, v2) = dying_in(&parse_mountinfo(&mountinfo));
+    controllers
+        .into_iter()
+        .map(|c| (c.controller, c.dying))
+        .chain(v2.map(|(_, n)| ("v2".to_owned(), n)))
+        .collect()
+}
+
+fn dying_in(mounts: &[CgroupMount]) -> (Vec<ControllerDying>, Option<(PathBuf, u64)>) {
+    let proc_cgroups = std::fs::read_to_string("/proc/cgroups").unwrap_or_default();
+    let controllers = dying_per_controller(&parse_proc_cgroups(&proc_cgroups), mounts);
+    let v2 = mounts.iter().find(|m| m.v2).map(|m| {
+        let stat = std::fs::read_to_string(m.path.join("cgroup.stat")).unwrap_or_default();
+        (
+            m.path.clone(),
+            stat_value(&stat, "nr_dying_descendants").unwrap_or(0),
+        )
+    });
+    (controllers, v2)
 }
 
 /// The v1 memory mount of this host (read from /proc/self/mountinfo).

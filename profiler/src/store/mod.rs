@@ -155,25 +155,27 @@ impl Store {
         let m = &p.meta;
         let cpus: Vec<String> = m.cpus.iter().map(u32::to_string).collect();
         let tx = self.conn.transaction()?;
-        tx.execute(
+        // Cached statements: the agent writes a window every 10 s, and parsing the SQL each
+        // time was a visible part of its CPU.
+        tx.prepare_cached(
             "INSERT INTO windows(start_ns, duration_ns, frequency_hz, event, hostname, kernel, \
              cpus, recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-            params![
-                m.start_unix_ns as i64,
-                m.duration_ns as i64,
-                m.frequency_hz,
-                m.event,
-                m.hostname,
-                m.kernel_release,
-                cpus.join(","),
-                m.counters.recorded as i64,
-                m.counters.lost_ringbuf_full as i64,
-                m.counters.filtered as i64,
-                m.counters.kstack_failed as i64,
-                m.counters.ustack_failed as i64,
-            ],
-        )?;
+        )?
+        .execute(params![
+            m.start_unix_ns as i64,
+            m.duration_ns as i64,
+            m.frequency_hz,
+            m.event,
+            m.hostname,
+            m.kernel_release,
+            cpus.join(","),
+            m.counters.recorded as i64,
+            m.counters.lost_ringbuf_full as i64,
+            m.counters.filtered as i64,
+            m.counters.kstack_failed as i64,
+            m.counters.ustack_failed as i64,
+        ])?;
         let window = tx.last_insert_rowid();
         let mut stack_ids: HashMap<u32, i64> = HashMap::new();
         for ((stack, pid, comm, cgroup_id), n) in counts {
@@ -189,11 +191,11 @@ impl Store {
             let comm = intern(&tx, &mut self.names, "names", "text", p.str(comm))?;
             let path = cgroup_paths.get(&cgroup_id).copied().unwrap_or("");
             let cgroup = intern(&tx, &mut self.names, "names", "text", path)?;
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO counts(window, stack, pid, comm, cgroup_id, cgroup, samples) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![window, sid, pid, comm, cgroup_id as i64, cgroup, n],
-            )?;
+            )?
+            .execute(params![window, sid, pid, comm, cgroup_id as i64, cgroup, n])?;
         }
         tx.commit()
     }
@@ -338,17 +340,17 @@ fn stack_frames(
             Some(&id) => id,
             None => {
                 let args = params![key.0, key.1, key.2, key.3, key.4];
-                tx.execute(
+                tx.prepare_cached(
                     "INSERT OR IGNORE INTO frames(kernel, name, module, addr, binary) \
                      VALUES (?1, ?2, ?3, ?4, ?5)",
-                    args,
-                )?;
-                let id = tx.query_row(
-                    "SELECT id FROM frames WHERE kernel = ?1 AND name = ?2 AND module = ?3 \
-                     AND addr = ?4 AND binary = ?5",
-                    args,
-                    |r| r.get(0),
-                )?;
+                )?
+                .execute(args)?;
+                let id = tx
+                    .prepare_cached(
+                        "SELECT id FROM frames WHERE kernel = ?1 AND name = ?2 AND module = ?3 \
+                         AND addr = ?4 AND binary = ?5",
+                    )?
+                    .query_row(args, |r| r.get(0))?;
                 frames.insert(key, id);
                 id
             }
@@ -369,15 +371,13 @@ fn intern(
     if let Some(&id) = cache.get(text) {
         return Ok(id);
     }
-    tx.execute(
-        &format!("INSERT OR IGNORE INTO {table}({column}) VALUES (?1)"),
-        [text],
-    )?;
-    let id: i64 = tx.query_row(
-        &format!("SELECT id FROM {table} WHERE {column} = ?1"),
-        [text],
-        |r| r.get(0),
-    )?;
+    tx.prepare_cached(&format!(
+        "INSERT OR IGNORE INTO {table}({column}) VALUES (?1)"
+    ))?
+    .execute([text])?;
+    let id: i64 = tx
+        .prepare_cached(&format!("SELECT id FROM {table} WHERE {column} = ?1"))?
+        .query_row([text], |r| r.get(0))?;
     cache.insert(text.to_owned(), id);
     Ok(id)
 }

@@ -1,10 +1,15 @@
 //! Kernel addresses to names, from /proc/kallsyms (vmlinux and module symbols).
-use std::io;
+use std::io::{self, BufRead};
 
-/// A sorted table of kernel text symbols.
+/// A sorted table of kernel text symbols, packed: the agent keeps it for its whole life, and
+/// 120k symbols as separate Strings cost about 12 MB of heap where this costs about 5 MB.
 pub struct KernelSymbols {
-    /// (start address, name, module or "" for vmlinux), sorted by address.
-    syms: Vec<(u64, String, String)>,
+    /// (start address, end of its name in `names`, index into `modules`), sorted by address.
+    syms: Vec<(u64, u32, u16)>,
+    /// Every name, back to back; a name starts where the previous one ends.
+    names: String,
+    /// Module names; index 0 is vmlinux.
+    modules: Vec<String>,
     /// kptr_restrict hides the addresses (they read as 0): names would be wrong, so none.
     hidden: bool,
 }
@@ -19,36 +24,70 @@ pub struct KernelSym<'a> {
 
 impl KernelSymbols {
     pub fn load() -> io::Result<Self> {
-        Ok(Self::parse(&std::fs::read_to_string("/proc/kallsyms")?))
+        // Line by line: the whole text is 5 MB the heap would keep afterwards.
+        Self::read(io::BufReader::new(std::fs::File::open("/proc/kallsyms")?))
     }
 
     /// Parses kallsyms text: `ADDR TYPE NAME [MODULE]`, keeping text symbols only.
     pub fn parse(text: &str) -> Self {
-        let mut syms = Vec::new();
+        Self::read(text.as_bytes()).expect("reading from memory cannot fail")
+    }
+
+    fn read(mut input: impl BufRead) -> io::Result<Self> {
+        // (address, name range, module) in file order; sorted once at the end.
+        let mut unsorted: Vec<(u64, u32, u32, u16)> = Vec::new();
+        let mut names = String::new();
+        let mut modules = vec!["vmlinux".to_owned()];
         let mut nonzero = false;
-        for line in text.lines() {
+        let mut line = String::new();
+        while input.read_line(&mut line)? != 0 {
             let mut it = line.split_ascii_whitespace();
-            let (Some(addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next()) else {
-                continue;
-            };
-            if !matches!(kind, "t" | "T" | "w" | "W") {
-                continue;
+            if let (Some(addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next())
+                && matches!(kind, "t" | "T" | "w" | "W")
+                && let Ok(addr) = u64::from_str_radix(addr, 16)
+            {
+                nonzero |= addr != 0;
+                let module = match it.next() {
+                    None => 0,
+                    Some(m) => {
+                        let m = m.trim_start_matches('[').trim_end_matches(']');
+                        // Module symbols come grouped, so the last module is almost always it.
+                        match modules.iter().rposition(|known| known == m) {
+                            Some(i) => i,
+                            None => {
+                                modules.push(m.to_owned());
+                                modules.len() - 1
+                            }
+                        }
+                    }
+                };
+                let from = names.len() as u32;
+                names.push_str(name);
+                unsorted.push((addr, from, names.len() as u32, module as u16));
             }
-            let Ok(addr) = u64::from_str_radix(addr, 16) else {
-                continue;
-            };
-            nonzero |= addr != 0;
-            let module = it
-                .next()
-                .map_or("", |m| m.trim_start_matches('[').trim_end_matches(']'));
-            syms.push((addr, name.to_owned(), module.to_owned()));
+            line.clear();
         }
-        syms.sort_by_key(|s| s.0);
+        unsorted.sort_unstable_by_key(|s| s.0);
         let hidden = !nonzero;
         if hidden {
-            syms.clear();
+            unsorted.clear();
+            names.clear();
         }
-        Self { syms, hidden }
+        // Names re-laid in address order, so each one ends where the next one starts.
+        let mut packed = String::with_capacity(names.len());
+        let syms = unsorted
+            .iter()
+            .map(|&(addr, from, to, module)| {
+                packed.push_str(&names[from as usize..to as usize]);
+                (addr, packed.len() as u32, module)
+            })
+            .collect();
+        Ok(Self {
+            syms,
+            names: packed,
+            modules,
+            hidden,
+        })
     }
 
     /// True when kptr_restrict hides kernel addresses from us.
@@ -59,10 +98,11 @@ impl KernelSymbols {
     /// The symbol containing `addr` (the closest start at or below it).
     pub fn lookup(&self, addr: u64) -> Option<KernelSym<'_>> {
         let i = self.syms.partition_point(|s| s.0 <= addr).checked_sub(1)?;
-        let (_, name, module) = &self.syms[i];
+        let from = i.checked_sub(1).map_or(0, |p| self.syms[p].1 as usize);
+        let (_, to, module) = self.syms[i];
         Some(KernelSym {
-            name,
-            module: if module.is_empty() { "vmlinux" } else { module },
+            name: &self.names[from..to as usize],
+            module: &self.modules[usize::from(module)],
         })
     }
 }

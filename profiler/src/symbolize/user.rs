@@ -1,5 +1,5 @@
 //! User addresses to names: batches of unique file offsets per binary, through blazesym
-//! (ELF symbols, DWARF where present), then demangled by `demangle`.
+//! (ELF symbols; DWARF for --inline), then demangled by `demangle`.
 use std::path::Path;
 
 use blazesym::symbolize::{
@@ -12,6 +12,10 @@ pub const INLINED_SUFFIX: &str = " (inlined)";
 
 pub struct UserSymbolizer {
     inner: Symbolizer,
+    /// Read DWARF too: only for inlined functions. Names come from the ELF symbol table,
+    /// which binaries (and the debug files found by build id) keep; parsing a binary's DWARF
+    /// costs many times more, which the always-on agent pays on every new binary.
+    dwarf: bool,
 }
 
 impl Default for UserSymbolizer {
@@ -32,6 +36,7 @@ impl UserSymbolizer {
                 .enable_inlined_fns(inline)
                 .enable_demangling(false)
                 .build(),
+            dwarf: inline,
         }
     }
 
@@ -48,7 +53,9 @@ impl UserSymbolizer {
     /// inlined there, outermost first, each marked with `INLINED_SUFFIX` (empty: no symbol).
     /// Without `inline` each list has at most one name.
     pub fn symbolize_file_inlined(&self, path: &Path, offsets: &[u64]) -> Vec<Vec<String>> {
-        let src = Source::Elf(Elf::new(path));
+        let mut elf = Elf::new(path);
+        elf.debug_syms = self.dwarf;
+        let src = Source::Elf(elf);
         match self.inner.symbolize(&src, Input::FileOffset(offsets)) {
             Ok(results) => results
                 .into_iter()
