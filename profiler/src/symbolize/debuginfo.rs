@@ -65,7 +65,7 @@ pub fn symbolize_from_debug_file(
     debug: &Path,
     offsets: &[u64],
 ) -> Vec<Option<String>> {
-    let Some(segments) = std::fs::read(binary).ok().and_then(|b| load_segments(&b)) else {
+    let Some(segments) = elf_head(binary).and_then(|b| load_segments(&b)) else {
         return vec![None; offsets.len()];
     };
     let vaddrs: Vec<Option<u64>> = offsets
@@ -83,7 +83,11 @@ pub fn symbolize_from_debug_file(
         .enable_inlined_fns(false)
         .enable_demangling(false)
         .build();
-    let src = Source::Elf(Elf::new(debug));
+    // The debug file's symbol table, not its DWARF: names are all we need, and parsing a
+    // debug file's DWARF (libc's is 30 MB) costs far more.
+    let mut elf = Elf::new(debug);
+    elf.debug_syms = false;
+    let src = Source::Elf(elf);
     let mut names = match symbolizer.symbolize(&src, Input::VirtOffset(&known)) {
         Ok(results) => results.into_iter().map(|r| match r {
             Symbolized::Sym(sym) => Some(super::demangle::demangle(&sym.name)),
@@ -104,6 +108,19 @@ struct Segment {
     offset: u64,
     filesz: u64,
     vaddr: u64,
+}
+
+/// The start of an ELF file, where its program headers are (right after the 64-byte ELF
+/// header in practice): reading the whole binary would cost its size in memory.
+fn elf_head(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    let mut head = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(64 << 10)
+        .read_to_end(&mut head)
+        .ok()?;
+    Some(head)
 }
 
 /// PT_LOAD segments of a 64-bit little-endian ELF file (the only kind we sample).
@@ -151,7 +168,7 @@ mod tests {
 
     #[test]
     fn reads_our_own_load_segments() {
-        let exe = std::fs::read("/proc/self/exe").unwrap();
+        let exe = elf_head(Path::new("/proc/self/exe")).unwrap();
         let segments = load_segments(&exe).unwrap();
         assert!(segments.iter().any(|s| s.filesz > 0));
         assert!(load_segments(b"not an elf").is_none());
