@@ -14,15 +14,24 @@ pub const COMM_LEN: usize = 16;
 /// and every page of the buffer ends up in the reader's RSS (twice: the data is mapped twice).
 pub const RING_BUFFER_BYTES: u32 = 8 << 20;
 
-/// The ring buffer for `hz` samples per second on `cpus` CPUs: room for about two seconds of
-/// the deepest stacks (4 KiB per sample-second covers a record of 2 x 127 frames twice over),
-/// a power of two between 256 KiB and 32 MiB.
+/// The ring buffer for `hz` samples per second on `cpus` CPUs: 2 KiB per sample-second, room
+/// for a second of the deepest stacks (a record of 2 x 127 frames is 2088 bytes) and several
+/// seconds of typical ones, a power of two between 256 KiB and 32 MiB (4 MiB at 999 Hz on 2
+/// CPUs, where 30 s lose nothing; 256 KiB for the agent's 19 Hz there).
 pub const fn ring_buffer_bytes(hz: u64, cpus: u64) -> u32 {
-    let want = hz.saturating_mul(cpus).saturating_mul(4096);
+    let want = hz.saturating_mul(cpus).saturating_mul(2048);
     let want = if want < 256 << 10 { 256 << 10 } else { want };
     let want = if want > 32 << 20 { 32 << 20 } else { want };
     want.next_power_of_two() as u32
 }
+
+// Compile-time checks of the sizes the docs promise: 4 MiB at 999 Hz on 2 CPUs, the floor
+// for the agent's 19 Hz, a power of two always, the ceiling on huge hosts.
+const _: () = assert!(ring_buffer_bytes(999, 2) == 4 << 20);
+const _: () = assert!(ring_buffer_bytes(19, 2) == 256 << 10);
+const _: () = assert!(ring_buffer_bytes(19, 64) == 4 << 20);
+const _: () = assert!(ring_buffer_bytes(99, 3).is_power_of_two());
+const _: () = assert!(ring_buffer_bytes(10_000, 4096) == 32 << 20);
 
 /// The sampler wakes the reader only when a quarter of the ring buffer waits (the loader sets
 /// `GLOBAL_WAKEUP_BYTES` to that); otherwise the reader drains on its own timer.

@@ -129,6 +129,7 @@ pub async fn record(
     sampler.detach();
     collection.drain(ring.get_mut());
     collection.processes.resolve_pending();
+    collection.processes.retry_jit_names();
     collection.resolve_cgroups();
     let k = sampler.counters()?;
 

@@ -131,8 +131,13 @@ impl Drop for Fixture {
 /// Starts the fixture at `path` to run for `secs` seconds, and returns once it has exec'd
 /// (its comm is the file name), so a `--comm` or `--pid` recording started next sees it.
 pub fn spawn_fixture(path: &Path, secs: u64) -> Fixture {
+    spawn_fixture_args(path, &[&secs.to_string()])
+}
+
+/// `spawn_fixture` with the fixture's arguments given in full.
+pub fn spawn_fixture_args(path: &Path, args: &[&str]) -> Fixture {
     let child = Command::new(path)
-        .arg(secs.to_string())
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()

@@ -112,6 +112,7 @@ impl Recorder {
     fn cut(&mut self) -> Result<Profile, crate::bpf::BpfError> {
         self.collection.drain(self.ring.get_mut());
         self.collection.processes.resolve_pending();
+        self.collection.processes.retry_jit_names();
         self.collection.resolve_cgroups();
         let now_mono = util::monotonic_ns();
         let now_unix = unix_now_ns();

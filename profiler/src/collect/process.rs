@@ -6,7 +6,10 @@ use std::{
     path::PathBuf,
 };
 
-use blazesym::normalize::{Normalizer, UserMeta};
+use blazesym::{
+    normalize::{Normalizer, UserMeta},
+    symbolize::Reason,
+};
 
 use crate::profile::Process;
 
@@ -60,6 +63,9 @@ pub struct ProcessTable {
     pub locs: HashMap<(u32, u64), UserLoc>,
     /// Addresses seen since the last `resolve_pending`, per pid.
     pending: HashMap<u32, Vec<u64>>,
+    /// Addresses in anonymous memory that no perf map named yet, per pid: JIT code whose
+    /// map line may come later (a JVM's perf-map-agent dumps on request). `retry_jit_names`.
+    unnamed_anon: HashMap<u32, Vec<u64>>,
     /// JIT symbol names (`UserLoc::Named`), each once.
     pub names: Vec<String>,
     name_ids: HashMap<String, u32>,
@@ -74,6 +80,7 @@ impl Default for ProcessTable {
             file_ids: HashMap::new(),
             locs: HashMap::new(),
             pending: HashMap::new(),
+            unnamed_anon: HashMap::new(),
             names: Vec::new(),
             name_ids: HashMap::new(),
             normalizer: new_normalizer(),
@@ -123,6 +130,7 @@ impl ProcessTable {
                     _ => None,
                 })
                 .collect();
+            let mut anon = Vec::new();
             for (&addr, &(offset, meta)) in addrs.iter().zip(&normalized.outputs) {
                 if let Some(Some(file)) = metas.get(meta) {
                     self.locs.insert(
@@ -132,9 +140,33 @@ impl ProcessTable {
                             offset,
                         },
                     );
+                } else if let Some(UserMeta::Unknown(u)) = normalized.meta.get(meta)
+                    && u.reason == Reason::MissingComponent
+                {
+                    anon.push(addr);
                 }
             }
             self.name_jit_code(pid, &addrs);
+            anon.retain(|a| self.locs.get(&(pid, *a)) == Some(&UserLoc::Unknown));
+            if !anon.is_empty() {
+                self.unnamed_anon.entry(pid).or_default().extend(anon);
+            }
+        }
+    }
+
+    /// Tries the perf maps again for anonymous-memory addresses none named yet: the map may
+    /// have been written after they were first seen. One read per such live process; the
+    /// agent calls this once per window, `record` once before symbolizing.
+    pub fn retry_jit_names(&mut self) {
+        for (pid, mut addrs) in std::mem::take(&mut self.unnamed_anon) {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                continue; // exited: its map is of no use now, and it will not grow
+            }
+            self.name_jit_code(pid, &addrs);
+            addrs.retain(|a| self.locs.get(&(pid, *a)) == Some(&UserLoc::Unknown));
+            if !addrs.is_empty() {
+                self.unnamed_anon.insert(pid, addrs);
+            }
         }
     }
 
