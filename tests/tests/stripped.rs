@@ -1,7 +1,9 @@
 //! Stripped binaries (issue 3): a recording of the stripped chain fixture has
 //! `fx-stripped+0xOFFSET` frames and the binary's build id in the capture; with its separate
 //! debug file installed by build id under /usr/lib/debug/.build-id, the same frames resolve to
-//! main, a, b, c. The capture is read through the profiler library, as `report` would.
+//! main, a, b, c; so do they with the debug file next to a copy of the binary that names it
+//! in a `.gnu_debuglink` section. The capture is read through the profiler library, as
+//! `report` would.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -58,37 +60,30 @@ impl Drop for Installed {
     }
 }
 
-/// Records the stripped fixture into a capture and reads it back.
-fn record_capture(dir: &TempDir, name: &str) -> Profile {
-    let _fixture = spawn_fixture(Path::new(BIN), 20);
+/// Records the stripped fixture (or a copy at `bin`) into a capture and reads it back.
+fn record_capture(dir: &TempDir, bin: &Path, name: &str) -> Profile {
+    let _fixture = spawn_fixture(bin, 20);
     let capture = dir.file(name);
-    let args = [
-        "--comm",
-        "fx-stripped",
-        "-F",
-        "499",
-        "-d",
-        "3s",
-        "-o",
-        &capture,
-    ];
+    let comm = bin.file_name().unwrap().to_str().unwrap();
+    let args = ["--comm", comm, "-F", "499", "-d", "3s", "-o", &capture];
     expect_success(&record(&args), &format!("profiler record {args:?}"));
     read_file(Path::new(&capture)).expect("reading the capture")
 }
 
-/// The user frames of fx-stripped samples that lie in the fx-stripped binary, as
+/// The user frames of `comm`'s samples that lie in its binary (named like it), as
 /// (name, build id), one entry per sample and frame, root first.
-fn fixture_frames(p: &Profile) -> Vec<Vec<(String, String)>> {
+fn fixture_frames(p: &Profile, comm: &str) -> Vec<Vec<(String, String)>> {
+    let suffix = format!("/{comm}");
     p.samples
         .iter()
-        .filter(|s| p.str(s.comm) == "fx-stripped")
+        .filter(|s| p.str(s.comm) == comm)
         .map(|s| {
             p.stack_frames(s.stack)
                 .filter(|f| f.kind == FrameKind::User)
                 .filter_map(|f| {
                     let b = p.binaries.get(f.binary as usize)?;
                     b.path
-                        .ends_with("/fx-stripped")
+                        .ends_with(&suffix)
                         .then(|| (p.str(f.name).to_owned(), b.build_id.clone()))
                 })
                 .collect()
@@ -108,7 +103,10 @@ fn stripped_frames_keep_build_id_and_resolve_with_debug_file() {
     let _ = std::fs::remove_file(Installed::path(&id));
     let dir = TempDir::new("stripped");
 
-    let bare = fixture_frames(&record_capture(&dir, "bare.capture"));
+    let bare = fixture_frames(
+        &record_capture(&dir, Path::new(BIN), "bare.capture"),
+        "fx-stripped",
+    );
     let frames: Vec<&(String, String)> = bare.iter().flatten().collect();
     assert!(
         bare.len() >= 50 && !frames.is_empty(),
@@ -136,7 +134,40 @@ fn stripped_frames_keep_build_id_and_resolve_with_debug_file() {
     );
 
     let _installed = Installed::new(&id);
-    let named = fixture_frames(&record_capture(&dir, "debug.capture"));
+    let named = fixture_frames(
+        &record_capture(&dir, Path::new(BIN), "debug.capture"),
+        "fx-stripped",
+    );
+    expect_chain(&named, "with the debug file by build id");
+}
+
+/// A copy of the stripped binary with a `.gnu_debuglink` naming its debug file, which sits
+/// next to it (nothing installed by build id): its frames resolve to main;a;b;c.
+#[test]
+fn debuglink_next_to_the_binary_names_frames() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let _ = std::fs::remove_file(Installed::path(&build_id(BIN)));
+    let dir = TempDir::new("debuglink");
+    let (linked, debug) = (dir.file("fx-linked"), dir.file("fx-linked.debug"));
+    std::fs::copy(DEBUG, &debug).expect("copying the debug file");
+    let status = Command::new("objcopy")
+        .arg(format!("--add-gnu-debuglink={debug}"))
+        .args([BIN, &linked])
+        .status()
+        .expect("running objcopy (binutils)");
+    assert!(status.success(), "objcopy --add-gnu-debuglink failed");
+    let named = fixture_frames(
+        &record_capture(&dir, Path::new(&linked), "linked.capture"),
+        "fx-linked",
+    );
+    expect_chain(&named, "with the debug file by .gnu_debuglink");
+}
+
+/// At least 80% of the samples (and at least 50) have main;a;b;c in a row.
+fn expect_chain(named: &[Vec<(String, String)>], how: &str) {
     let chained = named
         .iter()
         .filter(|stack| {
@@ -145,12 +176,12 @@ fn stripped_frames_keep_build_id_and_resolve_with_debug_file() {
         })
         .count();
     eprintln!(
-        "with the debug file: {chained} of {} samples have main;a;b;c",
+        "{how}: {chained} of {} samples have main;a;b;c",
         named.len()
     );
     assert!(
         named.len() >= 50 && chained * 100 >= named.len() * 80,
-        "only {chained} of {} fx-stripped samples resolve to main;a;b;c; first: {:?}",
+        "{how}: only {chained} of {} samples resolve to main;a;b;c; first: {:?}",
         named.len(),
         named.first()
     );

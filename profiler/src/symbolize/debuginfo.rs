@@ -47,8 +47,52 @@ fn gnu_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+/// The separate debug file of a binary, readable at `path` and known to its process as
+/// `original`: by build id under the debug dirs, else by the name in its `.gnu_debuglink`
+/// where GDB looks: next to the binary, in `.debug/` there, or under /usr/lib/debug plus the
+/// binary's directory. A candidate with a build id must carry the binary's.
+pub fn find_debug_file(path: &Path, original: &Path, build_id: Option<&[u8]>) -> Option<PathBuf> {
+    if let Some(found) = build_id.and_then(debug_file) {
+        return Some(found);
+    }
+    let link = debuglink(path)?;
+    let dir = original.parent()?;
+    let under_debug = Path::new(DEBUG_DIRS[0]).join(dir.strip_prefix("/").unwrap_or(dir));
+    [
+        dir.join(&link),
+        dir.join(".debug").join(&link),
+        under_debug.join(&link),
+    ]
+    .into_iter()
+    .filter(|p| p.is_file() && p != original)
+    .find(|p| match (build_id, elf_facts(p).and_then(|f| f.1)) {
+        (Some(want), Some(have)) => want == have.as_slice(),
+        _ => true,
+    })
+}
+
+/// The file name a binary's `.gnu_debuglink` section names, if it has one.
+fn debuglink(path: &Path) -> Option<PathBuf> {
+    elf_facts(path)?.0
+}
+
+/// (`.gnu_debuglink` name, build id) of the ELF file at `path`, reading only the parts needed.
+fn elf_facts(path: &Path) -> Option<(Option<PathBuf>, Option<Vec<u8>>)> {
+    use object::Object as _;
+    use std::os::unix::ffi::OsStrExt as _;
+    let cache = object::ReadCache::new(std::fs::File::open(path).ok()?);
+    let elf = object::File::parse(&cache).ok()?;
+    let link = elf
+        .gnu_debuglink()
+        .ok()
+        .flatten()
+        .map(|(name, _crc)| PathBuf::from(std::ffi::OsStr::from_bytes(name)));
+    let id = elf.build_id().ok().flatten().map(<[u8]>::to_vec);
+    Some((link, id))
+}
+
 /// The separate debug file for `build_id`, if one is installed.
-pub fn debug_file(build_id: &[u8]) -> Option<PathBuf> {
+fn debug_file(build_id: &[u8]) -> Option<PathBuf> {
     let (first, rest) = build_id.split_first()?;
     let rel = format!(".build-id/{first:02x}/{}.debug", hex(rest));
     DEBUG_DIRS

@@ -228,7 +228,7 @@ fn symbolize_user(c: &Collection, user: &UserSymbolizer, names: &mut NameCache) 
 }
 
 /// Fills in the offsets `found` has no name for from the file's separate debug file, found by
-/// build id (stripped binaries; issue 3).
+/// build id or `.gnu_debuglink` (stripped binaries).
 fn debug_file_names(
     f: &crate::collect::UserFile,
     path: &std::path::Path,
@@ -238,12 +238,12 @@ fn debug_file_names(
     let missing: Vec<usize> = (0..offsets.len())
         .filter(|&i| found[i].is_empty())
         .collect();
-    let Some(debug) = f.build_id.as_deref().and_then(debuginfo::debug_file) else {
-        return;
-    };
     if missing.is_empty() {
         return;
     }
+    let Some(debug) = debuginfo::find_debug_file(path, &f.path, f.build_id.as_deref()) else {
+        return;
+    };
     let wanted: Vec<u64> = missing.iter().map(|&i| offsets[i]).collect();
     let named = debuginfo::symbolize_from_debug_file(path, &debug, &wanted);
     for (i, name) in missing.into_iter().zip(named) {
