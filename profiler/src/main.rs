@@ -6,10 +6,9 @@ fn main() {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
-            // One line: what is wrong. The usage text is one `--help` away.
-            let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("error: invalid arguments");
-            eprintln!("{first} (see --help)");
+            // One line: what is wrong, with clap's details (the missing argument, the
+            // possible values, a similar flag); the usage text is one `--help` away.
+            eprintln!("{} (see --help)", clap_one_line(&e.render().to_string()));
             std::process::exit(2);
         }
         Err(e) => e.exit(), // --help, --version
@@ -23,6 +22,22 @@ fn main() {
     if let Err(e) = cli::run(cli) {
         eprintln!("error: {}", one_line(&e));
         std::process::exit(1);
+    }
+}
+
+/// clap's error text up to its usage block, on one line.
+fn clap_one_line(text: &str) -> String {
+    let line = text
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    if line.is_empty() {
+        "error: invalid arguments".to_owned()
+    } else {
+        line
     }
 }
 

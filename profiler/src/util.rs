@@ -6,7 +6,7 @@ pub fn comm_str(raw: &[u8]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
-/// Parses a duration: `10s`, `500ms`, `2m`, `1h`, or a bare number of seconds (`1.5`).
+/// Parses a duration: `10s`, `500ms`, `2m`, `1h`, `7d`, or a bare number of seconds (`1.5`).
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let t = text.trim();
     let split = t
@@ -15,15 +15,16 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let (num, unit) = t.split_at(split);
     let value: f64 = num
         .parse()
-        .map_err(|_| format!("`{text}` is not a duration; write e.g. 10s, 500ms, 2m"))?;
+        .map_err(|_| format!("`{text}` is not a duration; write e.g. 10s, 500ms, 2m, 1d"))?;
     let scale = match unit {
         "" | "s" => 1.0,
         "ms" => 1e-3,
         "m" | "min" => 60.0,
         "h" => 3600.0,
+        "d" => 86400.0,
         _ => {
             return Err(format!(
-                "`{text}`: unknown unit `{unit}`; use ms, s, m or h"
+                "`{text}`: unknown unit `{unit}`; use ms, s, m, h or d"
             ));
         }
     };

@@ -33,7 +33,8 @@ struct Cli {
 enum Task {
     /// Install the eBPF toolchain (when missing) and check that this host can profile.
     Setup {
-        /// Also the tools `cargo xtask test` needs (gcc, rustfmt, clippy).
+        /// Also what `cargo xtask test` needs: gcc, chromium, nodejs + npm (Playwright),
+        /// golang-go (go tool pprof), prometheus.
         #[arg(long)]
         tests: bool,
         /// Also the peers the benchmarks compare with (bpftrace, perf).

@@ -156,7 +156,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "GB" => 1_000_000_000,
         u => {
             return Err(format!(
-                "`{text}`: unknown unit `{u}`; use B, KiB, MiB or GiB"
+                "`{text}`: unknown unit `{u}`; use B, KiB (K), MiB (M), GiB (G), or KB, MB, GB (powers of 1000)"
             ));
         }
     };
@@ -187,5 +187,21 @@ mod tests {
         let mut c = AgentConfig::default();
         ok.apply(&mut c).unwrap();
         assert_eq!(c.max_size_bytes, 2 << 30);
+    }
+
+    /// The example in docs/agent.md is what users copy into /etc/profiler/agent.toml.
+    #[test]
+    fn the_documented_example_applies() {
+        let doc = include_str!("../../../docs/agent.md");
+        let example = doc
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("docs/agent.md has a toml example");
+        let file: FileConfig = toml::from_str(example).unwrap();
+        let mut c = AgentConfig::default();
+        file.apply(&mut c).unwrap();
+        assert_eq!(c.retention, std::time::Duration::from_secs(3 * 86400));
+        assert_eq!(c.max_size_bytes, 500 << 20);
     }
 }

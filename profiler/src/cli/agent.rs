@@ -24,8 +24,8 @@ pub struct AgentArgs {
     /// Where the store lives (default /var/lib/profiler).
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Delete windows older than this (default 7d is written 168h).
-    #[arg(long, value_name = "DURATION", value_parser = parse_retention)]
+    /// Delete windows older than this: 7d (default), 12h...
+    #[arg(long, value_name = "DURATION", value_parser = crate::util::parse_duration)]
     pub retention: Option<Duration>,
     /// Keep the store under this size: 1GiB (default), 500MiB...
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -39,17 +39,6 @@ pub struct AgentArgs {
     /// Only threads with this comm (repeatable).
     #[arg(long = "comm", value_name = "NAME")]
     pub comms: Vec<String>,
-}
-
-/// Durations plus days (`7d`), for retention.
-fn parse_retention(text: &str) -> Result<Duration, String> {
-    if let Some(days) = text.strip_suffix('d') {
-        let d: u64 = days
-            .parse()
-            .map_err(|_| format!("`{text}` is not a duration; write e.g. 7d, 12h"))?;
-        return Ok(Duration::from_secs(d * 24 * 3600));
-    }
-    crate::util::parse_duration(text)
 }
 
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {

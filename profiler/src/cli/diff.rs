@@ -52,8 +52,7 @@ pub fn run(args: DiffArgs) -> anyhow::Result<()> {
 /// Folded counts of a capture (by comm) or a folded file.
 fn load(path: &Path) -> anyhow::Result<Folded> {
     if path.extension().is_some_and(|e| e == "capture") {
-        let p = profile::read_file(path)
-            .with_context(|| format!("cannot read the capture {}", path.display()))?;
+        let p = profile::read_file(path).context("cannot read the capture")?;
         Ok(parse_folded(&output::folded_lines(&p).join("\n")))
     } else {
         let text = std::fs::read_to_string(path)

@@ -25,8 +25,13 @@ pub struct QueryArgs {
     /// Only this cgroup v2 path and those below it, e.g. /system.slice.
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<String>,
-    /// Output file, by extension (see `profiler record --help`). Repeatable.
-    #[arg(short, long = "output", value_name = "FILE", required = true)]
+    #[arg(
+        short,
+        long = "output",
+        value_name = "FILE",
+        required = true,
+        help = crate::output::OUTPUT_HELP
+    )]
     pub outputs: Vec<PathBuf>,
     /// Root frame of every stack in .folded and .svg outputs.
     #[arg(long, value_enum, default_value_t = crate::profile::GroupBy::Comm)]

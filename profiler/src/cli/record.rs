@@ -36,9 +36,7 @@ pub struct RecordArgs {
     /// path when v1 and v2 ones are mixed. A path in no hierarchy is an error.
     #[arg(long = "cgroup", value_name = "PATH")]
     pub cgroups: Vec<String>,
-    /// Output file, by extension: .svg flame graph, .folded stacks, .capture (re-render with
-    /// `profiler report`). Repeatable. Default: profile.svg.
-    #[arg(short, long = "output", value_name = "FILE")]
+    #[arg(short, long = "output", value_name = "FILE", help = crate::output::RECORD_OUTPUT_HELP)]
     pub outputs: Vec<PathBuf>,
     /// Root frame of every stack in .folded and .svg outputs.
     #[arg(long, value_enum, default_value_t = GroupBy::Comm)]

@@ -12,9 +12,7 @@ mod range;
 pub struct ReportArgs {
     /// A capture written by `profiler record -o NAME.capture`.
     pub capture: PathBuf,
-    /// Output file, by extension: .svg, .folded, .capture, .html (heat map), .perf.txt.
-    /// Repeatable.
-    #[arg(short, long = "output", value_name = "FILE")]
+    #[arg(short, long = "output", value_name = "FILE", help = crate::output::OUTPUT_HELP)]
     pub outputs: Vec<PathBuf>,
     /// Print the capture's statistics as `key: value` lines.
     #[arg(long)]

@@ -41,6 +41,17 @@ pub enum Format {
 /// Extensions we write, for error messages and --help.
 pub const EXTENSIONS: &str = ".capture, .folded, .svg, .perf.txt, .html, .pb.gz";
 
+/// `-o` help, the same for record, report and query.
+macro_rules! output_help {
+    () => {
+        "Output file, by extension: .svg flame graph, .folded stacks, .html heat map (time \
+         travel), .perf.txt (perf script text, for FlameScope), .pb.gz (pprof), .capture (re-render \
+         with `profiler report`). Repeatable."
+    };
+}
+pub const OUTPUT_HELP: &str = output_help!();
+pub const RECORD_OUTPUT_HELP: &str = concat!(output_help!(), " Default: profile.svg.");
+
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
     #[error("{path}: unknown output format; use one of these extensions: {EXTENSIONS}")]

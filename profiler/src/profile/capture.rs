@@ -22,6 +22,12 @@ pub const CAPTURE_VERSION: u32 = 2;
 pub enum CaptureError {
     #[error("{path}: {source}")]
     Io { path: String, source: io::Error },
+    /// A decoding error of the capture file at `path`.
+    #[error("{path}: {source}")]
+    In {
+        path: String,
+        source: Box<CaptureError>,
+    },
     #[error("not a profiler capture (the file does not start with the capture magic)")]
     NotCapture,
     #[error(
@@ -50,11 +56,18 @@ pub fn write_file(profile: &Profile, path: &Path) -> Result<(), CaptureError> {
 
 /// Reads a capture file.
 pub fn read_file(path: &Path) -> Result<Profile, CaptureError> {
-    let file = File::open(path).map_err(|source| CaptureError::Io {
+    let io_err = |source| CaptureError::Io {
         path: path.display().to_string(),
         source,
-    })?;
-    decode(&mut BufReader::new(file))
+    };
+    let file = File::open(path).map_err(io_err)?;
+    if file.metadata().is_ok_and(|m| m.is_dir()) {
+        return Err(io_err(io::Error::from(io::ErrorKind::IsADirectory)));
+    }
+    decode(&mut BufReader::new(file)).map_err(|e| CaptureError::In {
+        path: path.display().to_string(),
+        source: Box::new(e),
+    })
 }
 
 pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
