@@ -18,7 +18,9 @@ fn main() {
         1 => "info",
         _ => "debug",
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
+    // inferno warns on every folded line it cannot parse; our inputs are checked before.
+    let filter = format!("{level},inferno=error");
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(filter)).init();
     if let Err(e) = cli::run(cli) {
         eprintln!("error: {}", one_line(&e));
         std::process::exit(1);

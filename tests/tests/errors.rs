@@ -89,10 +89,55 @@ fn report_of_a_file_that_is_not_a_capture() {
     )
     .expect("writing garbage capture");
     let out = dir.file("x.folded");
-    let line = expect_error(&["report", &garbage, "-o", &out], &["capture"]);
+    let line = expect_error(&["report", &garbage, "-o", &out], &["capture", &garbage]);
     // Wording is free ("not a capture", "not a valid profiler capture"), the meaning is not.
     assert!(
         line.to_lowercase().contains("not a"),
         "error does not say it is not a capture: {line}"
+    );
+}
+
+#[test]
+fn report_of_a_directory() {
+    let dir = TempDir::new("dir-capture");
+    let out = dir.file("x.folded");
+    let path = dir.path().to_str().unwrap().to_owned();
+    expect_error(&["report", &path, "-o", &out], &[&path, "directory"]);
+}
+
+#[test]
+fn diff_of_files_that_are_no_profiles() {
+    let dir = TempDir::new("diff-garbage");
+    let garbage = dir.file("notes.txt");
+    std::fs::write(&garbage, "just some notes\nnot stacks\n").unwrap();
+    let out = dir.file("d.svg");
+    expect_error(
+        &["diff", &garbage, &garbage, "-o", &out],
+        &[&garbage, "folded"],
+    );
+    assert!(
+        !std::path::Path::new(&out).exists(),
+        "no diff of nothing is written"
+    );
+}
+
+/// clap's own details survive the one-line rule: the possible values, the missing argument.
+#[test]
+fn argument_errors_keep_their_details() {
+    expect_error(
+        &["report", "x.capture", "--group-by", "containr"],
+        &["container", "pod"],
+    );
+    expect_error(&["report"], &["<CAPTURE>"]);
+}
+
+#[test]
+fn durations_take_days_and_say_which_units() {
+    let dir = TempDir::new("bad-since");
+    let out = dir.file("x.svg");
+    let data = dir.file("data");
+    expect_error(
+        &["query", "--data-dir", &data, "--since", "3w", "-o", &out],
+        &["3w", "ms, s, m, h or d"],
     );
 }

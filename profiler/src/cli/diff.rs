@@ -49,14 +49,21 @@ pub fn run(args: DiffArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Folded counts of a capture (by comm) or a folded file.
+/// Folded counts of a capture (by comm) or a folded file, told apart by the capture magic.
 fn load(path: &Path) -> anyhow::Result<Folded> {
-    if path.extension().is_some_and(|e| e == "capture") {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if bytes.starts_with(profile::MAGIC) {
         let p = profile::read_file(path).context("cannot read the capture")?;
-        Ok(parse_folded(&output::folded_lines(&p).join("\n")))
-    } else {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        Ok(parse_folded(&text))
+        return Ok(parse_folded(&output::folded_lines(&p).join("\n")));
     }
+    let folded = std::str::from_utf8(&bytes)
+        .map(parse_folded)
+        .unwrap_or_default();
+    if folded.is_empty() && !bytes.iter().all(u8::is_ascii_whitespace) {
+        bail!(
+            "{}: neither a capture nor folded stacks (lines of `frame;frame COUNT`)",
+            path.display()
+        );
+    }
+    Ok(folded)
 }

@@ -6,7 +6,7 @@ mod model;
 mod timeline;
 
 pub use attribution::GroupBy;
-pub use capture::{CAPTURE_VERSION, CaptureError, decode, encode, read_file, write_file};
+pub use capture::{CAPTURE_VERSION, CaptureError, MAGIC, decode, encode, read_file, write_file};
 pub use model::{
     Binary, Cgroup, Counters, Frame, FrameKind, Interner, Meta, Process, Profile, Sample, Stack,
     StrId,
