@@ -141,3 +141,21 @@ fn durations_take_days_and_say_which_units() {
         &["3w", "ms, s, m, h or d"],
     );
 }
+
+#[test]
+fn report_outputs_twice_or_onto_the_capture() {
+    let dir = TempDir::new("bad-outputs");
+    let capture = dir.file("x.capture");
+    std::fs::write(&capture, b"stands in for a capture").unwrap();
+    let svg = dir.file("x.svg");
+    expect_error(&["report", &capture, "-o", &svg, "-o", &svg], &["twice"]);
+    expect_error(
+        &["report", &capture, "-o", &capture],
+        &["capture being read"],
+    );
+    assert_eq!(
+        std::fs::read(&capture).unwrap(),
+        b"stands in for a capture",
+        "the input is untouched"
+    );
+}

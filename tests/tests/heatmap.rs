@@ -119,6 +119,28 @@ fn from_to_cut_every_output() {
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--from must be before --to"));
+    // A range past the end of the 3 s capture is an error that says how long it runs, not an
+    // empty flame graph.
+    let out = run_profiler(
+        &[
+            "report",
+            &capture,
+            "--from",
+            "5s",
+            "-o",
+            &dir.file("late.folded"),
+        ],
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "--from 5s on a 3 s capture succeeded"
+    );
+    assert!(
+        stderr.contains("--from 5s") && stderr.contains("3.0 s") && stderr.contains("00:00:03"),
+        "{stderr}"
+    );
 }
 
 /// Chromium, or None with the reason (a failure under CI=true, where setup installs it).

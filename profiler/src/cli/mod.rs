@@ -64,6 +64,11 @@ fn parse_outputs(
     paths: &[PathBuf],
     group_by: crate::profile::GroupBy,
 ) -> anyhow::Result<Vec<crate::output::Output>> {
+    for (i, p) in paths.iter().enumerate() {
+        if paths[..i].contains(p) {
+            anyhow::bail!("-o {} is given twice", p.display());
+        }
+    }
     paths
         .iter()
         .map(|p| {
@@ -73,6 +78,22 @@ fn parse_outputs(
             })
         })
         .collect()
+}
+
+/// Writes every output, then says so on stderr (`wrote a.svg, a.capture`).
+fn write_outputs(
+    outputs: &[crate::output::Output],
+    profile: &crate::profile::Profile,
+) -> anyhow::Result<()> {
+    crate::output::write_all(outputs, profile)?;
+    let names: Vec<String> = outputs
+        .iter()
+        .map(|o| o.path.display().to_string())
+        .collect();
+    if !names.is_empty() {
+        eprintln!("wrote {}", names.join(", "));
+    }
+    Ok(())
 }
 
 /// Effective capabilities: BPF programs and perf events need CAP_BPF and CAP_PERFMON

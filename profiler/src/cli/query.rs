@@ -65,11 +65,10 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             args.until
         );
     }
-    crate::output::write_all(&outputs, &profile)?;
     eprintln!(
-        "wrote {} samples from {:.0} s of windows",
+        "{} samples from {:.0} s of windows",
         profile.samples.len(),
         profile.meta.duration_ns as f64 / 1e9
     );
-    Ok(())
+    super::write_outputs(&outputs, &profile)
 }

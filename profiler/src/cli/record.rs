@@ -93,11 +93,5 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         inline: args.inline,
     };
     let profile = record_blocking(&config)?;
-    crate::output::write_all(&outputs, &profile)?;
-    let names: Vec<String> = outputs
-        .iter()
-        .map(|o| o.path.display().to_string())
-        .collect();
-    eprintln!("wrote {}", names.join(", "));
-    Ok(())
+    super::write_outputs(&outputs, &profile)
 }

@@ -40,6 +40,17 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         );
     }
     let outputs = super::parse_outputs(&args.outputs, args.group_by)?;
+    let same_file = |p: &std::path::Path| {
+        p.canonicalize()
+            .ok()
+            .is_some_and(|p| Some(p) == args.capture.canonicalize().ok())
+    };
+    if let Some(o) = outputs.iter().find(|o| same_file(&o.path)) {
+        bail!(
+            "-o {} is the capture being read; write the output elsewhere",
+            o.path.display()
+        );
+    }
     let mut profile = profile::read_file(&args.capture).context("cannot read the capture")?;
     if args.from.is_some() || args.to.is_some() {
         let at = |t: &Option<String>, default| match t {
@@ -50,6 +61,16 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         if from >= to {
             bail!("--from must be before --to");
         }
+        let m = &profile.meta;
+        if from >= m.duration_ns {
+            bail!(
+                "--from {} is not before the capture's end: it runs {:.1} s, {} to {} UTC",
+                args.from.as_deref().unwrap_or_default(),
+                m.duration_ns as f64 / 1e9,
+                range::format_clock(m.start_unix_ns),
+                range::format_clock(m.start_unix_ns + m.duration_ns)
+            );
+        }
         profile = profile.slice(from, to);
     }
     if args.stats {
@@ -58,8 +79,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
     if args.cpus {
         print!("{}", cpus::cpu_report(&profile));
     }
-    crate::output::write_all(&outputs, &profile)?;
-    Ok(())
+    super::write_outputs(&outputs, &profile)
 }
 
 fn print_stats(p: &profile::Profile) {
