@@ -11,8 +11,8 @@ pub struct DoctorArgs {
     /// How long to watch (profile and cgroup churn), e.g. 10s, 30s, 1m.
     #[arg(short, long, default_value = "10s", value_parser = util::parse_duration)]
     pub duration: Duration,
-    /// Profile sampling rate per CPU, Hz.
-    #[arg(short = 'F', long, default_value_t = 199, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    /// Profile sampling rate per CPU, Hz (1..=10000).
+    #[arg(short = 'F', long, default_value_t = 199, value_name = "HZ", value_parser = super::record::parse_frequency)]
     pub frequency: u32,
     /// Print the findings as JSON on stdout (the text report then goes to stderr).
     #[arg(long)]

@@ -47,7 +47,7 @@ pub struct RecordArgs {
     pub inline: bool,
 }
 
-fn parse_frequency(text: &str) -> Result<u32, String> {
+pub(crate) fn parse_frequency(text: &str) -> Result<u32, String> {
     match text.parse::<u32>() {
         Ok(hz @ 1..=10_000) => Ok(hz),
         _ => Err(format!(

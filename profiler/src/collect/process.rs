@@ -57,8 +57,8 @@ pub struct ProcessTable {
     pub processes: BTreeMap<u32, Process>,
     pub files: Vec<UserFile>,
     /// Files by identity (device, inode): one path can name different files in different
-    /// containers, and one file can have several paths.
-    file_ids: HashMap<(u64, u64), u32>,
+    /// containers, and one file can have several paths. None: not an ELF file (see `file_id`).
+    file_ids: HashMap<(u64, u64), Option<u32>>,
     /// Every (pid, address) seen, resolved or not yet.
     pub locs: HashMap<(u32, u64), UserLoc>,
     /// Addresses seen since the last `resolve_pending`, per pid.
@@ -120,13 +120,13 @@ impl ProcessTable {
                 .meta
                 .iter()
                 .map(|meta| match meta {
-                    UserMeta::Elf(elf) => Some(file_id(
+                    UserMeta::Elf(elf) => file_id(
                         &mut self.files,
                         &mut self.file_ids,
                         pid,
                         &elf.path,
                         elf.build_id.as_deref(),
-                    )),
+                    ),
                     _ => None,
                 })
                 .collect();
@@ -193,14 +193,17 @@ impl ProcessTable {
 }
 
 /// The id of the file `path` names in `pid`'s mount namespace, opening it on first sight.
+/// None for a file that is not ELF: a return address that lands in a mapped data file (the
+/// locale archive, say) comes from a frame-pointer walk through code built without them,
+/// and `LC_CTYPE+0xc6b` would be a made-up frame; such addresses stay unknown.
 fn file_id(
     files: &mut Vec<UserFile>,
-    ids: &mut HashMap<(u64, u64), u32>,
+    ids: &mut HashMap<(u64, u64), Option<u32>>,
     pid: u32,
     path: &std::path::Path,
     build_id: Option<&[u8]>,
-) -> u32 {
-    use std::os::unix::fs::MetadataExt as _;
+) -> Option<u32> {
+    use std::os::unix::fs::{FileExt as _, MetadataExt as _};
     let in_ns =
         PathBuf::from(format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path));
     let handle = std::fs::File::open(&in_ns)
@@ -213,6 +216,14 @@ fn file_id(
     if let Some(&id) = ids.get(&key) {
         return id;
     }
+    let mut magic = [0u8; 4];
+    if let Some(f) = &handle
+        && f.read_exact_at(&mut magic, 0).is_ok()
+        && magic != *b"\x7fELF"
+    {
+        ids.insert(key, None);
+        return None;
+    }
     let handle = handle.filter(|_| files.len() < MAX_HANDLES);
     files.push(UserFile {
         path: path.to_owned(),
@@ -220,8 +231,8 @@ fn file_id(
         handle,
     });
     let id = files.len() as u32 - 1;
-    ids.insert(key, id);
-    id
+    ids.insert(key, Some(id));
+    Some(id)
 }
 
 /// A normalizer that looks up only the mappings it needs: with the PROCMAP_QUERY ioctl (Linux
@@ -264,5 +275,27 @@ fn read_process(pid: u32) -> Process {
         cgroup: cgroups.v2,
         memory_cgroup: cgroups.memory,
         cpu_cgroup: cgroups.cpu,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_elf_files_get_an_id() {
+        let (mut files, mut ids) = (Vec::new(), HashMap::new());
+        let me = std::process::id();
+        let data = std::env::temp_dir().join(format!("profiler-not-elf-{me}"));
+        std::fs::write(&data, b"LC_CTYPE data, not code").unwrap();
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        assert_eq!(file_id(&mut files, &mut ids, me, &data, None), None);
+        let id = file_id(&mut files, &mut ids, me, &exe, None);
+        assert_eq!(id, Some(0));
+        // Known files keep their answer.
+        assert_eq!(file_id(&mut files, &mut ids, me, &data, None), None);
+        assert_eq!(file_id(&mut files, &mut ids, me, &exe, None), id);
+        assert_eq!(files.len(), 1);
+        std::fs::remove_file(&data).unwrap();
     }
 }

@@ -5,14 +5,15 @@
 //!
 //! ```text
 //! busy 42/42 [001] 1796083200.010000: 1 cpu-clock:
-//!     3 clear_page ([kernel.kallsyms])
-//!     2 asm_exc_page_fault ([kernel.kallsyms])
-//!     0 main (/usr/bin/busy)
+//!     ffffffff81a2b3c0 clear_page ([kernel.kallsyms])
+//!     ffffffff81e00b27 asm_exc_page_fault ([kernel.kallsyms])
+//!     1139 main (/usr/bin/busy)
 //!
 //! ```
 //!
-//! We keep no addresses, so the "address" column is the frame's index in hex: stable within a
-//! file and unique per (name, module, kind), which is all the readers need.
+//! The address column is the frame's address as the capture keeps it: the instruction address
+//! for kernel frames, the offset in the binary for user frames (perf prints the process's
+//! virtual address, which means nothing once the process is gone), 0 when unknown.
 use std::io;
 
 use crate::profile::{Frame, FrameKind, Profile};
@@ -46,7 +47,8 @@ pub fn write_perf_text(profile: &Profile, w: &mut impl io::Write) -> io::Result<
         )?;
         for &f in profile.stacks[s.stack as usize].frames.iter().rev() {
             let f = f as usize;
-            writeln!(w, "\t{f:x} {} ({})", names[f], modules[f])?;
+            let addr = profile.frames[f].addr;
+            writeln!(w, "\t{addr:x} {} ({})", names[f], modules[f])?;
         }
         writeln!(w)?;
     }
