@@ -62,8 +62,12 @@ fn module(profile: &Profile, f: &Frame) -> String {
     match (f.kind, m) {
         (FrameKind::Kernel, "" | "vmlinux") => "[kernel.kallsyms]".into(),
         (FrameKind::Kernel, m) => format!("[{}]", clean(m)),
-        (FrameKind::User, "") => "[unknown]".into(),
-        (FrameKind::User, m) => clean(m),
+        (FrameKind::User, m) => match profile.binaries.get(f.binary as usize) {
+            // The full path, as perf prints it; the module name is only the file name.
+            Some(b) if !b.path.is_empty() => clean(&b.path),
+            _ if m.is_empty() => "[unknown]".into(),
+            _ => clean(m),
+        },
     }
 }
 
