@@ -17,9 +17,8 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
-    bench_support::{Proc, catch_ctrl_c, process_cpu_seconds, sleep},
-    run,
-    setup::{self, Extras},
+    bench_support::{Proc, catch_ctrl_c, prepare, process_cpu_seconds, sleep},
+    setup::Extras,
     util,
 };
 
@@ -38,13 +37,10 @@ struct Run {
 }
 
 pub fn agent(seconds: u64) -> Result<()> {
-    setup::require(Extras {
+    let (bin, out_dir) = prepare(Extras {
         bench: true,
         ..Extras::default()
     })?;
-    let bin = run::build(true)?;
-    let out_dir = util::target_dir().join("bench");
-    fs::create_dir_all(&out_dir)?;
     let tmp = std::env::temp_dir().join(format!("profiler-bench-agent-{}", std::process::id()));
     fs::create_dir_all(&tmp)?;
     catch_ctrl_c();

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::bench_support::{Proc, catch_ctrl_c, wait4};
-use crate::setup::{self, Extras};
-use crate::{run, util};
+use crate::bench_support::{Proc, catch_ctrl_c, prepare, wait4};
+use crate::setup::Extras;
+use crate::util;
 
 /// Chromium runs per page; the median is reported.
 const BROWSER_RUNS: usize = 3;
@@ -33,7 +33,7 @@ pub struct Options {
 }
 
 pub fn heatmap(opts: &Options) -> Result<()> {
-    setup::require(Extras {
+    let (bin, out_dir) = prepare(Extras {
         tests: true, // chromium
         ..Extras::default()
     })?;
@@ -41,8 +41,6 @@ pub fn heatmap(opts: &Options) -> Result<()> {
         .iter()
         .find_map(|name| util::which(name))
         .context("chromium not found: run `cargo xtask setup --tests`")?;
-    let bin = run::build(true)?;
-    let out_dir = util::target_dir().join("bench");
     // The synthetic capture is a few hundred MB: under target/, not /tmp.
     let work = out_dir.join("heatmap-work");
     fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;

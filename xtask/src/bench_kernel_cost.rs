@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use crate::bench_support::{
-    BpfStatsEnabled, Proc, ProgStats, catch_ctrl_c, children_cpu_seconds, process_cpu_seconds,
-    sleep,
+    BpfStatsEnabled, Proc, ProgStats, catch_ctrl_c, children_cpu_seconds, prepare,
+    process_cpu_seconds, sleep,
 };
-use crate::setup::{self, Extras};
-use crate::{host, run, util};
+use crate::setup::Extras;
+use crate::{host, util};
 
 /// Targets: our BPF ns/sample over bpftrace's, and own CPU in % of one core at `OWN_CPU_HZ`.
 const MAX_RATIO: f64 = 0.75;
@@ -30,13 +30,10 @@ const ROUNDS: u32 = 2;
 const EXIT_GRACE: Duration = Duration::from_secs(60);
 
 pub fn kernel_cost(seconds: u64, frequency: u64) -> Result<()> {
-    setup::require(Extras {
+    let (bin, out_dir) = prepare(Extras {
         bench: true,
         ..Extras::default()
     })?;
-    let bin = run::build(true)?;
-    let out_dir = util::target_dir().join("bench");
-    fs::create_dir_all(&out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
     let tmp = std::env::temp_dir().join(format!("profiler-bench-{}", std::process::id()));
     fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     catch_ctrl_c();

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
@@ -11,7 +11,21 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::util;
+use crate::{
+    run,
+    setup::{self, Extras},
+    util,
+};
+
+/// What every benchmark starts with: its set-up extras installed, the release binary built,
+/// and target/bench (where results go) made. Returns (binary, target/bench).
+pub fn prepare(extras: Extras) -> Result<(PathBuf, PathBuf)> {
+    setup::require(extras)?;
+    let bin = run::build(true)?;
+    let out_dir = util::target_dir().join("bench");
+    fs::create_dir_all(&out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
+    Ok((bin, out_dir))
+}
 
 const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
 

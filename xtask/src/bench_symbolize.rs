@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 
-use crate::bench_support::{Proc, catch_ctrl_c, sleep, wait4};
-use crate::setup::{self, Extras};
-use crate::{run, util};
+use crate::bench_support::{Proc, catch_ctrl_c, prepare, sleep, wait4};
+use crate::setup::Extras;
+use crate::util;
 
 /// Target from issue 3: our report at least this many times faster than perf + inferno.
 const MIN_SPEEDUP: f64 = 5.0;
@@ -28,7 +28,7 @@ const WORKER: &str = r#"while :; do
 done"#;
 
 pub fn symbolize(seconds: u64, frequency: u64) -> Result<()> {
-    setup::require(Extras {
+    let (bin, out_dir) = prepare(Extras {
         bench: true,
         ..Extras::default()
     })?;
@@ -38,8 +38,6 @@ pub fn symbolize(seconds: u64, frequency: u64) -> Result<()> {
             "{tool} is not on PATH: run `cargo xtask setup --bench` (cargo install inferno)"
         );
     }
-    let bin = run::build(true)?;
-    let out_dir = util::target_dir().join("bench");
     // perf.data of a million samples is a few hundred MB: kept under target/, not /tmp.
     let work = out_dir.join("symbolize-work");
     fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
