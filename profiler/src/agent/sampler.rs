@@ -105,14 +105,21 @@ impl Recorder {
         self.collection
             .run_until(&mut self.ring, stop, DRAIN_EVERY, |_| {})
             .await?;
+        self.collection.drain(self.ring.get_mut());
+        self.collection.processes.resolve_pending();
+        // Perf maps are the processes' own files: read on a blocking thread, so a slow one
+        // never holds up this thread, which also serves the HTTP API.
+        let work = self.collection.processes.jit_work();
+        let names = tokio::task::spawn_blocking(move || work.read())
+            .await
+            .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
+        self.collection.processes.apply_jit_names(names);
         Ok(self.cut()?)
     }
 
-    /// Ends the current window: drains, takes its samples, symbolizes them.
+    /// Ends the current window (drained, its addresses resolved): takes its samples,
+    /// symbolizes them.
     fn cut(&mut self) -> Result<Profile, crate::bpf::BpfError> {
-        self.collection.drain(self.ring.get_mut());
-        self.collection.processes.resolve_pending();
-        self.collection.processes.retry_jit_names();
         self.collection.resolve_cgroups();
         let now_mono = util::monotonic_ns();
         let now_unix = unix_now_ns();

@@ -4,6 +4,7 @@
 pub mod cgroup;
 mod perfmap;
 mod process;
+pub mod untrusted;
 
 use std::{collections::HashMap, future::Future, time::Duration};
 
@@ -11,7 +12,7 @@ use aya::maps::{MapData, RingBuf};
 use profiler_common::{COMM_LEN, HEADER_BYTES, SampleHeader, flags};
 use tokio::io::unix::AsyncFd;
 
-pub use process::{ProcessTable, UserFile, UserLoc};
+pub use process::{JitNames, JitWork, ProcessTable, UserFile, UserLoc};
 
 /// A sample as received, with its stacks interned but not yet symbolized.
 #[derive(Clone, Copy, Debug)]

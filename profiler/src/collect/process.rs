@@ -11,6 +11,10 @@ use blazesym::{
     symbolize::Reason,
 };
 
+use super::{
+    perfmap::{self, PerfMap},
+    untrusted::{OpenError, Root},
+};
 use crate::profile::Process;
 
 /// A mapped file that user addresses fall in.
@@ -26,14 +30,16 @@ pub struct UserFile {
 }
 
 impl UserFile {
-    /// A path that reads this very file now: the kept handle, else the recorded path.
-    pub fn readable_path(&self) -> PathBuf {
+    /// A path that reads this very file now, for blazesym: the kept handle's, else that of
+    /// the recorded path opened now (as safely as at first sight: the process may have put a
+    /// FIFO there since), with that new handle, which must live while the path is used.
+    pub fn readable_path(&self) -> Result<(PathBuf, Option<std::fs::File>), OpenError> {
         match &self.handle {
-            Some(f) => PathBuf::from(format!(
-                "/proc/self/fd/{}",
-                std::os::fd::AsRawFd::as_raw_fd(f)
-            )),
-            None => self.path.clone(),
+            Some(f) => Ok((super::untrusted::fd_path(f), None)),
+            None => {
+                let f = Root::host()?.open(&self.path)?;
+                Ok((super::untrusted::fd_path(&f), Some(f)))
+            }
         }
     }
 }
@@ -63,9 +69,10 @@ pub struct ProcessTable {
     pub locs: HashMap<(u32, u64), UserLoc>,
     /// Addresses seen since the last `resolve_pending`, per pid.
     pending: HashMap<u32, Vec<u64>>,
-    /// Addresses in anonymous memory that no perf map named yet, per pid: JIT code whose
-    /// map line may come later (a JVM's perf-map-agent dumps on request). `retry_jit_names`.
-    unnamed_anon: HashMap<u32, Vec<u64>>,
+    /// Addresses in anonymous memory that no perf map named yet, per pid, with what is needed
+    /// to read its map: JIT code whose map line may come later (a JVM's perf-map-agent dumps
+    /// on request). Read by `JitWork`, off the drain thread.
+    unnamed_anon: HashMap<u32, (perfmap::Source, Vec<u64>)>,
     /// JIT symbol names (`UserLoc::Named`), each once.
     pub names: Vec<String>,
     name_ids: HashMap<String, u32>,
@@ -112,7 +119,7 @@ impl ProcessTable {
                 Ok(n) => n,
                 Err(e) => {
                     log::debug!("pid {pid}: cannot read its mappings: {e}");
-                    self.name_jit_code(pid, &addrs);
+                    self.queue_jit(pid, addrs);
                     continue; // the rest stay Unknown
                 }
             };
@@ -146,49 +153,91 @@ impl ProcessTable {
                     anon.push(addr);
                 }
             }
-            self.name_jit_code(pid, &addrs);
-            anon.retain(|a| self.locs.get(&(pid, *a)) == Some(&UserLoc::Unknown));
             if !anon.is_empty() {
-                self.unnamed_anon.entry(pid).or_default().extend(anon);
+                self.queue_jit(pid, anon);
             }
         }
     }
 
-    /// Tries the perf maps again for anonymous-memory addresses none named yet: the map may
-    /// have been written after they were first seen. One read per such live process; the
-    /// agent calls this once per window, `record` once before symbolizing.
-    pub fn retry_jit_names(&mut self) {
-        for (pid, mut addrs) in std::mem::take(&mut self.unnamed_anon) {
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                continue; // exited: its map is of no use now, and it will not grow
+    /// Notes anonymous-memory addresses of `pid` for its perf map. Only cheap /proc reads
+    /// here (this runs on the drain thread); the map itself is read by `JitWork::read`.
+    fn queue_jit(&mut self, pid: u32, addrs: Vec<u64>) {
+        use std::collections::hash_map::Entry;
+        match self.unnamed_anon.entry(pid) {
+            Entry::Occupied(mut e) => e.get_mut().1.extend(addrs),
+            Entry::Vacant(e) => {
+                // Gone already: nothing says whose map /tmp/perf-PID.map would be.
+                if let Some(src) = perfmap::Source::of(pid) {
+                    e.insert((src, addrs));
+                }
             }
-            self.name_jit_code(pid, &addrs);
+        }
+    }
+
+    /// Takes the addresses waiting for a perf map, to be read (`JitWork::read`, blocking file
+    /// work) where no samples are drained and no HTTP is served, then given back to
+    /// `apply_jit_names`.
+    pub fn jit_work(&mut self) -> JitWork {
+        JitWork(std::mem::take(&mut self.unnamed_anon).into_iter().collect())
+    }
+
+    /// Names the addresses `names` found; keeps the rest waiting for a later read while
+    /// their process lives (its map may grow).
+    pub fn apply_jit_names(&mut self, names: JitNames) {
+        for (pid, src, mut addrs, map) in names.0 {
+            for &addr in &addrs {
+                if self.locs.get(&(pid, addr)) != Some(&UserLoc::Unknown) {
+                    continue;
+                }
+                let Some(name) = map.lookup(addr) else {
+                    continue;
+                };
+                let next = self.names.len() as u32;
+                let id = *self.name_ids.entry(name.to_owned()).or_insert_with(|| {
+                    self.names.push(name.to_owned());
+                    next
+                });
+                self.locs.insert((pid, addr), UserLoc::Named(id));
+            }
             addrs.retain(|a| self.locs.get(&(pid, *a)) == Some(&UserLoc::Unknown));
-            if !addrs.is_empty() {
-                self.unnamed_anon.insert(pid, addrs);
+            if !addrs.is_empty() && std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                self.unnamed_anon
+                    .entry(pid)
+                    .or_insert((src, Vec::new()))
+                    .1
+                    .extend(addrs);
             }
         }
     }
 
-    /// Names `addrs` still unknown from `pid`'s perf map, read at most once per call: a JIT
-    /// appends to it as it compiles, so a later pass sees newer code.
-    fn name_jit_code(&mut self, pid: u32, addrs: &[u64]) {
-        let mut map = None;
-        for &addr in addrs {
-            if self.locs.get(&(pid, addr)) != Some(&UserLoc::Unknown) {
-                continue;
-            }
-            let map = map.get_or_insert_with(|| super::perfmap::read(pid).unwrap_or_default());
-            let Some(name) = map.lookup(addr) else {
-                continue;
-            };
-            let next = self.names.len() as u32;
-            let id = *self.name_ids.entry(name.to_owned()).or_insert_with(|| {
-                self.names.push(name.to_owned());
-                next
-            });
-            self.locs.insert((pid, addr), UserLoc::Named(id));
-        }
+    /// Reads the perf maps of the processes with unnamed anonymous-memory addresses and names
+    /// them, here and now: for `record`, once sampling is over.
+    pub fn retry_jit_names(&mut self) {
+        let names = self.jit_work().read();
+        self.apply_jit_names(names);
+    }
+}
+
+/// Perf maps to read: (pid, source, addresses). Sent to a blocking thread by the agent.
+pub struct JitWork(Vec<(u32, (perfmap::Source, Vec<u64>))>);
+
+/// `JitWork` done: each process's map (empty when it has none or it was refused).
+pub struct JitNames(Vec<(u32, perfmap::Source, Vec<u64>, PerfMap)>);
+
+impl JitWork {
+    /// Reads each process's map once. Blocking file work, bounded by the map caps.
+    pub fn read(self) -> JitNames {
+        JitNames(
+            self.0
+                .into_iter()
+                .map(|(pid, (src, mut addrs))| {
+                    addrs.sort_unstable();
+                    addrs.dedup();
+                    let map = perfmap::read(pid, &src).unwrap_or_default();
+                    (pid, src, addrs, map)
+                })
+                .collect(),
+        )
     }
 }
 
@@ -204,10 +253,13 @@ fn file_id(
     build_id: Option<&[u8]>,
 ) -> Option<u32> {
     use std::os::unix::fs::{FileExt as _, MetadataExt as _};
-    let in_ns =
-        PathBuf::from(format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path));
-    let handle = std::fs::File::open(&in_ns)
-        .or_else(|_| std::fs::File::open(path))
+    // In the process's root (the host's when it is gone). Non-blocking and regular files
+    // only: the path is the process's to replace (by a FIFO, say) after it mapped the file.
+    let handle = Root::of_process(pid)
+        .or_else(|_| Root::host())
+        .map_err(OpenError::from)
+        .and_then(|root| root.open(path))
+        .map_err(|e| log::debug!("pid {pid}: {} not opened: {e}", path.display()))
         .ok();
     let key = handle
         .as_ref()

@@ -5,12 +5,17 @@
 //! blazesym only follows a build id when the binary also has a `.gnu_debuglink`; a plain
 //! `strip`ped binary has none, and we open binaries through `/proc/self/fd/N`, so the lookup
 //! by build id is done here.
-use std::path::{Path, PathBuf};
+use std::{
+    fs::File,
+    path::{Component, Path, PathBuf},
+};
 
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,
     source::{Elf, Source},
 };
+
+use crate::collect::untrusted::{Root, fd_path};
 
 /// Where distributions install debug files (`.build-id/` under each).
 const DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
@@ -50,12 +55,22 @@ fn gnu_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
 /// The separate debug file of a binary, readable at `path` and known to its process as
 /// `original`: by build id under the debug dirs, else by the name in its `.gnu_debuglink`
 /// where GDB looks: next to the binary, in `.debug/` there, or under /usr/lib/debug plus the
-/// binary's directory. A candidate with a build id must carry the binary's.
-pub fn find_debug_file(path: &Path, original: &Path, build_id: Option<&[u8]>) -> Option<PathBuf> {
-    if let Some(found) = build_id.and_then(debug_file) {
+/// binary's directory. A candidate with a build id must carry the binary's. Candidates are
+/// opened as files of the process (`untrusted`): the binary and the directory it names are
+/// the process's, and a link name is only a file name (a `../` one is ignored).
+pub fn find_debug_file(path: &Path, original: &Path, build_id: Option<&[u8]>) -> Option<File> {
+    let root = Root::host().ok()?;
+    if let Some(found) = build_id.and_then(|id| debug_file(&root, id)) {
         return Some(found);
     }
     let link = debuglink(path)?;
+    let mut parts = link.components();
+    if !matches!(
+        (parts.next(), parts.next()),
+        (Some(Component::Normal(_)), None)
+    ) {
+        return None;
+    }
     let dir = original.parent()?;
     let under_debug = Path::new(DEBUG_DIRS[0]).join(dir.strip_prefix("/").unwrap_or(dir));
     [
@@ -64,23 +79,24 @@ pub fn find_debug_file(path: &Path, original: &Path, build_id: Option<&[u8]>) ->
         under_debug.join(&link),
     ]
     .into_iter()
-    .filter(|p| p.is_file() && p != original)
-    .find(|p| match (build_id, elf_facts(p).and_then(|f| f.1)) {
-        (Some(want), Some(have)) => want == have.as_slice(),
-        _ => true,
+    .filter(|p| p != original)
+    .filter_map(|p| root.open(&p).ok())
+    .find(|f| match (build_id, elf_facts(f).map(|f| f.1)) {
+        (Some(want), Some(Some(have))) => want == have.as_slice(),
+        (_, facts) => facts.is_some(), // an ELF file at least
     })
 }
 
 /// The file name a binary's `.gnu_debuglink` section names, if it has one.
 fn debuglink(path: &Path) -> Option<PathBuf> {
-    elf_facts(path)?.0
+    elf_facts(&File::open(path).ok()?)?.0
 }
 
-/// (`.gnu_debuglink` name, build id) of the ELF file at `path`, reading only the parts needed.
-fn elf_facts(path: &Path) -> Option<(Option<PathBuf>, Option<Vec<u8>>)> {
+/// (`.gnu_debuglink` name, build id) of an ELF file, reading only the parts needed.
+fn elf_facts(file: &File) -> Option<(Option<PathBuf>, Option<Vec<u8>>)> {
     use object::Object as _;
     use std::os::unix::ffi::OsStrExt as _;
-    let cache = object::ReadCache::new(std::fs::File::open(path).ok()?);
+    let cache = object::ReadCache::new(file);
     let elf = object::File::parse(&cache).ok()?;
     let link = elf
         .gnu_debuglink()
@@ -92,13 +108,12 @@ fn elf_facts(path: &Path) -> Option<(Option<PathBuf>, Option<Vec<u8>>)> {
 }
 
 /// The separate debug file for `build_id`, if one is installed.
-fn debug_file(build_id: &[u8]) -> Option<PathBuf> {
+fn debug_file(root: &Root, build_id: &[u8]) -> Option<File> {
     let (first, rest) = build_id.split_first()?;
     let rel = format!(".build-id/{first:02x}/{}.debug", hex(rest));
     DEBUG_DIRS
         .iter()
-        .map(|dir| Path::new(dir).join(&rel))
-        .find(|p| p.is_file())
+        .find_map(|dir| root.open(&Path::new(dir).join(&rel)).ok())
 }
 
 /// Names for `offsets` (file offsets in `binary`) from its separate debug file. A debug file
@@ -106,9 +121,11 @@ fn debug_file(build_id: &[u8]) -> Option<PathBuf> {
 /// offsets become virtual addresses through `binary`'s own program headers first.
 pub fn symbolize_from_debug_file(
     binary: &Path,
-    debug: &Path,
+    debug_file: &File,
     offsets: &[u64],
 ) -> Vec<Option<String>> {
+    // blazesym opens by path: the one of our handle, so it reads the file checked above.
+    let debug = &fd_path(debug_file);
     let Some(segments) = elf_head(binary).and_then(|b| load_segments(&b)) else {
         return vec![None; offsets.len()];
     };

@@ -218,7 +218,14 @@ fn symbolize_user(c: &Collection, user: &UserSymbolizer, names: &mut NameCache) 
         offsets.sort_unstable();
         offsets.dedup();
         let f = &c.processes.files[file as usize];
-        let path = f.readable_path();
+        let (path, _opened) = match f.readable_path() {
+            Ok(p) => p,
+            Err(e) => {
+                log::debug!("{}: not symbolized: {e}", f.path.display());
+                names.extend(offsets.iter().map(|&o| ((file, o), Vec::new())));
+                continue;
+            }
+        };
         let mut found = user.symbolize_file_inlined(&path, &offsets);
         debug_file_names(f, &path, &offsets, &mut found);
         for (offset, name) in offsets.iter().zip(found) {
