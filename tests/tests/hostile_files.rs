@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use profiler_tests::{TempDir, exclusive, expect_success, read_folded, require_bpf, samples};
+use profiler_tests::{
+    Agent, TempDir, exclusive, expect_success, read_folded, require_bpf, samples,
+};
 
 /// `nobody` and `nogroup` on Debian.
 const NOBODY: u32 = 65534;
@@ -337,5 +339,39 @@ fn a_50_mb_name_is_capped() {
         );
         assert!(r.folded.len() < 1 << 20, "{} bytes folded", r.folded.len());
         assert!(r.pprof.len() < 1 << 20, "{} bytes pprof", r.pprof.len());
+    });
+}
+
+/// The agent serves HTTP on the thread that drains samples: a FIFO as perf map must not
+/// freeze it. /healthz and /metrics answer throughout, and windows keep being stored.
+#[test]
+fn agent_keeps_answering_with_a_fifo_perf_map() {
+    privileged(|| {
+        let fx = Hostile::start();
+        let fifo = std::ffi::CString::new(fx.map().to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        lchown(fx.map(), Some(NOBODY), Some(NOBODY)).unwrap();
+        let dir = TempDir::new("agent-fifo");
+        let data = dir.file("data");
+        let mut agent = Agent::start(&data, &["--window", "1s", "--comm", "fx-jit"]);
+        let start = Instant::now();
+        // Every window reads the map again (its JIT code stays unnamed): three of them.
+        loop {
+            let (status, _) = agent.get("/healthz");
+            assert_eq!(status, 200, "/healthz");
+            let (_, m) = agent.get("/metrics");
+            let stored = String::from_utf8_lossy(&m)
+                .lines()
+                .find_map(|l| l.strip_prefix("profiler_windows_total{outcome=\"stored\"} "))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            if stored >= 3 {
+                break;
+            }
+            assert!(start.elapsed() < HANG, "only {stored} windows stored");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(agent.stop().success(), "the agent did not stop cleanly");
     });
 }
