@@ -101,6 +101,10 @@ struct Recorded {
 /// taken from wait4 (this child's alone). Its address space is capped at 2 GiB (record needs
 /// less than 1 GiB) so a build that reads /dev/zero to the end fails this test instead of
 /// exhausting the machine.
+#[expect(
+    clippy::zombie_processes,
+    reason = "reaped by wait4, which also gives its rusage"
+)]
 fn record_hostile(label: &str) -> Recorded {
     let dir = TempDir::new(label);
     let (folded, pprof) = (dir.file("out.folded"), dir.file("out.pb.gz"));
@@ -133,8 +137,9 @@ fn record_hostile(label: &str) -> Recorded {
     let pid = child.id() as i32;
     let start = Instant::now();
     let (status, rusage) = loop {
+        // SAFETY: rusage is plain integers (all zero is valid); wait4 writes the status and
+        // rusage we pass, for our own child.
         let (mut status, mut rusage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
-        // SAFETY: wait4 writes the status and rusage we pass, for our own child.
         let got = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut rusage) };
         if got == pid {
             break (status, rusage);
