@@ -129,7 +129,9 @@ pub async fn record(
     sampler.detach();
     collection.drain(ring.get_mut());
     collection.processes.resolve_pending();
-    collection.processes.retry_jit_names();
+    // Blocking file work off this thread: in the agent, /debug/pprof/profile records here
+    // on the thread that serves HTTP.
+    collection.processes.name_jit_code().await?;
     collection.resolve_cgroups();
     let k = sampler.counters()?;
 
@@ -165,12 +167,12 @@ pub async fn record(
     if config.verbose || counters.lost_ringbuf_full > 0 {
         report_counters(&counters, duration_ns);
     }
-    let profile = symbolize::build_profile(
-        collection,
-        meta,
-        &kernel,
-        &UserSymbolizer::new(config.inline),
-    );
+    let inline = config.inline;
+    let profile = tokio::task::spawn_blocking(move || {
+        symbolize::build_profile(collection, meta, &kernel, &UserSymbolizer::new(inline))
+    })
+    .await
+    .map_err(std::io::Error::other)?;
     if config.verbose {
         // `cargo xtask bench symbolize` reads this line: it is our share of the work that
         // `perf script` does after the fact.

@@ -2,7 +2,7 @@
 //! one `Profile` out of the stream. Process facts (maps, exe, open binaries) of live processes
 //! carry over between windows; those of exited processes are dropped, so memory follows the
 //! number of live processes, not the pid churn.
-use std::{collections::HashMap, future::Future, time::Duration};
+use std::{collections::HashMap, future::Future, sync::Arc, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
@@ -22,11 +22,6 @@ const MAX_FILES: usize = 2048;
 /// Addresses remembered across windows at most (same reset as `MAX_FILES`).
 const MAX_LOCS: usize = 1_000_000;
 
-/// Windows one user symbolizer (and its cache of parsed, memory-mapped binaries) serves before
-/// a fresh one. One: names already found are kept in `names`, so a window parses only the
-/// binaries with new addresses, and the mappings do not stay in the agent's RSS.
-const SYMBOLIZER_WINDOWS: u32 = 1;
-
 /// How often the agent drains the ring buffer unwoken. At 19 Hz a second of samples is a few
 /// KiB, and every wake-up costs the agent CPU; new processes and a quarter-full buffer still
 /// wake it at once (see profiler-ebpf).
@@ -38,10 +33,8 @@ pub struct Recorder {
     ring: AsyncFd<RingBuf<MapData>>,
     collection: Collection,
     filter: CommFilter,
-    kernel: KernelSymbols,
-    user: UserSymbolizer,
-    /// Windows symbolized with `user` since it was made.
-    user_windows: u32,
+    /// Shared with the blocking thread that symbolizes each window.
+    kernel: Arc<KernelSymbols>,
     /// User frame names found in earlier windows (cleared with the process table).
     names: symbolize::NameCache,
     frequency_hz: u32,
@@ -81,9 +74,7 @@ impl Recorder {
             ring,
             collection: Collection::new(filter.clone()),
             filter,
-            kernel,
-            user: UserSymbolizer::default(),
-            user_windows: 0,
+            kernel: Arc::new(kernel),
             names: symbolize::NameCache::new(),
             frequency_hz,
             event,
@@ -109,17 +100,13 @@ impl Recorder {
         self.collection.processes.resolve_pending();
         // Perf maps are the processes' own files: read on a blocking thread, so a slow one
         // never holds up this thread, which also serves the HTTP API.
-        let work = self.collection.processes.jit_work();
-        let names = tokio::task::spawn_blocking(move || work.read())
-            .await
-            .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
-        self.collection.processes.apply_jit_names(names);
-        Ok(self.cut()?)
+        self.collection.processes.name_jit_code().await?;
+        self.cut().await
     }
 
     /// Ends the current window (drained, its addresses resolved): takes its samples,
     /// symbolizes them.
-    fn cut(&mut self) -> Result<Profile, crate::bpf::BpfError> {
+    async fn cut(&mut self) -> Result<Profile, RecordError> {
         self.collection.resolve_cgroups();
         let now_mono = util::monotonic_ns();
         let now_unix = unix_now_ns();
@@ -150,8 +137,6 @@ impl Recorder {
         };
         self.start_unix_ns = now_unix;
         self.start_mono_ns = now_mono;
-        // One symbolizer for the agent's life: blazesym caches parsed binaries by path, and
-        // the paths (/proc/self/fd/N of the table's open handles) stay valid until a reset.
         // Symbolize only this window's addresses, not every address the table remembers.
         let all_locs = std::mem::take(&mut window.processes.locs);
         window.processes.locs = window
@@ -161,30 +146,29 @@ impl Recorder {
             .flat_map(|(pid, addrs)| addrs.iter().map(move |a| (*pid, *a)))
             .filter_map(|k| all_locs.get(&k).map(|l| (k, *l)))
             .collect();
-        let profile = symbolize::build_profile_cached(
-            &window,
-            meta,
-            &self.kernel,
-            &self.user,
-            &mut self.names,
-        );
+        // Symbolizing reads the processes' binaries and debug files: on a blocking thread,
+        // so this one goes on serving HTTP. A fresh user symbolizer each window (blazesym's
+        // cannot cross threads, and need not: names already found are kept in `names`, so a
+        // window parses only the binaries with new addresses, and their mappings do not stay
+        // in the agent's RSS).
+        let kernel = self.kernel.clone();
+        let mut names = std::mem::take(&mut self.names);
+        let (profile, mut window, names) = tokio::task::spawn_blocking(move || {
+            let user = UserSymbolizer::default();
+            let p = symbolize::build_profile_cached(&window, meta, &kernel, &user, &mut names);
+            (p, window, names)
+        })
+        .await
+        .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
+        self.names = names;
         window.processes.locs = all_locs;
         let mut live = std::mem::take(&mut window.processes);
-        self.user_windows += 1;
-        // A table reset closes the handles the cache's paths name. And binaries stop being
-        // run (a finished build's compilers): a periodic fresh start returns their memory.
         if prune(&mut live) {
             // File ids start afresh: names keyed by them would point at other files.
             self.names.clear();
-            self.user = UserSymbolizer::default();
-            self.user_windows = 0;
         } else if self.names.len() > MAX_LOCS {
             // Names of exited processes' code pile up; finding them again is cheap.
             self.names.clear();
-        }
-        if self.user_windows >= SYMBOLIZER_WINDOWS {
-            self.user = UserSymbolizer::default();
-            self.user_windows = 0;
         }
         self.collection.processes = live;
         // Cgroup paths are a small cache: keep the ones this window saw.
@@ -194,7 +178,7 @@ impl Recorder {
 }
 
 /// Forgets exited processes; starts afresh when the table outgrows its bounds (then returns
-/// true: the symbolizer's cache must go too, as its paths name the table's handles).
+/// true: the names cache must go too, as it is keyed by the table's file ids).
 fn prune(live: &mut ProcessTable) -> bool {
     let mut alive: HashMap<u32, bool> = HashMap::new();
     let mut is_alive = |pid: u32| {

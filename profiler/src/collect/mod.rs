@@ -12,7 +12,7 @@ use aya::maps::{MapData, RingBuf};
 use profiler_common::{COMM_LEN, HEADER_BYTES, SampleHeader, flags};
 use tokio::io::unix::AsyncFd;
 
-pub use process::{JitNames, JitWork, ProcessTable, UserFile, UserLoc};
+pub use process::{ProcessTable, UserFile, UserLoc};
 
 /// A sample as received, with its stacks interned but not yet symbolized.
 #[derive(Clone, Copy, Debug)]

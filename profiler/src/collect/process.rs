@@ -177,13 +177,13 @@ impl ProcessTable {
     /// Takes the addresses waiting for a perf map, to be read (`JitWork::read`, blocking file
     /// work) where no samples are drained and no HTTP is served, then given back to
     /// `apply_jit_names`.
-    pub fn jit_work(&mut self) -> JitWork {
+    fn jit_work(&mut self) -> JitWork {
         JitWork(std::mem::take(&mut self.unnamed_anon).into_iter().collect())
     }
 
     /// Names the addresses `names` found; keeps the rest waiting for a later read while
     /// their process lives (its map may grow).
-    pub fn apply_jit_names(&mut self, names: JitNames) {
+    fn apply_jit_names(&mut self, names: JitNames) {
         for (pid, src, mut addrs, map) in names.0 {
             for &addr in &addrs {
                 if self.locs.get(&(pid, addr)) != Some(&UserLoc::Unknown) {
@@ -210,23 +210,27 @@ impl ProcessTable {
         }
     }
 
-    /// Reads the perf maps of the processes with unnamed anonymous-memory addresses and names
-    /// them, here and now: for `record`, once sampling is over.
-    pub fn retry_jit_names(&mut self) {
-        let names = self.jit_work().read();
+    /// Reads the perf maps of the processes with unnamed anonymous-memory addresses, on a
+    /// blocking thread (the caller's may drain samples or serve HTTP), and names them.
+    pub async fn name_jit_code(&mut self) -> std::io::Result<()> {
+        let work = self.jit_work();
+        let names = tokio::task::spawn_blocking(move || work.read())
+            .await
+            .map_err(std::io::Error::other)?;
         self.apply_jit_names(names);
+        Ok(())
     }
 }
 
-/// Perf maps to read: (pid, source, addresses). Sent to a blocking thread by the agent.
-pub struct JitWork(Vec<(u32, (perfmap::Source, Vec<u64>))>);
+/// Perf maps to read: (pid, source, addresses), sent to a blocking thread.
+struct JitWork(Vec<(u32, (perfmap::Source, Vec<u64>))>);
 
 /// `JitWork` done: each process's map (empty when it has none or it was refused).
-pub struct JitNames(Vec<(u32, perfmap::Source, Vec<u64>, PerfMap)>);
+struct JitNames(Vec<(u32, perfmap::Source, Vec<u64>, PerfMap)>);
 
 impl JitWork {
     /// Reads each process's map once. Blocking file work, bounded by the map caps.
-    pub fn read(self) -> JitNames {
+    fn read(self) -> JitNames {
         JitNames(
             self.0
                 .into_iter()
