@@ -7,10 +7,10 @@
 //! /proc/PID/root, so an absolute symlink in a container lands in the container's root, never
 //! the host's, and `..` cannot climb out; RESOLVE_NO_MAGICLINKS refuses /proc/self/fd-style
 //! links, which jump anywhere. Where `openat2` is missing (ENOSYS: an old kernel, or a seccomp
-//! policy that hides it) the fallback walks the path one component at a time with O_NOFOLLOW
-//! and refuses every symlink and every `..`: stricter, and safe for the paths we open, which
-//! come from /proc/PID/maps (the kernel prints them with symlinks already resolved) or are
-//! fixed names (/tmp/perf-N.map).
+//! policy that hides it; EPERM: one that refuses it) the fallback walks the path one component
+//! at a time with O_NOFOLLOW and refuses every symlink and every `..`: stricter, and safe for
+//! the paths we open, which come from /proc/PID/maps (the kernel prints them with symlinks
+//! already resolved) or are fixed names (/tmp/perf-N.map).
 use std::{
     ffi::CString,
     fs::File,
@@ -73,7 +73,11 @@ impl Root {
     /// and only if it is a regular file.
     pub fn open(&self, path: &Path) -> Result<File, OpenError> {
         let file = match self.openat2(path) {
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => self.open_walking(path)?,
+            // ENOSYS: no openat2. EPERM: a seccomp policy that refuses it (older container
+            // runtimes' default); a real EPERM fails the stricter walk just the same.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {
+                self.open_walking(path)?
+            }
             other => other?,
         };
         regular(&file)?;
