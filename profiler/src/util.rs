@@ -6,6 +6,77 @@ pub fn comm_str(raw: &[u8]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
+/// Opens a file a user named for reading, refusing anything but a regular file: a FIFO would
+/// block forever and a device (`/dev/zero`) never ends. Opened non-blocking, so even a FIFO
+/// nobody writes returns at once; for a regular file the flag changes nothing.
+pub fn open_regular(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() {
+        Ok(file)
+    } else {
+        let what = if kind.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a FIFO, socket or device)"
+        };
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{what}; give a file"),
+        ))
+    }
+}
+
+/// Reads a user-named regular file (see `open_regular`) of at most `max` bytes; a longer one
+/// is an error naming the bound, not a slow exhaustion of memory.
+pub fn read_regular(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    open_regular(path)?.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "larger than {} MiB, the most read from such a file",
+                max >> 20
+            ),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Writes `path` through a temporary file in the same directory, renamed over `path` only once
+/// `write` succeeded and the data is on disk: an error (or a crash) leaves the old file as it
+/// was, never half a file. A path that exists and is not a regular file (`/dev/stdout`, a
+/// FIFO) is written in place: renaming over it would replace the device.
+pub fn write_atomic(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    use std::io::Write as _;
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
+        write(&mut w)?;
+        return w.flush();
+    }
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        write(&mut w)?;
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
 /// Parses a duration: `10s`, `500ms`, `2m`, `1h`, `7d`, or a bare number of seconds (`1.5`).
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let t = text.trim();

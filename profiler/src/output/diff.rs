@@ -6,20 +6,64 @@ use std::{collections::HashMap, io};
 
 use inferno::{differential, flamegraph};
 
-/// Folded stacks: `root;outer;...;leaf` -> samples.
+/// Folded stacks: `root;outer;...;leaf` -> samples. The counts add up to at most `u64::MAX`
+/// (`parse_folded` checks), so sums over one profile never wrap.
 pub type Folded = HashMap<String, u64>;
 
-/// Parses folded text (`stack COUNT` per line; bad lines are skipped).
-pub fn parse_folded(text: &str) -> Folded {
+/// Longest folded line read. Deep C++ stacks with inlining reach tens of KiB; the flame graph
+/// repeats a frame's name in each box, so the SVG grows with what a line holds.
+pub const MAX_FOLDED_LINE: usize = 1 << 20;
+/// Longest frame name in a folded line (as a capture's strings, see `profile::MAX_STRING_BYTES`).
+pub const MAX_FOLDED_FRAME: usize = crate::profile::MAX_STRING_BYTES;
+
+/// Why folded text was refused; `line` is 1-based.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FoldedError {
+    #[error("line {line}: longer than {MAX_FOLDED_LINE} bytes; is this folded stacks?")]
+    LongLine { line: usize },
+    #[error("line {line}: a frame name longer than {MAX_FOLDED_FRAME} bytes")]
+    LongFrame { line: usize },
+    #[error("line {line}: the count {count} does not fit 64 bits")]
+    CountTooLarge { line: usize, count: String },
+    #[error("line {line}: the counts add up past 2^64")]
+    TotalTooLarge { line: usize },
+    #[error("no stacks (lines of `frame;frame COUNT`)")]
+    Empty,
+}
+
+/// Parses folded text (`stack COUNT` per line). Lines that are not folded stacks (no count)
+/// are skipped, as stackcollapse output may carry comments; what would silently distort the
+/// comparison is refused: counts past 64 bits, lines or frames past the bounds, no stacks.
+pub fn parse_folded(text: &str) -> Result<Folded, FoldedError> {
     let mut out = Folded::new();
-    for line in text.lines() {
-        if let Some((stack, n)) = line.trim_end().rsplit_once(' ')
-            && let Ok(n) = n.parse::<u64>()
-        {
-            *out.entry(stack.to_owned()).or_default() += n;
+    let mut total = 0u64;
+    for (i, line) in text.lines().enumerate() {
+        let line_no = i + 1;
+        if line.len() > MAX_FOLDED_LINE {
+            return Err(FoldedError::LongLine { line: line_no });
         }
+        let Some((stack, n)) = line.trim_end().rsplit_once(' ') else {
+            continue;
+        };
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let n: u64 = n.parse().map_err(|_| FoldedError::CountTooLarge {
+            line: line_no,
+            count: n.to_owned(),
+        })?;
+        if stack.split(';').any(|f| f.len() > MAX_FOLDED_FRAME) {
+            return Err(FoldedError::LongFrame { line: line_no });
+        }
+        total = total
+            .checked_add(n)
+            .ok_or(FoldedError::TotalTooLarge { line: line_no })?;
+        *out.entry(stack.to_owned()).or_default() += n;
     }
-    out
+    if out.is_empty() {
+        return Err(FoldedError::Empty);
+    }
+    Ok(out)
 }
 
 fn to_text(f: &Folded) -> String {
@@ -170,8 +214,8 @@ mod tests {
 
     #[test]
     fn extra_hot_function_tops_the_list() {
-        let before = parse_folded("app;main;work 50\napp;main;idle 50\n");
-        let after = parse_folded("app;main;work 50\napp;main;idle 50\napp;main;hot 100\n");
+        let before = parse_folded("app;main;work 50\napp;main;idle 50\n").unwrap();
+        let after = parse_folded("app;main;work 50\napp;main;idle 50\napp;main;hot 100\n").unwrap();
         let t = top_changes(&before, &after, 5);
         assert_eq!(t.self_share[0].name, "hot");
         assert!((t.self_share[0].delta() - 50.0).abs() < 1e-9);
@@ -179,5 +223,29 @@ mod tests {
         let mut svg = Vec::new();
         write_diff_svg(&before, &after, &mut svg).unwrap();
         assert!(String::from_utf8(svg).unwrap().contains("hot"));
+    }
+
+    #[test]
+    fn overflowing_counts_long_lines_and_empty_input_are_errors() {
+        let max = u64::MAX;
+        assert!(matches!(
+            parse_folded("a;b 18446744073709551616\n"),
+            Err(FoldedError::CountTooLarge { line: 1, .. })
+        ));
+        assert_eq!(
+            parse_folded(&format!("a;b {max}\na;c {max}\n")),
+            Err(FoldedError::TotalTooLarge { line: 2 })
+        );
+        assert_eq!(parse_folded(&format!("a;b {max}\n")).unwrap()["a;b"], max);
+        let long = format!("a;{} 1\n", "x".repeat(MAX_FOLDED_LINE));
+        assert_eq!(parse_folded(&long), Err(FoldedError::LongLine { line: 1 }));
+        let frame = format!("a;{};b 1\n", "x".repeat(MAX_FOLDED_FRAME + 1));
+        assert_eq!(
+            parse_folded(&frame),
+            Err(FoldedError::LongFrame { line: 1 })
+        );
+        for empty in ["", "\n\n", "# only a comment\n"] {
+            assert_eq!(parse_folded(empty), Err(FoldedError::Empty), "{empty:?}");
+        }
     }
 }

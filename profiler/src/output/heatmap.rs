@@ -89,8 +89,9 @@ fn json_str(s: &str) -> String {
 }
 
 /// Writes the page: skeleton, inline CSS, the data as a JSON script element, inline JS.
+/// A profile whose samples span too long for the page is `InvalidInput`, saying so.
 pub fn write_heatmap(profile: &Profile, w: &mut impl io::Write) -> io::Result<()> {
-    let data = heatmap_data(profile);
+    let data = heatmap_data(profile).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let title = format!(
         "CPU heat map: {}",
         if profile.meta.hostname.is_empty() {
@@ -123,7 +124,7 @@ mod tests {
     #[test]
     fn aggregates_the_pattern_per_cell() {
         let p = profile::timeline_pattern();
-        let d = heatmap_data(&p);
+        let d = heatmap_data(&p).unwrap();
         assert_eq!((d.span.cols, d.rows, d.cpus.clone()), (3, 50, vec![0, 1]));
         assert_eq!(
             (d.comms.clone(), d.cgroups.clone(), d.bucket),
@@ -155,9 +156,9 @@ mod tests {
     #[test]
     fn coarsens_buckets_past_the_bound_and_keeps_the_grid_exact() {
         let p = profile::timeline_pattern();
-        let fine = heatmap_data(&p);
+        let fine = heatmap_data(&p).unwrap();
         // 100 ms buckets would still be 12 records; 500 ms ones are 3 s x 2 stacks.
-        let d = heatmap_data_bounded(&p, 10);
+        let d = heatmap_data_bounded(&p, 10).unwrap();
         assert_eq!((d.bucket, d.records.len()), (25, 6));
         assert!(
             d.records.iter().all(|r| r[0] == r[0] / 2 * 2 && r[5] == 10),

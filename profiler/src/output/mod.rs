@@ -8,8 +8,7 @@ mod svg;
 
 use std::{
     collections::HashMap,
-    fs::File,
-    io::{self, BufWriter, Write},
+    io::{self, Write},
     path::{Path, PathBuf},
 };
 
@@ -137,8 +136,6 @@ impl Output {
         if self.format == Format::Capture {
             return Ok(profile::write_file(profile, &self.path)?);
         }
-        let file = File::create(&self.path).map_err(|e| self.io_error(e))?;
-        let mut w = BufWriter::new(file);
         let lines = match self.format {
             Format::Folded | Format::Svg => folded
                 .entry(self.group_by)
@@ -146,15 +143,15 @@ impl Output {
                 .as_slice(),
             _ => &[],
         };
-        match self.format {
+        // Through a temporary file: a render that fails leaves an older output intact.
+        crate::util::write_atomic(&self.path, |w| match self.format {
             Format::Folded => lines.iter().try_for_each(|l| writeln!(w, "{l}")),
-            Format::Svg => write_svg_lines(profile, lines, &mut w),
-            Format::PerfText => write_perf_text(profile, &mut w),
-            Format::Html => write_heatmap(profile, &mut w),
-            Format::Pprof => write_pprof(profile, &mut w),
+            Format::Svg => write_svg_lines(profile, lines, w),
+            Format::PerfText => write_perf_text(profile, w),
+            Format::Html => write_heatmap(profile, w),
+            Format::Pprof => write_pprof(profile, w),
             Format::Capture => unreachable!("handled above"),
-        }
-        .and_then(|()| w.flush())
+        })
         .map_err(|e| self.io_error(e))
     }
 

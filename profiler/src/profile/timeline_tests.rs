@@ -88,7 +88,7 @@ fn span_and_row_follow_flamescope() {
 #[test]
 fn heat_map_cells_match_the_pattern() {
     let p = pattern_profile();
-    let h = heat_map(&p, DEFAULT_ROWS, &Filter::default());
+    let h = heat_map(&p, DEFAULT_ROWS, &Filter::default()).unwrap();
     assert_eq!(h.cells.len(), 3);
     for col in &h.cells {
         // 0..200 ms = slices 0..10 = rows 49..40, two 10 ms samples each; the rest empty.
@@ -97,7 +97,7 @@ fn heat_map_cells_match_the_pattern() {
     }
     assert_eq!(h.max, 2);
     // Filters: CPU 0 alone is all idle; an unknown comm matches nothing; pid 42 is everything.
-    let only = |f: Filter| heat_map(&p, DEFAULT_ROWS, &f).max;
+    let only = |f: Filter| heat_map(&p, DEFAULT_ROWS, &f).unwrap().max;
     assert_eq!(
         only(Filter {
             cpus: vec![0],
@@ -139,7 +139,7 @@ fn heat_map_cells_match_the_pattern() {
 #[test]
 fn cpu_table_matches_the_pattern() {
     let p = pattern_profile();
-    let t = cpu_table(&p, &Filter::default());
+    let t = cpu_table(&p, &Filter::default()).unwrap();
     assert_eq!(t.cpus, [0, 1]);
     let busy = p.strings.iter().position(|s| s == "busy").unwrap() as StrId;
     for col in 0..3 {
@@ -171,7 +171,7 @@ fn saturation_needs_two_consecutive_seconds() {
             };
         }
     }
-    let t = cpu_table(&p, &Filter::default());
+    let t = cpu_table(&p, &Filter::default()).unwrap();
     let flags = |c: usize| t.seconds[c].iter().map(|s| s.saturated).collect::<Vec<_>>();
     assert_eq!(flags(0), [false, false, false]);
     assert_eq!(flags(1), [false, true, true]);
