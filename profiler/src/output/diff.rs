@@ -6,12 +6,15 @@ use std::{collections::HashMap, io};
 
 use inferno::{differential, flamegraph};
 
+use crate::profile::MAX_STACK_DEPTH;
+
 /// Folded stacks: `root;outer;...;leaf` -> samples. The counts add up to at most `u64::MAX`
 /// (`parse_folded` checks), so sums over one profile never wrap.
 pub type Folded = HashMap<String, u64>;
 
-/// Longest folded line read. Deep C++ stacks with inlining reach tens of KiB; the flame graph
-/// repeats a frame's name in each box, so the SVG grows with what a line holds.
+/// Longest folded line read. Deep C++ stacks with inlining reach tens of KiB. The flame graph
+/// draws a box (~200 bytes of SVG) per frame of each stack: a line of 120,000 one-letter frames
+/// made a 25 MB SVG, so the depth is bounded as well (`MAX_STACK_DEPTH`, as in captures).
 pub const MAX_FOLDED_LINE: usize = 1 << 20;
 /// Longest frame name in a folded line (as a capture's strings, see `profile::MAX_STRING_BYTES`).
 pub const MAX_FOLDED_FRAME: usize = crate::profile::MAX_STRING_BYTES;
@@ -23,6 +26,8 @@ pub enum FoldedError {
     LongLine { line: usize },
     #[error("line {line}: a frame name longer than {MAX_FOLDED_FRAME} bytes")]
     LongFrame { line: usize },
+    #[error("line {line}: a stack deeper than {MAX_STACK_DEPTH} frames")]
+    DeepStack { line: usize },
     #[error("line {line}: the count {count} does not fit 64 bits")]
     CountTooLarge { line: usize, count: String },
     #[error("line {line}: the counts add up past 2^64")]
@@ -54,6 +59,10 @@ pub fn parse_folded(text: &str) -> Result<Folded, FoldedError> {
         })?;
         if stack.split(';').any(|f| f.len() > MAX_FOLDED_FRAME) {
             return Err(FoldedError::LongFrame { line: line_no });
+        }
+        // The root (comm) is one more frame than a capture's stack holds.
+        if stack.split(';').nth(MAX_STACK_DEPTH + 1).is_some() {
+            return Err(FoldedError::DeepStack { line: line_no });
         }
         total = total
             .checked_add(n)
@@ -239,6 +248,10 @@ mod tests {
         assert_eq!(parse_folded(&format!("a;b {max}\n")).unwrap()["a;b"], max);
         let long = format!("a;{} 1\n", "x".repeat(MAX_FOLDED_LINE));
         assert_eq!(parse_folded(&long), Err(FoldedError::LongLine { line: 1 }));
+        let deep = format!("a;{}b 1\n", "f;".repeat(MAX_STACK_DEPTH));
+        assert_eq!(parse_folded(&deep), Err(FoldedError::DeepStack { line: 1 }));
+        let ok = format!("a;{}b 1\n", "f;".repeat(MAX_STACK_DEPTH - 1));
+        assert!(parse_folded(&ok).is_ok());
         let frame = format!("a;{};b 1\n", "x".repeat(MAX_FOLDED_FRAME + 1));
         assert_eq!(
             parse_folded(&frame),
