@@ -32,6 +32,10 @@ struct Run {
 
 /// Runs the profiler with stdout and stderr in files (no pipes to drain) and reaps it with
 /// wait4, whose rusage gives the child's peak RSS.
+#[expect(
+    clippy::zombie_processes,
+    reason = "reaped by wait4 below, which std's wait cannot replace: it gives the rusage"
+)]
 fn run(dir: &TempDir, args: &[&str]) -> Run {
     let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
     let child = Command::new(profiler_bin())

@@ -72,7 +72,12 @@ impl FileConfig {
         let bytes = crate::util::read_regular(path, MAX_CONFIG_BYTES).map_err(cannot)?;
         let text = String::from_utf8(bytes)
             .map_err(|_| format!("config {}: not UTF-8 text", path.display()))?;
-        toml::from_str(&text).map_err(|e| {
+        Self::parse(&text, path)
+    }
+
+    /// Parses the TOML text of the file at `path` (named in errors).
+    pub fn parse(text: &str, path: &std::path::Path) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| {
             // toml's message spans several lines with a source excerpt: keep it on one.
             let msg = e.message().to_owned();
             format!("config {}: {msg}", path.display())

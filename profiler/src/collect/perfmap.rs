@@ -72,7 +72,7 @@ pub fn read(pid: u32) -> Option<PerfMap> {
 }
 
 /// The innermost pid of the `NSpid:` line of /proc/PID/status (tab separated, outermost first).
-fn ns_pid(status: &str) -> Option<u32> {
+pub fn ns_pid(status: &str) -> Option<u32> {
     status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))?
