@@ -237,7 +237,13 @@ fn diff_refuses_overflowing_counts_and_huge_lines() {
         (
             "wrap.folded",
             format!("a;x {max}\na;y {max}\n"),
-            "the counts add up past 2^64",
+            "the counts add up past 2^60",
+        ),
+        // A count near 2^63 overflowed inferno's signed differences.
+        (
+            "imax.folded",
+            format!("a;y {}\n", i64::MAX),
+            "the counts add up past 2^60",
         ),
         // Silently dropped before.
         (

@@ -8,14 +8,18 @@ use inferno::{differential, flamegraph};
 
 use crate::profile::MAX_STACK_DEPTH;
 
-/// Folded stacks: `root;outer;...;leaf` -> samples. The counts add up to at most `u64::MAX`
-/// (`parse_folded` checks), so sums over one profile never wrap.
+/// Folded stacks: `root;outer;...;leaf` -> samples. The counts add up to at most
+/// `MAX_FOLDED_TOTAL` (`parse_folded` checks), so no sum or difference over them wraps.
 pub type Folded = HashMap<String, u64>;
 
 /// Longest folded line read. Deep C++ stacks with inlining reach tens of KiB. The flame graph
 /// draws a box (~200 bytes of SVG) per frame of each stack: a line of 120,000 one-letter frames
 /// made a 25 MB SVG, so the depth is bounded as well (`MAX_STACK_DEPTH`, as in captures).
 pub const MAX_FOLDED_LINE: usize = 1 << 20;
+/// Most samples one folded profile may count in all (2^60, about 10^18: a million CPUs at
+/// 1 kHz for 36 years). inferno's differential flame graph subtracts counts as signed 64-bit
+/// integers (a count near 2^63 overflowed there), and shares are summed in f64.
+pub const MAX_FOLDED_TOTAL: u64 = 1 << 60;
 /// Longest frame name in a folded line (as a capture's strings, see `profile::MAX_STRING_BYTES`).
 pub const MAX_FOLDED_FRAME: usize = crate::profile::MAX_STRING_BYTES;
 
@@ -30,14 +34,14 @@ pub enum FoldedError {
     DeepStack { line: usize },
     #[error("line {line}: the count {count} does not fit 64 bits")]
     CountTooLarge { line: usize, count: String },
-    #[error("line {line}: the counts add up past 2^64")]
+    #[error("line {line}: the counts add up past 2^60 (10^18 samples); is this folded stacks?")]
     TotalTooLarge { line: usize },
-    #[error("no stacks (lines of `frame;frame COUNT`)")]
+    #[error("no stacks with samples (lines of `frame;frame COUNT`)")]
     Empty,
 }
 
-/// Parses folded text (`stack COUNT` per line). Lines that are not folded stacks (no count)
-/// are skipped, as stackcollapse output may carry comments; what would silently distort the
+/// Parses folded text (`stack COUNT` per line). Comments (`# ...`) and lines that are not
+/// folded stacks (no count) are skipped, as inferno's flame graph skips them; what would silently distort the
 /// comparison is refused: counts past 64 bits, lines or frames past the bounds, no stacks.
 pub fn parse_folded(text: &str) -> Result<Folded, FoldedError> {
     let mut out = Folded::new();
@@ -46,6 +50,10 @@ pub fn parse_folded(text: &str) -> Result<Folded, FoldedError> {
         let line_no = i + 1;
         if line.len() > MAX_FOLDED_LINE {
             return Err(FoldedError::LongLine { line: line_no });
+        }
+        // `# ` starts a comment, as inferno's flame graph reads it.
+        if line.starts_with("# ") {
+            continue;
         }
         let Some((stack, n)) = line.trim_end().rsplit_once(' ') else {
             continue;
@@ -66,8 +74,13 @@ pub fn parse_folded(text: &str) -> Result<Folded, FoldedError> {
         }
         total = total
             .checked_add(n)
+            .filter(|&t| t <= MAX_FOLDED_TOTAL)
             .ok_or(FoldedError::TotalTooLarge { line: line_no })?;
-        *out.entry(stack.to_owned()).or_default() += n;
+        // A stack with no samples adds nothing (and a profile of only those has no total
+        // to compare shares against).
+        if n > 0 {
+            *out.entry(stack.to_owned()).or_default() += n;
+        }
     }
     if out.is_empty() {
         return Err(FoldedError::Empty);
@@ -243,9 +256,15 @@ mod tests {
         ));
         assert_eq!(
             parse_folded(&format!("a;b {max}\na;c {max}\n")),
+            Err(FoldedError::TotalTooLarge { line: 1 })
+        );
+        let most = format!("a;b {}\na;c 1\n", MAX_FOLDED_TOTAL - 1);
+        assert_eq!(parse_folded(&most).unwrap()["a;c"], 1);
+        let past = format!("a;b {}\na;c 2\n", MAX_FOLDED_TOTAL - 1);
+        assert_eq!(
+            parse_folded(&past),
             Err(FoldedError::TotalTooLarge { line: 2 })
         );
-        assert_eq!(parse_folded(&format!("a;b {max}\n")).unwrap()["a;b"], max);
         let long = format!("a;{} 1\n", "x".repeat(MAX_FOLDED_LINE));
         assert_eq!(parse_folded(&long), Err(FoldedError::LongLine { line: 1 }));
         let deep = format!("a;{}b 1\n", "f;".repeat(MAX_STACK_DEPTH));
@@ -257,7 +276,7 @@ mod tests {
             parse_folded(&frame),
             Err(FoldedError::LongFrame { line: 1 })
         );
-        for empty in ["", "\n\n", "# only a comment\n"] {
+        for empty in ["", "\n\n", "# only a comment 1\n", "a;b 0\n"] {
             assert_eq!(parse_folded(empty), Err(FoldedError::Empty), "{empty:?}");
         }
     }
