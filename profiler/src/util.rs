@@ -136,7 +136,7 @@ pub fn raise_fd_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::{os::unix::fs::FileTypeExt as _, time::Duration};
 
     #[test]
     fn durations() {
@@ -147,6 +147,39 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("ten").is_err());
         assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    /// A render that fails half-way leaves the previous output whole and no temporary file;
+    /// one that succeeds replaces it; a device is written in place, not replaced.
+    #[test]
+    fn atomic_writes_keep_the_old_file_on_error() {
+        let dir = std::env::temp_dir().join(format!("profiler-atomic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("x.svg");
+        std::fs::write(&out, "old").unwrap();
+        let e = write_atomic(&out, |w| {
+            std::io::Write::write_all(w, &[b'n'; 100_000])?;
+            Err(std::io::Error::other("render failed"))
+        })
+        .unwrap_err();
+        assert_eq!(e.to_string(), "render failed");
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "old");
+        let names = || std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(names(), 1, "a temporary file was left");
+        write_atomic(&out, |w| std::io::Write::write_all(w, b"new")).unwrap();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "new");
+        assert_eq!(names(), 1);
+        write_atomic(std::path::Path::new("/dev/null"), |w| {
+            std::io::Write::write_all(w, b"x")
+        })
+        .unwrap();
+        assert!(
+            std::fs::metadata("/dev/null")
+                .unwrap()
+                .file_type()
+                .is_char_device()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub const CAPTURE_VERSION: u32 = 2;
 // Bounds on what a capture may make the reader do (docs/capture-format.md, "Bounds"). A
 // capture is a file a user hands us, possibly crafted: gzip alone inflates up to ~1000x.
 /// The inflated body and the decoded profile may take at most this many times the bytes of
-/// the compressed file (real captures take 5-30x)...
+/// the compressed file (a real body inflates ~2-3x; decoded, about 9x: docs/capture-format.md)...
 pub const MAX_EXPANSION: u64 = 64;
 /// ...plus this much, so small files are not held to a tiny budget.
 pub const BUDGET_FLOOR: u64 = 64 << 20;
