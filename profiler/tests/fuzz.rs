@@ -149,7 +149,7 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>], max_input: usize) -> Vec<u8> {
     for _ in 0..1 + rng.below(4) {
         let len = v.len();
         let at = rng.below(len + 1);
-        match rng.below(8) {
+        match rng.below(10) {
             0 => {
                 for _ in 0..1 + rng.below(8) {
                     if !v.is_empty() {
@@ -189,7 +189,15 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>], max_input: usize) -> Vec<u8> {
                 let end = (at + rng.below(32)).min(len);
                 v.drain(at..end);
             }
-            _ => v.insert(at, rng.next() as u8),
+            7 => v.insert(at, rng.next() as u8),
+            _ => {
+                // One byte replaced by an ASCII one: in a capture body, a one-byte varint, so
+                // the structure mostly survives and the parser goes deeper.
+                if !v.is_empty() {
+                    let i = rng.below(v.len());
+                    v[i] = (rng.next() % 0x80) as u8;
+                }
+            }
         }
     }
     v.truncate(max_input);
@@ -337,12 +345,19 @@ fn seed_profile(samples: u64) -> profile::Profile {
     i.finish()
 }
 
+/// Captures that decoded, to show how deep the mutations reach.
+static DECODED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Decodes one capture and, when it decodes, renders what `report` would from it.
 fn check_capture(bytes: &[u8]) -> usize {
     match profile::decode(&mut &bytes[..]) {
         Ok(p) => {
+            DECODED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let lines = output::folded_lines(&p);
             assert!(lines.len() <= p.samples.len());
+            let mut sink = Vec::new();
+            output::write_perf_text(&p, &mut sink).unwrap();
+            output::write_pprof(&p, &mut sink).unwrap();
             // The per-second tables of spans up to their bound (a day) take tens of MB each:
             // hostile_inputs covers those; here, the short ones, for time.
             if profile::Span::of(&p).cols <= 600 {
@@ -368,6 +383,8 @@ fn capture_file() {
         .collect();
     let refs: Vec<&[u8]> = seeds.iter().map(Vec::as_slice).collect();
     fuzz("capture (file bytes)", &refs, check_capture);
+    let decoded = || DECODED.swap(0, std::sync::atomic::Ordering::Relaxed);
+    eprintln!("capture (file bytes): {} decoded", decoded());
     // Mutating the compressed bytes mostly trips gzip's CRC: also mutate the inflated body
     // and compress it again, so the body's parser sees the mutations.
     let bodies: Vec<Vec<u8>> = seeds
@@ -387,6 +404,7 @@ fn capture_file() {
         gz.finish().unwrap();
         check_capture(&file).max(linear(body, 64, 1 << 20))
     });
+    eprintln!("capture (body): {} decoded", decoded());
 }
 
 /// A gzip bomb: 1 MB that inflates to 1 GB of zeros (this took 1.1 GB before the budget).
@@ -524,7 +542,8 @@ fn http_request_head() {
                     one_line("http", &String::from_utf8_lossy(&resp.body));
                 }
             }
-            linear(bytes, 16, 4 << 10)
+            // Per `&k=v` (2+ bytes) a 48-byte pair in a vector that may double once.
+            linear(bytes, 64, 4 << 10)
         },
     );
 }

@@ -272,6 +272,18 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
         kernel_release: r.s()?,
         ..Meta::default()
     };
+    // Wall-clock times are start + offset, in u64 ns: the whole span must fit, with a day of
+    // margin for the slack and the time-of-day arithmetic of `report --from/--to`.
+    if meta
+        .start_unix_ns
+        .checked_add(meta.duration_ns)
+        .and_then(|end| end.checked_add(86_400_000_000_000))
+        .is_none()
+    {
+        return Err(corrupt(
+            "start time plus duration overflows 64-bit nanoseconds",
+        ));
+    }
     let n = r.items::<u32>()?;
     meta.cpus = (0..n).map(|_| r.u32()).collect::<io::Result<_>>()?;
     meta.counters = Counters {

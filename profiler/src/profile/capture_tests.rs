@@ -186,6 +186,14 @@ fn samples_past_the_declared_end_are_rejected() {
     assert_eq!(decode(&mut bytes.as_slice()).unwrap(), p);
 }
 
+/// `start + offset` must not wrap in any output (perf text, --cpus clock, --from/--to).
+#[test]
+fn a_span_past_64_bit_time_is_rejected() {
+    let mut p = sample_profile();
+    p.meta.start_unix_ns = u64::MAX - 1_000;
+    assert!(decode_err(&p).contains("overflows 64-bit nanoseconds"));
+}
+
 #[test]
 fn deep_stacks_and_long_strings_are_rejected() {
     let mut p = sample_profile();
