@@ -18,6 +18,6 @@ pub use model::{
 pub(crate) use timeline::tests::pattern_profile as timeline_pattern;
 pub use timeline::{
     CpuSecond, CpuTable, DEFAULT_ROWS, Filter, HeatMap, MAX_CPU_SECONDS, MAX_SPAN_SECS,
-    SATURATED_PCT, SATURATED_SECS, Span, SpanTooLong, cpu_table, heat_map, is_idle, leaf_is_kernel,
-    row,
+    SATURATED_PCT, SATURATED_SECS, Span, SpanTooLong, cpu_ids, cpu_table, heat_map, is_idle,
+    leaf_is_kernel, row,
 };

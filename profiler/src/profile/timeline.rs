@@ -18,8 +18,10 @@ pub const SATURATED_SECS: usize = 2;
 /// Most one-second columns a heat map or per-second CPU table spans (one day): the tables are
 /// dense in time, so their size follows the span of the samples, which a capture sets.
 pub const MAX_SPAN_SECS: u64 = 86_400;
-/// Most CPU x second cells of the per-CPU tables (a day on 97 CPUs).
-pub const MAX_CPU_SECONDS: u64 = 1 << 23;
+/// Most CPU x second cells of the per-CPU tables: a day on 24 CPUs, an hour on 582. A cell is
+/// 64 bytes in `report --cpus`'s table and ~14 characters of its text, so this keeps it near
+/// 128 MB and 30 MB of output.
+pub const MAX_CPU_SECONDS: u64 = 1 << 21;
 
 /// The samples span more time than the per-second tables cover.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -140,7 +142,7 @@ pub struct HeatMap {
 /// filtered maps line up with the unfiltered one.
 pub fn heat_map(profile: &Profile, rows: u32, filter: &Filter) -> Result<HeatMap, SpanTooLong> {
     assert!(rows > 0, "a heat map needs at least one row per second");
-    let span = Span::bounded(profile, 1)?;
+    let span = Span::bounded(profile, cpu_ids(profile).len())?;
     let keep = filter.matcher(profile);
     let mut cells = vec![vec![0u64; rows as usize]; span.cols];
     for s in profile.samples.iter().filter(|s| !is_idle(s) && keep(s)) {
@@ -184,14 +186,20 @@ pub struct CpuTable {
     pub seconds: Vec<Vec<CpuSecond>>,
 }
 
-/// Per-CPU, per-second busy %, user/kernel split and top process. Expected samples per second
-/// is `meta.frequency_hz` (a partial first or last second reads low: it had fewer ticks).
-pub fn cpu_table(profile: &Profile, filter: &Filter) -> Result<CpuTable, SpanTooLong> {
-    let keep = filter.matcher(profile);
+/// The CPUs of `profile`, ascending: the recorded ones and any seen in samples.
+pub fn cpu_ids(profile: &Profile) -> Vec<u32> {
     let mut cpus: Vec<u32> = profile.meta.cpus.clone();
     cpus.extend(profile.samples.iter().map(|s| s.cpu));
     cpus.sort_unstable();
     cpus.dedup();
+    cpus
+}
+
+/// Per-CPU, per-second busy %, user/kernel split and top process. Expected samples per second
+/// is `meta.frequency_hz` (a partial first or last second reads low: it had fewer ticks).
+pub fn cpu_table(profile: &Profile, filter: &Filter) -> Result<CpuTable, SpanTooLong> {
+    let keep = filter.matcher(profile);
+    let mut cpus = cpu_ids(profile);
     if !filter.cpus.is_empty() {
         cpus.retain(|c| filter.cpus.contains(c));
     }

@@ -197,3 +197,38 @@ fn slice_keeps_the_half_open_range() {
     });
     assert_eq!(f.samples.len(), 300);
 }
+
+/// The per-second tables are dense in time: a span past a day, or past MAX_CPU_SECONDS cells,
+/// is refused before anything is allocated for it (a year-long capture took 3.2 GB before).
+#[test]
+fn tables_refuse_spans_past_their_bounds() {
+    let mut p = pattern_profile();
+    let last = *p.samples.last().unwrap();
+    p.samples.push(Sample {
+        offset_ns: 365 * 86_400 * 1000 * MS,
+        ..last
+    });
+    let too_long = SpanTooLong {
+        secs: 365 * 86_400 + 1,
+        cpus: 2,
+    };
+    assert_eq!(
+        heat_map(&p, DEFAULT_ROWS, &Filter::default()),
+        Err(too_long.clone())
+    );
+    assert_eq!(cpu_table(&p, &Filter::default()).unwrap_err(), too_long);
+    // A day fits on the pattern's two CPUs, not on as many as would pass the cell bound.
+    let mut day = pattern_profile();
+    day.samples.push(Sample {
+        offset_ns: (MAX_SPAN_SECS - 1) * 1000 * MS,
+        ..last
+    });
+    assert!(heat_map(&day, DEFAULT_ROWS, &Filter::default()).is_ok());
+    day.meta.cpus = (0..(MAX_CPU_SECONDS / MAX_SPAN_SECS + 1) as u32).collect();
+    assert!(
+        cpu_table(&day, &Filter::default())
+            .unwrap_err()
+            .to_string()
+            .contains("--from/--to")
+    );
+}

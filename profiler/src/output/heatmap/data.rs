@@ -149,10 +149,7 @@ pub fn heatmap_data_bounded(
     max_records: usize,
 ) -> Result<HeatmapData, SpanTooLong> {
     let rows = profile::DEFAULT_ROWS;
-    let mut cpus = profile.meta.cpus.clone();
-    cpus.extend(profile.samples.iter().map(|s| s.cpu));
-    cpus.sort_unstable();
-    cpus.dedup();
+    let cpus = profile::cpu_ids(profile);
     let span = Span::bounded(profile, cpus.len())?;
     let cols = span.cols;
     let cpu_ix: FxMap<u32, usize> = cpus.iter().enumerate().map(|(i, &c)| (c, i)).collect();
