@@ -63,8 +63,7 @@ pub fn write_atomic(
         write(&mut w)?;
         return w.flush();
     }
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let tmp = temporary_name(path);
     let result = (|| {
         let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
         write(&mut w)?;
@@ -75,6 +74,28 @@ pub fn write_atomic(
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Where `write_atomic` writes before renaming: a hidden name in the same directory (a rename
+/// is atomic only within one filesystem).
+fn temporary_name(path: &std::path::Path) -> std::path::PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+}
+
+/// Fails now if `write_atomic(path, ..)` could not write later: an existing file must be
+/// writable, and its directory must take the temporary file. Leaves everything as it was.
+pub fn check_atomic_writable(path: &std::path::Path) -> std::io::Result<()> {
+    let existing = std::fs::metadata(path).ok();
+    if existing.is_some() {
+        std::fs::OpenOptions::new().write(true).open(path)?;
+    }
+    if existing.is_none_or(|m| m.is_file()) {
+        let tmp = temporary_name(path);
+        std::fs::File::create(&tmp)?;
+        std::fs::remove_file(&tmp)?;
+    }
+    Ok(())
 }
 
 /// Parses a duration: `10s`, `500ms`, `2m`, `1h`, `7d`, or a bare number of seconds (`1.5`).
@@ -179,6 +200,13 @@ mod tests {
                 .file_type()
                 .is_char_device()
         );
+        // The check before recording: leaves the file and the directory as they were.
+        check_atomic_writable(&out).unwrap();
+        check_atomic_writable(&dir.join("new.svg")).unwrap();
+        check_atomic_writable(std::path::Path::new("/dev/null")).unwrap();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "new");
+        assert_eq!(names(), 1);
+        assert!(check_atomic_writable(&dir.join("missing/x.svg")).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

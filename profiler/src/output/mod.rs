@@ -105,20 +105,10 @@ impl Output {
         })
     }
 
-    /// Fails now if the file could not be written later, so no recording is wasted.
-    /// Leaves an existing file as it is; removes the file if it made it.
+    /// Fails now if the file could not be written later, so no recording is wasted (the
+    /// directory must take the temporary file `write` renames). Leaves everything as it was.
     pub fn check_writable(&self) -> Result<(), OutputError> {
-        let existed = self.path.exists();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&self.path)
-            .map_err(|source| self.io_error(source))?;
-        if !existed {
-            let _ = std::fs::remove_file(&self.path);
-        }
-        Ok(())
+        crate::util::check_atomic_writable(&self.path).map_err(|source| self.io_error(source))
     }
 
     /// Renders `profile` into this output.
