@@ -46,7 +46,8 @@ pub fn run(args: DiffArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Most bytes read from a folded file: ten times the largest we have seen written.
+/// Most bytes read from a folded file. It holds one line per distinct stack, so even long
+/// recordings of busy hosts stay far below; past this, the file is likely not folded stacks.
 const MAX_FOLDED_FILE: u64 = 256 << 20;
 
 /// Folded counts of a capture (by comm) or a folded file, told apart by the capture magic.
@@ -54,13 +55,11 @@ const MAX_FOLDED_FILE: u64 = 256 << 20;
 /// diff against nothing would print a meaningless table.
 fn load(path: &Path) -> anyhow::Result<Folded> {
     let cannot = || format!("cannot read {}", path.display());
-    let mut head = [0u8; 8];
-    let n = std::io::Read::read(
-        &mut (&mut util::open_regular(path).with_context(cannot)?).take(8),
-        &mut head,
-    )
-    .with_context(cannot)?;
-    let folded = if head[..n] == profile::MAGIC[..] {
+    let mut head = Vec::with_capacity(8);
+    util::open_regular(path)
+        .and_then(|f| f.take(8).read_to_end(&mut head))
+        .with_context(cannot)?;
+    let folded = if head == profile::MAGIC {
         let p = profile::read_file(path).context("cannot read the capture")?;
         if p.samples.is_empty() {
             bail!("{}: the capture holds no samples", path.display());
