@@ -6,6 +6,98 @@ pub fn comm_str(raw: &[u8]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
+/// Opens a file a user named for reading, refusing anything but a regular file: a FIFO would
+/// block forever and a device (`/dev/zero`) never ends. Opened non-blocking, so even a FIFO
+/// nobody writes returns at once; for a regular file the flag changes nothing.
+pub fn open_regular(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() {
+        Ok(file)
+    } else {
+        let what = if kind.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a FIFO, socket or device)"
+        };
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{what}; give a file"),
+        ))
+    }
+}
+
+/// Reads a user-named regular file (see `open_regular`) of at most `max` bytes; a longer one
+/// is an error naming the bound, not a slow exhaustion of memory.
+pub fn read_regular(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    open_regular(path)?.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "larger than {} MiB, the most read from such a file",
+                max >> 20
+            ),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Writes `path` through a temporary file in the same directory, renamed over `path` only once
+/// `write` succeeded and the data is on disk: an error (or a crash) leaves the old file as it
+/// was, never half a file. A path that exists and is not a regular file (`/dev/stdout`, a
+/// FIFO) is written in place: renaming over it would replace the device.
+pub fn write_atomic(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    use std::io::Write as _;
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
+        write(&mut w)?;
+        return w.flush();
+    }
+    let tmp = temporary_name(path);
+    let result = (|| {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        write(&mut w)?;
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Where `write_atomic` writes before renaming: a hidden name in the same directory (a rename
+/// is atomic only within one filesystem).
+fn temporary_name(path: &std::path::Path) -> std::path::PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+}
+
+/// Fails now if `write_atomic(path, ..)` could not write later: an existing file must be
+/// writable, and its directory must take the temporary file. Leaves everything as it was.
+pub fn check_atomic_writable(path: &std::path::Path) -> std::io::Result<()> {
+    let existing = std::fs::metadata(path).ok();
+    if existing.is_some() {
+        std::fs::OpenOptions::new().write(true).open(path)?;
+    }
+    if existing.is_none_or(|m| m.is_file()) {
+        let tmp = temporary_name(path);
+        std::fs::File::create(&tmp)?;
+        std::fs::remove_file(&tmp)?;
+    }
+    Ok(())
+}
+
 /// Parses a duration: `10s`, `500ms`, `2m`, `1h`, `7d`, or a bare number of seconds (`1.5`).
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let t = text.trim();
@@ -65,7 +157,7 @@ pub fn raise_fd_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::{os::unix::fs::FileTypeExt as _, time::Duration};
 
     #[test]
     fn durations() {
@@ -76,6 +168,46 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("ten").is_err());
         assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    /// A render that fails half-way leaves the previous output whole and no temporary file;
+    /// one that succeeds replaces it; a device is written in place, not replaced.
+    #[test]
+    fn atomic_writes_keep_the_old_file_on_error() {
+        let dir = std::env::temp_dir().join(format!("profiler-atomic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("x.svg");
+        std::fs::write(&out, "old").unwrap();
+        let e = write_atomic(&out, |w| {
+            std::io::Write::write_all(w, &[b'n'; 100_000])?;
+            Err(std::io::Error::other("render failed"))
+        })
+        .unwrap_err();
+        assert_eq!(e.to_string(), "render failed");
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "old");
+        let names = || std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(names(), 1, "a temporary file was left");
+        write_atomic(&out, |w| std::io::Write::write_all(w, b"new")).unwrap();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "new");
+        assert_eq!(names(), 1);
+        write_atomic(std::path::Path::new("/dev/null"), |w| {
+            std::io::Write::write_all(w, b"x")
+        })
+        .unwrap();
+        assert!(
+            std::fs::metadata("/dev/null")
+                .unwrap()
+                .file_type()
+                .is_char_device()
+        );
+        // The check before recording: leaves the file and the directory as they were.
+        check_atomic_writable(&out).unwrap();
+        check_atomic_writable(&dir.join("new.svg")).unwrap();
+        check_atomic_writable(std::path::Path::new("/dev/null")).unwrap();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "new");
+        assert_eq!(names(), 1);
+        assert!(check_atomic_writable(&dir.join("missing/x.svg")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -43,6 +43,9 @@ impl Default for AgentConfig {
     }
 }
 
+/// Largest config file read: the keys fit in a few hundred bytes.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// The TOML file: every key optional, unknown keys rejected (serde names the key).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -62,11 +65,19 @@ pub struct FileConfig {
 }
 
 impl FileConfig {
-    /// Reads and parses `path`; errors say which file and which key.
+    /// Reads and parses `path`; errors say which file and which key. Only a regular file of
+    /// at most `MAX_CONFIG_BYTES` is read (a FIFO or /dev/zero would hang or exhaust the agent).
     pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| {
+        let cannot = |e: std::io::Error| format!("cannot read config {}: {e}", path.display());
+        let bytes = crate::util::read_regular(path, MAX_CONFIG_BYTES).map_err(cannot)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| format!("config {}: not UTF-8 text", path.display()))?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses the TOML text of the file at `path` (named in errors).
+    pub fn parse(text: &str, path: &std::path::Path) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| {
             // toml's message spans several lines with a source excerpt: keep it on one.
             let msg = e.message().to_owned();
             format!("config {}: {msg}", path.display())
@@ -187,6 +198,37 @@ mod tests {
         let mut c = AgentConfig::default();
         ok.apply(&mut c).unwrap();
         assert_eq!(c.max_size_bytes, 2 << 30);
+    }
+
+    /// A config path pointing at a device, a FIFO nobody writes or a huge file is one error,
+    /// at once: not a hang, not memory exhaustion.
+    #[test]
+    fn only_small_regular_files_are_read() {
+        let dir = std::env::temp_dir().join(format!("profiler-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo.toml");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads the NUL-terminated path we pass.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let big = dir.join("big.toml");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_CONFIG_BYTES + 1)
+            .unwrap();
+        for (path, says) in [
+            (std::path::Path::new("/dev/zero"), "not a regular file"),
+            (&fifo, "not a regular file"),
+            (&dir, "a directory"),
+            (&big, "larger than 1 MiB"),
+        ] {
+            let e = FileConfig::load(path).unwrap_err();
+            assert!(
+                e.contains(says) && !e.contains('\n'),
+                "{}: {e}",
+                path.display()
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The example in docs/agent.md is what users copy into /etc/profiler/agent.toml.

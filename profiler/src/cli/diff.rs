@@ -1,6 +1,8 @@
 //! `profiler diff BEFORE AFTER`: a differential flame graph and the biggest movers.
 use std::path::{Path, PathBuf};
 
+use std::io::Read as _;
+
 use anyhow::{Context as _, bail};
 
 use crate::{
@@ -8,7 +10,7 @@ use crate::{
         self,
         diff::{Folded, format_top, parse_folded, top_changes, write_diff_svg},
     },
-    profile,
+    profile, util,
 };
 
 #[derive(Debug, clap::Args)]
@@ -35,12 +37,7 @@ pub fn run(args: DiffArgs) -> anyhow::Result<()> {
         if out.extension().is_none_or(|e| e != "svg") {
             bail!("{}: the diff is written as .svg", out.display());
         }
-        let mut w = std::io::BufWriter::new(
-            std::fs::File::create(out)
-                .with_context(|| format!("cannot write {}", out.display()))?,
-        );
-        write_diff_svg(&before, &after, &mut w)
-            .and_then(|()| std::io::Write::flush(&mut w))
+        crate::util::write_atomic(out, |w| write_diff_svg(&before, &after, w))
             .with_context(|| format!("cannot write {}", out.display()))?;
     }
     if let Some(n) = args.top {
@@ -49,21 +46,34 @@ pub fn run(args: DiffArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Most bytes read from a folded file. It holds one line per distinct stack, so even long
+/// recordings of busy hosts stay far below; past this, the file is likely not folded stacks.
+const MAX_FOLDED_FILE: u64 = 256 << 20;
+
 /// Folded counts of a capture (by comm) or a folded file, told apart by the capture magic.
+/// Only regular files are read (not `/dev/zero`, not a FIFO); empty inputs are errors, as a
+/// diff against nothing would print a meaningless table.
 fn load(path: &Path) -> anyhow::Result<Folded> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    if bytes.starts_with(profile::MAGIC) {
+    let cannot = || format!("cannot read {}", path.display());
+    let mut head = Vec::with_capacity(8);
+    util::open_regular(path)
+        .and_then(|f| f.take(8).read_to_end(&mut head))
+        .with_context(cannot)?;
+    let folded = if head == profile::MAGIC {
         let p = profile::read_file(path).context("cannot read the capture")?;
-        return Ok(parse_folded(&output::folded_lines(&p).join("\n")));
-    }
-    let folded = std::str::from_utf8(&bytes)
-        .map(parse_folded)
-        .unwrap_or_default();
-    if folded.is_empty() && !bytes.iter().all(u8::is_ascii_whitespace) {
-        bail!(
-            "{}: neither a capture nor folded stacks (lines of `frame;frame COUNT`)",
-            path.display()
-        );
-    }
-    Ok(folded)
+        if p.samples.is_empty() {
+            bail!("{}: the capture holds no samples", path.display());
+        }
+        parse_folded(&output::folded_lines(&p).join("\n"))
+    } else {
+        let bytes = util::read_regular(path, MAX_FOLDED_FILE).with_context(cannot)?;
+        let text = std::str::from_utf8(&bytes).map_err(|_| {
+            anyhow::anyhow!(
+                "{}: neither a capture nor folded stacks (lines of `frame;frame COUNT`)",
+                path.display()
+            )
+        })?;
+        parse_folded(text)
+    };
+    folded.with_context(|| format!("{}: not usable folded stacks", path.display()))
 }

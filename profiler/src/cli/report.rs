@@ -73,11 +73,13 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         }
         profile = profile.slice(from, to);
     }
+    // Built before anything is printed, so a refused table prints nothing half-way.
+    let cpus = args.cpus.then(|| cpus::cpu_report(&profile)).transpose()?;
     if args.stats {
         print_stats(&profile);
     }
-    if args.cpus {
-        print!("{}", cpus::cpu_report(&profile));
+    if let Some(table) = cpus {
+        print!("{table}");
     }
     super::write_outputs(&outputs, &profile)
 }

@@ -12,6 +12,7 @@ use aya::maps::{MapData, RingBuf};
 use profiler_common::{COMM_LEN, HEADER_BYTES, SampleHeader, flags};
 use tokio::io::unix::AsyncFd;
 
+pub use perfmap::{PerfMap, ns_pid};
 pub use process::{ProcessTable, UserFile, UserLoc};
 
 /// A sample as received, with its stacks interned but not yet symbolized.

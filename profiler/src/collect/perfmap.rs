@@ -209,7 +209,7 @@ fn euid(status: &str) -> Option<u32> {
 }
 
 /// The innermost pid of the `NSpid:` line of /proc/PID/status (tab separated, outermost first).
-fn ns_pid(status: &str) -> Option<u32> {
+pub fn ns_pid(status: &str) -> Option<u32> {
     status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))?

@@ -6,20 +6,86 @@ use std::{collections::HashMap, io};
 
 use inferno::{differential, flamegraph};
 
-/// Folded stacks: `root;outer;...;leaf` -> samples.
+use crate::profile::MAX_STACK_DEPTH;
+
+/// Folded stacks: `root;outer;...;leaf` -> samples. The counts add up to at most
+/// `MAX_FOLDED_TOTAL` (`parse_folded` checks), so no sum or difference over them wraps.
 pub type Folded = HashMap<String, u64>;
 
-/// Parses folded text (`stack COUNT` per line; bad lines are skipped).
-pub fn parse_folded(text: &str) -> Folded {
+/// Longest folded line read. Deep C++ stacks with inlining reach tens of KiB. The flame graph
+/// draws a box (~200 bytes of SVG) per frame of each stack: a line of 120,000 one-letter frames
+/// made a 25 MB SVG, so the depth is bounded as well (`MAX_STACK_DEPTH`, as in captures).
+pub const MAX_FOLDED_LINE: usize = 1 << 20;
+/// Most samples one folded profile may count in all (2^60, about 10^18: a million CPUs at
+/// 1 kHz for 36 years). inferno's differential flame graph subtracts counts as signed 64-bit
+/// integers (a count near 2^63 overflowed there), and shares are summed in f64.
+pub const MAX_FOLDED_TOTAL: u64 = 1 << 60;
+/// Longest frame name in a folded line (as a capture's strings, see `profile::MAX_STRING_BYTES`).
+pub const MAX_FOLDED_FRAME: usize = crate::profile::MAX_STRING_BYTES;
+
+/// Why folded text was refused; `line` is 1-based.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FoldedError {
+    #[error("line {line}: longer than {MAX_FOLDED_LINE} bytes; is this folded stacks?")]
+    LongLine { line: usize },
+    #[error("line {line}: a frame name longer than {MAX_FOLDED_FRAME} bytes")]
+    LongFrame { line: usize },
+    #[error("line {line}: a stack deeper than {MAX_STACK_DEPTH} frames")]
+    DeepStack { line: usize },
+    #[error("line {line}: the count {count} does not fit 64 bits")]
+    CountTooLarge { line: usize, count: String },
+    #[error("line {line}: the counts add up past 2^60 (10^18 samples); is this folded stacks?")]
+    TotalTooLarge { line: usize },
+    #[error("no stacks with samples (lines of `frame;frame COUNT`)")]
+    Empty,
+}
+
+/// Parses folded text (`stack COUNT` per line). Comments (`# ...`) and lines that are not
+/// folded stacks (no count) are skipped, as inferno's flame graph skips them; what would silently distort the
+/// comparison is refused: counts past 64 bits, lines or frames past the bounds, no stacks.
+pub fn parse_folded(text: &str) -> Result<Folded, FoldedError> {
     let mut out = Folded::new();
-    for line in text.lines() {
-        if let Some((stack, n)) = line.trim_end().rsplit_once(' ')
-            && let Ok(n) = n.parse::<u64>()
-        {
+    let mut total = 0u64;
+    for (i, line) in text.lines().enumerate() {
+        let line_no = i + 1;
+        if line.len() > MAX_FOLDED_LINE {
+            return Err(FoldedError::LongLine { line: line_no });
+        }
+        // `# ` starts a comment, as inferno's flame graph reads it.
+        if line.starts_with("# ") {
+            continue;
+        }
+        let Some((stack, n)) = line.trim_end().rsplit_once(' ') else {
+            continue;
+        };
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let n: u64 = n.parse().map_err(|_| FoldedError::CountTooLarge {
+            line: line_no,
+            count: n.to_owned(),
+        })?;
+        if stack.split(';').any(|f| f.len() > MAX_FOLDED_FRAME) {
+            return Err(FoldedError::LongFrame { line: line_no });
+        }
+        // The root (comm) is one more frame than a capture's stack holds.
+        if stack.split(';').nth(MAX_STACK_DEPTH + 1).is_some() {
+            return Err(FoldedError::DeepStack { line: line_no });
+        }
+        total = total
+            .checked_add(n)
+            .filter(|&t| t <= MAX_FOLDED_TOTAL)
+            .ok_or(FoldedError::TotalTooLarge { line: line_no })?;
+        // A stack with no samples adds nothing (and a profile of only those has no total
+        // to compare shares against).
+        if n > 0 {
             *out.entry(stack.to_owned()).or_default() += n;
         }
     }
-    out
+    if out.is_empty() {
+        return Err(FoldedError::Empty);
+    }
+    Ok(out)
 }
 
 fn to_text(f: &Folded) -> String {
@@ -170,8 +236,8 @@ mod tests {
 
     #[test]
     fn extra_hot_function_tops_the_list() {
-        let before = parse_folded("app;main;work 50\napp;main;idle 50\n");
-        let after = parse_folded("app;main;work 50\napp;main;idle 50\napp;main;hot 100\n");
+        let before = parse_folded("app;main;work 50\napp;main;idle 50\n").unwrap();
+        let after = parse_folded("app;main;work 50\napp;main;idle 50\napp;main;hot 100\n").unwrap();
         let t = top_changes(&before, &after, 5);
         assert_eq!(t.self_share[0].name, "hot");
         assert!((t.self_share[0].delta() - 50.0).abs() < 1e-9);
@@ -179,5 +245,39 @@ mod tests {
         let mut svg = Vec::new();
         write_diff_svg(&before, &after, &mut svg).unwrap();
         assert!(String::from_utf8(svg).unwrap().contains("hot"));
+    }
+
+    #[test]
+    fn overflowing_counts_long_lines_and_empty_input_are_errors() {
+        let max = u64::MAX;
+        assert!(matches!(
+            parse_folded("a;b 18446744073709551616\n"),
+            Err(FoldedError::CountTooLarge { line: 1, .. })
+        ));
+        assert_eq!(
+            parse_folded(&format!("a;b {max}\na;c {max}\n")),
+            Err(FoldedError::TotalTooLarge { line: 1 })
+        );
+        let most = format!("a;b {}\na;c 1\n", MAX_FOLDED_TOTAL - 1);
+        assert_eq!(parse_folded(&most).unwrap()["a;c"], 1);
+        let past = format!("a;b {}\na;c 2\n", MAX_FOLDED_TOTAL - 1);
+        assert_eq!(
+            parse_folded(&past),
+            Err(FoldedError::TotalTooLarge { line: 2 })
+        );
+        let long = format!("a;{} 1\n", "x".repeat(MAX_FOLDED_LINE));
+        assert_eq!(parse_folded(&long), Err(FoldedError::LongLine { line: 1 }));
+        let deep = format!("a;{}b 1\n", "f;".repeat(MAX_STACK_DEPTH));
+        assert_eq!(parse_folded(&deep), Err(FoldedError::DeepStack { line: 1 }));
+        let ok = format!("a;{}b 1\n", "f;".repeat(MAX_STACK_DEPTH - 1));
+        assert!(parse_folded(&ok).is_ok());
+        let frame = format!("a;{};b 1\n", "x".repeat(MAX_FOLDED_FRAME + 1));
+        assert_eq!(
+            parse_folded(&frame),
+            Err(FoldedError::LongFrame { line: 1 })
+        );
+        for empty in ["", "\n\n", "# only a comment 1\n", "a;b 0\n"] {
+            assert_eq!(parse_folded(empty), Err(FoldedError::Empty), "{empty:?}");
+        }
     }
 }

@@ -8,8 +8,7 @@ mod svg;
 
 use std::{
     collections::HashMap,
-    fs::File,
-    io::{self, BufWriter, Write},
+    io::{self, Write},
     path::{Path, PathBuf},
 };
 
@@ -106,20 +105,10 @@ impl Output {
         })
     }
 
-    /// Fails now if the file could not be written later, so no recording is wasted.
-    /// Leaves an existing file as it is; removes the file if it made it.
+    /// Fails now if the file could not be written later, so no recording is wasted (the
+    /// directory must take the temporary file `write` renames). Leaves everything as it was.
     pub fn check_writable(&self) -> Result<(), OutputError> {
-        let existed = self.path.exists();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&self.path)
-            .map_err(|source| self.io_error(source))?;
-        if !existed {
-            let _ = std::fs::remove_file(&self.path);
-        }
-        Ok(())
+        crate::util::check_atomic_writable(&self.path).map_err(|source| self.io_error(source))
     }
 
     /// Renders `profile` into this output.
@@ -137,8 +126,6 @@ impl Output {
         if self.format == Format::Capture {
             return Ok(profile::write_file(profile, &self.path)?);
         }
-        let file = File::create(&self.path).map_err(|e| self.io_error(e))?;
-        let mut w = BufWriter::new(file);
         let lines = match self.format {
             Format::Folded | Format::Svg => folded
                 .entry(self.group_by)
@@ -146,15 +133,15 @@ impl Output {
                 .as_slice(),
             _ => &[],
         };
-        match self.format {
+        // Through a temporary file: a render that fails leaves an older output intact.
+        crate::util::write_atomic(&self.path, |w| match self.format {
             Format::Folded => lines.iter().try_for_each(|l| writeln!(w, "{l}")),
-            Format::Svg => write_svg_lines(profile, lines, &mut w),
-            Format::PerfText => write_perf_text(profile, &mut w),
-            Format::Html => write_heatmap(profile, &mut w),
-            Format::Pprof => write_pprof(profile, &mut w),
+            Format::Svg => write_svg_lines(profile, lines, w),
+            Format::PerfText => write_perf_text(profile, w),
+            Format::Html => write_heatmap(profile, w),
+            Format::Pprof => write_pprof(profile, w),
             Format::Capture => unreachable!("handled above"),
-        }
-        .and_then(|()| w.flush())
+        })
         .map_err(|e| self.io_error(e))
     }
 

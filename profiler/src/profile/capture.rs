@@ -2,7 +2,6 @@
 //! `profiler report` can re-render it on any machine. Layout in docs/capture-format.md:
 //! an 8-byte magic, a little-endian u32 version, then a gzip stream of LEB128 varints.
 use std::{
-    fs::File,
     io::{self, BufReader, BufWriter, Read, Write},
     path::Path,
 };
@@ -17,6 +16,21 @@ pub const MAGIC: &[u8; 8] = b"PROFCAP\0";
 /// Bumped on any change a reader of the previous version would misread.
 /// 2: binaries (path, build id) and each frame's address and binary.
 pub const CAPTURE_VERSION: u32 = 2;
+
+// Bounds on what a capture may make the reader do (docs/capture-format.md, "Bounds"). A
+// capture is a file a user hands us, possibly crafted: gzip alone inflates up to ~1000x.
+/// The inflated body and the decoded profile may take at most this many times the bytes of
+/// the compressed file (a real body inflates ~2-3x; decoded, about 9x: docs/capture-format.md)...
+pub const MAX_EXPANSION: u64 = 64;
+/// ...plus this much, so small files are not held to a tiny budget.
+pub const BUDGET_FLOOR: u64 = 64 << 20;
+/// Longest string (a frame name, a path): demangled C++ names run to a few KiB.
+pub const MAX_STRING_BYTES: usize = 64 << 10;
+/// Deepest stack: the kernel hands at most 2 x 127 addresses, inlining adds a few frames each.
+pub const MAX_STACK_DEPTH: usize = 4096;
+/// How far past the declared duration a sample may lie: samples still in the ring buffer when
+/// the recording's clock was read are drained after it.
+pub const END_SLACK_NS: u64 = 60_000_000_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
@@ -36,22 +50,18 @@ pub enum CaptureError {
     NewerVersion(u32),
     #[error("the capture is corrupt or truncated: {0}")]
     Corrupt(String),
+    #[error(
+        "the capture expands to more than {MAX_EXPANSION} times its size (a gzip bomb or a corrupt count); captures the profiler writes stay far below that"
+    )]
+    TooLarge,
 }
 
 /// Writes `profile` to `path` (through a temporary file, so a crash never leaves half a file).
 pub fn write_file(profile: &Profile, path: &Path) -> Result<(), CaptureError> {
-    let io_err = |source| CaptureError::Io {
+    crate::util::write_atomic(path, |w| encode(profile, w)).map_err(|source| CaptureError::Io {
         path: path.display().to_string(),
         source,
-    };
-    let tmp = path.with_extension("capture.tmp");
-    let mut out = BufWriter::new(File::create(&tmp).map_err(io_err)?);
-    encode(profile, &mut out).map_err(io_err)?;
-    out.into_inner()
-        .map_err(|e| io_err(e.into_error()))?
-        .sync_all()
-        .map_err(io_err)?;
-    std::fs::rename(&tmp, path).map_err(io_err)
+    })
 }
 
 /// Reads a capture file.
@@ -60,10 +70,7 @@ pub fn read_file(path: &Path) -> Result<Profile, CaptureError> {
         path: path.display().to_string(),
         source,
     };
-    let file = File::open(path).map_err(io_err)?;
-    if file.metadata().is_ok_and(|m| m.is_dir()) {
-        return Err(io_err(io::Error::from(io::ErrorKind::IsADirectory)));
-    }
+    let file = crate::util::open_regular(path).map_err(io_err)?;
     decode(&mut BufReader::new(file)).map_err(|e| CaptureError::In {
         path: path.display().to_string(),
         source: Box::new(e),
@@ -216,12 +223,35 @@ pub fn decode(input: &mut impl Read) -> Result<Profile, CaptureError> {
     }
     // Inflate first, then parse from memory: reading varints byte by byte through the decoder
     // was the slowest part of `report`. Reading to the end also makes gzip check its CRC.
+    // The budget grows with the compressed bytes read so far, so a bomb stops early.
+    let budget = |compressed: u64| BUDGET_FLOOR + MAX_EXPANSION * (compressed + 12);
+    let mut gz = GzDecoder::new(Counting { inner: input, n: 0 });
     let mut body = Vec::new();
-    GzDecoder::new(input)
-        .read_to_end(&mut body)
-        .map_err(|e| CaptureError::Corrupt(e.to_string()))?;
-    let mut r = Reader { buf: &body, pos: 0 };
-    let profile = read_body(&mut r, version).map_err(|e| CaptureError::Corrupt(e.to_string()))?;
+    loop {
+        let n = (&mut gz)
+            .take(1 << 20)
+            .read_to_end(&mut body)
+            .map_err(|e| CaptureError::Corrupt(e.to_string()))?;
+        if body.len() as u64 > budget(gz.get_ref().n) {
+            return Err(CaptureError::TooLarge);
+        }
+        if n == 0 {
+            break;
+        }
+    }
+    let total = budget(gz.get_ref().n);
+    let mut r = Reader {
+        buf: &body,
+        pos: 0,
+        budget: total.saturating_sub(body.len() as u64),
+    };
+    let profile = read_body(&mut r, version).map_err(|e| {
+        if e.kind() == io::ErrorKind::OutOfMemory {
+            CaptureError::TooLarge
+        } else {
+            CaptureError::Corrupt(e.to_string())
+        }
+    })?;
     if r.pos != body.len() {
         return Err(CaptureError::Corrupt(
             "trailing data after the samples".into(),
@@ -242,7 +272,19 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
         kernel_release: r.s()?,
         ..Meta::default()
     };
-    let n = r.len()?;
+    // Wall-clock times are start + offset, in u64 ns: the whole span must fit, with a day of
+    // margin for the slack and the time-of-day arithmetic of `report --from/--to`.
+    if meta
+        .start_unix_ns
+        .checked_add(meta.duration_ns)
+        .and_then(|end| end.checked_add(86_400_000_000_000))
+        .is_none()
+    {
+        return Err(corrupt(
+            "start time plus duration overflows 64-bit nanoseconds",
+        ));
+    }
+    let n = r.items::<u32>()?;
     meta.cpus = (0..n).map(|_| r.u32()).collect::<io::Result<_>>()?;
     meta.counters = Counters {
         recorded: r.u()?,
@@ -251,7 +293,7 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
         kstack_failed: r.u()?,
         ustack_failed: r.u()?,
     };
-    let n = r.len()?;
+    let n = r.items::<String>()?;
     let strings: Vec<String> = (0..n).map(|_| r.s()).collect::<io::Result<_>>()?;
     let string = |id: u32| -> io::Result<u32> {
         if (id as usize) < strings.len() {
@@ -261,7 +303,7 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
         }
     };
     let binaries: Vec<Binary> = if version >= 2 {
-        let n = r.len()?;
+        let n = r.items::<Binary>()?;
         (0..n)
             .map(|_| {
                 Ok(Binary {
@@ -273,7 +315,7 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
     } else {
         vec![Binary::default()]
     };
-    let n = r.len()?;
+    let n = r.items::<Frame>()?;
     let mut frames = Vec::with_capacity(n);
     for _ in 0..n {
         let name = string(r.u32()?)?;
@@ -300,10 +342,15 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
             binary,
         });
     }
-    let n = r.len()?;
+    let n = r.items::<Stack>()?;
     let mut stacks = Vec::with_capacity(n);
     for _ in 0..n {
-        let len = r.len()?;
+        let len = r.items::<u32>()?;
+        if len > MAX_STACK_DEPTH {
+            return Err(corrupt(&format!(
+                "a stack of {len} frames (at most {MAX_STACK_DEPTH})"
+            )));
+        }
         let ids = (0..len)
             .map(|_| {
                 r.u32().and_then(|f| {
@@ -317,7 +364,7 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
             .collect::<io::Result<_>>()?;
         stacks.push(Stack { frames: ids });
     }
-    let n = r.len()?;
+    let n = r.items::<Process>()?;
     let processes = (0..n)
         .map(|_| {
             Ok(Process {
@@ -330,7 +377,7 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
             })
         })
         .collect::<io::Result<_>>()?;
-    let n = r.len()?;
+    let n = r.items::<Cgroup>()?;
     let cgroups = (0..n)
         .map(|_| {
             Ok(Cgroup {
@@ -339,13 +386,26 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
             })
         })
         .collect::<io::Result<_>>()?;
-    let n = r.len()?;
+    let n = r.items::<Sample>()?;
     let mut samples = Vec::with_capacity(n);
     let mut prev = 0i64;
+    // Every per-second table (heat map, --cpus) spans the samples: one far outside the
+    // declared duration would make them huge.
+    let end = meta.duration_ns.saturating_add(END_SLACK_NS);
     for _ in 0..n {
-        prev += r.i()?;
+        prev = prev
+            .checked_add(r.i()?)
+            .ok_or_else(|| corrupt("sample time overflows"))?;
+        let offset_ns = u64::try_from(prev).map_err(|_| corrupt("negative sample time"))?;
+        if offset_ns > end {
+            return Err(corrupt(&format!(
+                "a sample {:.1} s after the start lies past the capture's end ({:.1} s)",
+                offset_ns as f64 / 1e9,
+                meta.duration_ns as f64 / 1e9
+            )));
+        }
         let s = Sample {
-            offset_ns: u64::try_from(prev).map_err(|_| corrupt("negative sample time"))?,
+            offset_ns,
             cpu: r.u32()?,
             pid: r.u32()?,
             tid: r.u32()?,
@@ -406,10 +466,26 @@ impl<W: Write> Writer<W> {
     }
 }
 
-/// LEB128 reader over the inflated body; every length is checked against what is left.
+/// Counts the compressed bytes read, for the expansion budget.
+struct Counting<R> {
+    inner: R,
+    n: u64,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+}
+
+/// LEB128 reader over the inflated body; every length is checked against what is left, and
+/// every table is charged to `budget` (bytes the decoded profile may still take).
 struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
+    budget: u64,
 }
 
 impl Reader<'_> {
@@ -436,7 +512,7 @@ impl Reader<'_> {
     }
 
     /// A count of items. Every item takes at least one byte, so a count larger than what is
-    /// left is corrupt: a bad file cannot make us allocate more than its own size.
+    /// left is corrupt; what the items then take in memory is charged by `items`.
     fn len(&mut self) -> io::Result<usize> {
         let n = self.u()?;
         if n > (self.buf.len() - self.pos) as u64 {
@@ -446,8 +522,30 @@ impl Reader<'_> {
         }
     }
 
+    /// Takes `bytes` from the budget; `OutOfMemory` (reported as `TooLarge`) when spent.
+    fn charge(&mut self, bytes: u64) -> io::Result<()> {
+        self.budget = self
+            .budget
+            .checked_sub(bytes)
+            .ok_or(io::ErrorKind::OutOfMemory)?;
+        Ok(())
+    }
+
+    /// A count of `T`s about to be held in memory, charged to the budget.
+    fn items<T>(&mut self) -> io::Result<usize> {
+        let n = self.len()?;
+        self.charge(n as u64 * std::mem::size_of::<T>() as u64)?;
+        Ok(n)
+    }
+
     fn s(&mut self) -> io::Result<String> {
         let n = self.len()?;
+        if n > MAX_STRING_BYTES {
+            return Err(corrupt(&format!(
+                "a string of {n} bytes (at most {MAX_STRING_BYTES})"
+            )));
+        }
+        self.charge(n as u64)?;
         let bytes = &self.buf[self.pos..self.pos + n];
         self.pos += n;
         String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("string is not UTF-8"))

@@ -162,3 +162,80 @@ fn truncation_is_reported_not_panicked() {
         assert!(decode(&mut &bytes[..cut]).is_err(), "cut at {cut} decoded");
     }
 }
+
+fn decode_err(p: &Profile) -> String {
+    let mut bytes = Vec::new();
+    encode(p, &mut bytes).unwrap();
+    let e = decode(&mut bytes.as_slice()).unwrap_err();
+    assert!(matches!(e, CaptureError::Corrupt(_)), "{e}");
+    e.to_string()
+}
+
+/// Two samples 10^18 ns apart in a 2 s capture: the per-second tables would need 10^9
+/// columns (this aborted `report` with a 72 GB allocation). The reader refuses it.
+#[test]
+fn samples_past_the_declared_end_are_rejected() {
+    let mut p = sample_profile();
+    p.samples[3].offset_ns = 1_000_000_000_000_000_000;
+    let e = decode_err(&p);
+    assert!(e.contains("past the capture's end (2.0 s)"), "{e}");
+    // Within the slack (samples drained after the clock was read) is fine.
+    p.samples[3].offset_ns = p.meta.duration_ns + END_SLACK_NS;
+    let mut bytes = Vec::new();
+    encode(&p, &mut bytes).unwrap();
+    assert_eq!(decode(&mut bytes.as_slice()).unwrap(), p);
+}
+
+/// `start + offset` must not wrap in any output (perf text, --cpus clock, --from/--to).
+#[test]
+fn a_span_past_64_bit_time_is_rejected() {
+    let mut p = sample_profile();
+    p.meta.start_unix_ns = u64::MAX - 1_000;
+    assert!(decode_err(&p).contains("overflows 64-bit nanoseconds"));
+}
+
+#[test]
+fn deep_stacks_and_long_strings_are_rejected() {
+    let mut p = sample_profile();
+    p.stacks[0].frames = vec![0; MAX_STACK_DEPTH + 1];
+    assert!(decode_err(&p).contains("a stack of 4097 frames"));
+    let mut p = sample_profile();
+    p.strings[1] = "x".repeat(MAX_STRING_BYTES + 1);
+    assert!(decode_err(&p).contains("a string of 65537 bytes"));
+}
+
+/// Millions of empty strings: one byte of body each but 24 bytes of `String`, from a file of a
+/// few KB. Charged to the budget, the table is refused before it is built.
+#[test]
+fn decoded_tables_are_charged_to_the_budget() {
+    let mut body = Writer(Vec::new());
+    for v in [0, 0, 1, 99] {
+        body.u(v).unwrap();
+    }
+    for _ in 0..3 {
+        body.s("").unwrap();
+    }
+    body.u(0).unwrap(); // cpus
+    for _ in 0..5 {
+        body.u(0).unwrap();
+    }
+    // Enough empty strings that their `String`s pass the floor (64 MiB / 24 bytes).
+    let n = (BUDGET_FLOOR / 24) + 1;
+    body.u(n).unwrap();
+    for _ in 0..n {
+        body.s("").unwrap();
+    }
+    let mut bytes = MAGIC.to_vec();
+    bytes.extend(CAPTURE_VERSION.to_le_bytes());
+    let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+    gz.write_all(&body.0).unwrap();
+    let gz = gz.finish().unwrap();
+    assert!(
+        (gz.len() as u64) < BUDGET_FLOOR / 24 / MAX_EXPANSION,
+        "{}",
+        gz.len()
+    );
+    bytes.extend(gz);
+    let e = decode(&mut bytes.as_slice()).unwrap_err();
+    assert!(matches!(e, CaptureError::TooLarge), "{e}");
+}

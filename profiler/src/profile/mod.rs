@@ -6,7 +6,10 @@ mod model;
 mod timeline;
 
 pub use attribution::GroupBy;
-pub use capture::{CAPTURE_VERSION, CaptureError, MAGIC, decode, encode, read_file, write_file};
+pub use capture::{
+    BUDGET_FLOOR, CAPTURE_VERSION, CaptureError, END_SLACK_NS, MAGIC, MAX_EXPANSION,
+    MAX_STACK_DEPTH, MAX_STRING_BYTES, decode, encode, read_file, write_file,
+};
 pub use model::{
     Binary, Cgroup, Counters, Frame, FrameKind, Interner, Meta, Process, Profile, Sample, Stack,
     StrId,
@@ -14,6 +17,7 @@ pub use model::{
 #[cfg(test)]
 pub(crate) use timeline::tests::pattern_profile as timeline_pattern;
 pub use timeline::{
-    CpuSecond, CpuTable, DEFAULT_ROWS, Filter, HeatMap, SATURATED_PCT, SATURATED_SECS, Span,
-    cpu_table, heat_map, is_idle, leaf_is_kernel, row,
+    CpuSecond, CpuTable, DEFAULT_ROWS, Filter, HeatMap, MAX_CPU_SECONDS, MAX_SPAN_SECS,
+    SATURATED_PCT, SATURATED_SECS, Span, SpanTooLong, cpu_ids, cpu_table, heat_map, is_idle,
+    leaf_is_kernel, row,
 };

@@ -15,6 +15,24 @@ pub const SATURATED_PCT: f64 = 90.0;
 /// ...for at least this many consecutive seconds.
 pub const SATURATED_SECS: usize = 2;
 
+/// Most one-second columns a heat map or per-second CPU table spans (one day): the tables are
+/// dense in time, so their size follows the span of the samples, which a capture sets.
+pub const MAX_SPAN_SECS: u64 = 86_400;
+/// Most CPU x second cells of the per-CPU tables: a day on 24 CPUs, an hour on 582. A cell is
+/// 64 bytes in `report --cpus`'s table and ~14 characters of its text, so this keeps it near
+/// 128 MB and 30 MB of output.
+pub const MAX_CPU_SECONDS: u64 = 1 << 21;
+
+/// The samples span more time than the per-second tables cover.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the samples span {secs} s on {cpus} CPUs; heat maps and per-second tables cover at most {MAX_SPAN_SECS} s and {MAX_CPU_SECONDS} CPU-seconds: pick a shorter time range (report --from/--to, query --since/--until)"
+)]
+pub struct SpanTooLong {
+    pub secs: u64,
+    pub cpus: usize,
+}
+
 /// Which samples to keep. Every `None`/empty field keeps everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Filter {
@@ -84,6 +102,17 @@ impl Span {
         }
     }
 
+    /// The span of `profile`, refused when a dense table of it (one column per second, one
+    /// row per CPU for `cpus` rows) would pass the bounds above.
+    pub fn bounded(profile: &Profile, cpus: usize) -> Result<Span, SpanTooLong> {
+        let span = Span::of(profile);
+        let secs = span.cols as u64;
+        if secs > MAX_SPAN_SECS || secs.saturating_mul(cpus as u64) > MAX_CPU_SECONDS {
+            return Err(SpanTooLong { secs, cpus });
+        }
+        Ok(span)
+    }
+
     /// Column of a sample: `floor(t - floor(start))`.
     pub fn col(&self, offset_ns: u64) -> usize {
         (offset_ns / NS_PER_S - self.first_s) as usize
@@ -111,21 +140,21 @@ pub struct HeatMap {
 
 /// Builds the heat map of the samples that pass `filter`; the span is the whole profile's, so
 /// filtered maps line up with the unfiltered one.
-pub fn heat_map(profile: &Profile, rows: u32, filter: &Filter) -> HeatMap {
+pub fn heat_map(profile: &Profile, rows: u32, filter: &Filter) -> Result<HeatMap, SpanTooLong> {
     assert!(rows > 0, "a heat map needs at least one row per second");
-    let span = Span::of(profile);
+    let span = Span::bounded(profile, cpu_ids(profile).len())?;
     let keep = filter.matcher(profile);
     let mut cells = vec![vec![0u64; rows as usize]; span.cols];
     for s in profile.samples.iter().filter(|s| !is_idle(s) && keep(s)) {
         cells[span.col(s.offset_ns)][row(s.offset_ns, rows) as usize] += 1;
     }
     let max = cells.iter().flatten().copied().max().unwrap_or(0);
-    HeatMap {
+    Ok(HeatMap {
         span,
         rows,
         cells,
         max,
-    }
+    })
 }
 
 /// One CPU during one second.
@@ -157,18 +186,24 @@ pub struct CpuTable {
     pub seconds: Vec<Vec<CpuSecond>>,
 }
 
-/// Per-CPU, per-second busy %, user/kernel split and top process. Expected samples per second
-/// is `meta.frequency_hz` (a partial first or last second reads low: it had fewer ticks).
-pub fn cpu_table(profile: &Profile, filter: &Filter) -> CpuTable {
-    let span = Span::of(profile);
-    let keep = filter.matcher(profile);
+/// The CPUs of `profile`, ascending: the recorded ones and any seen in samples.
+pub fn cpu_ids(profile: &Profile) -> Vec<u32> {
     let mut cpus: Vec<u32> = profile.meta.cpus.clone();
     cpus.extend(profile.samples.iter().map(|s| s.cpu));
     cpus.sort_unstable();
     cpus.dedup();
+    cpus
+}
+
+/// Per-CPU, per-second busy %, user/kernel split and top process. Expected samples per second
+/// is `meta.frequency_hz` (a partial first or last second reads low: it had fewer ticks).
+pub fn cpu_table(profile: &Profile, filter: &Filter) -> Result<CpuTable, SpanTooLong> {
+    let keep = filter.matcher(profile);
+    let mut cpus = cpu_ids(profile);
     if !filter.cpus.is_empty() {
         cpus.retain(|c| filter.cpus.contains(c));
     }
+    let span = Span::bounded(profile, cpus.len())?;
     let index: HashMap<u32, usize> = cpus.iter().enumerate().map(|(i, &c)| (c, i)).collect();
     let mut seconds = vec![vec![CpuSecond::default(); span.cols]; cpus.len()];
     // Per (cpu index, col): comm -> busy samples; small, since only busy samples count.
@@ -206,11 +241,11 @@ pub fn cpu_table(profile: &Profile, filter: &Filter) -> CpuTable {
         }
         mark_saturated(row);
     }
-    CpuTable {
+    Ok(CpuTable {
         span,
         cpus,
         seconds,
-    }
+    })
 }
 
 /// Flags every second that belongs to a run of >= SATURATED_SECS saturated seconds.

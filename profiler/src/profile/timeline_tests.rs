@@ -88,7 +88,7 @@ fn span_and_row_follow_flamescope() {
 #[test]
 fn heat_map_cells_match_the_pattern() {
     let p = pattern_profile();
-    let h = heat_map(&p, DEFAULT_ROWS, &Filter::default());
+    let h = heat_map(&p, DEFAULT_ROWS, &Filter::default()).unwrap();
     assert_eq!(h.cells.len(), 3);
     for col in &h.cells {
         // 0..200 ms = slices 0..10 = rows 49..40, two 10 ms samples each; the rest empty.
@@ -97,7 +97,7 @@ fn heat_map_cells_match_the_pattern() {
     }
     assert_eq!(h.max, 2);
     // Filters: CPU 0 alone is all idle; an unknown comm matches nothing; pid 42 is everything.
-    let only = |f: Filter| heat_map(&p, DEFAULT_ROWS, &f).max;
+    let only = |f: Filter| heat_map(&p, DEFAULT_ROWS, &f).unwrap().max;
     assert_eq!(
         only(Filter {
             cpus: vec![0],
@@ -139,7 +139,7 @@ fn heat_map_cells_match_the_pattern() {
 #[test]
 fn cpu_table_matches_the_pattern() {
     let p = pattern_profile();
-    let t = cpu_table(&p, &Filter::default());
+    let t = cpu_table(&p, &Filter::default()).unwrap();
     assert_eq!(t.cpus, [0, 1]);
     let busy = p.strings.iter().position(|s| s == "busy").unwrap() as StrId;
     for col in 0..3 {
@@ -171,7 +171,7 @@ fn saturation_needs_two_consecutive_seconds() {
             };
         }
     }
-    let t = cpu_table(&p, &Filter::default());
+    let t = cpu_table(&p, &Filter::default()).unwrap();
     let flags = |c: usize| t.seconds[c].iter().map(|s| s.saturated).collect::<Vec<_>>();
     assert_eq!(flags(0), [false, false, false]);
     assert_eq!(flags(1), [false, true, true]);
@@ -196,4 +196,39 @@ fn slice_keeps_the_half_open_range() {
         ..Filter::default()
     });
     assert_eq!(f.samples.len(), 300);
+}
+
+/// The per-second tables are dense in time: a span past a day, or past MAX_CPU_SECONDS cells,
+/// is refused before anything is allocated for it (a year-long capture took 3.2 GB before).
+#[test]
+fn tables_refuse_spans_past_their_bounds() {
+    let mut p = pattern_profile();
+    let last = *p.samples.last().unwrap();
+    p.samples.push(Sample {
+        offset_ns: 365 * 86_400 * 1000 * MS,
+        ..last
+    });
+    let too_long = SpanTooLong {
+        secs: 365 * 86_400 + 1,
+        cpus: 2,
+    };
+    assert_eq!(
+        heat_map(&p, DEFAULT_ROWS, &Filter::default()),
+        Err(too_long.clone())
+    );
+    assert_eq!(cpu_table(&p, &Filter::default()).unwrap_err(), too_long);
+    // A day fits on the pattern's two CPUs, not on as many as would pass the cell bound.
+    let mut day = pattern_profile();
+    day.samples.push(Sample {
+        offset_ns: (MAX_SPAN_SECS - 1) * 1000 * MS,
+        ..last
+    });
+    assert!(heat_map(&day, DEFAULT_ROWS, &Filter::default()).is_ok());
+    day.meta.cpus = (0..(MAX_CPU_SECONDS / MAX_SPAN_SECS + 1) as u32).collect();
+    assert!(
+        cpu_table(&day, &Filter::default())
+            .unwrap_err()
+            .to_string()
+            .contains("--from/--to")
+    );
 }

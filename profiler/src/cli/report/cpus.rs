@@ -4,11 +4,12 @@
 use std::fmt::Write as _;
 
 use super::range::format_clock;
-use crate::profile::{self, CpuTable, Filter, Profile, SATURATED_PCT, SATURATED_SECS};
+use crate::profile::{self, CpuTable, Filter, Profile, SATURATED_PCT, SATURATED_SECS, SpanTooLong};
 
-/// The table for `profile` (already cut to --from/--to), as text.
-pub fn cpu_report(profile: &Profile) -> String {
-    let t = profile::cpu_table(profile, &Filter::default());
+/// The table for `profile` (already cut to --from/--to), as text; refused (before any work)
+/// when the samples span more seconds than `Span::bounded` allows.
+pub fn cpu_report(profile: &Profile) -> Result<String, SpanTooLong> {
+    let t = profile::cpu_table(profile, &Filter::default())?;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -38,7 +39,7 @@ pub fn cpu_report(profile: &Profile) -> String {
         out.push('\n');
     }
     saturated_runs(profile, &t, &mut out);
-    out
+    Ok(out)
 }
 
 /// One line per saturated run: CPU, from-to, and the top comm over the run.
@@ -90,7 +91,7 @@ mod tests {
 
     #[test]
     fn pattern_table() {
-        let text = cpu_report(&profile::timeline_pattern());
+        let text = cpu_report(&profile::timeline_pattern()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 6, "{text}");
         assert!(lines[1].contains("CPU0") && lines[1].contains("CPU1"));

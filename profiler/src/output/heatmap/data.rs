@@ -15,7 +15,7 @@ use std::{
     hash::{BuildHasherDefault, Hasher},
 };
 
-use crate::profile::{self, FrameKind, Profile, Span};
+use crate::profile::{self, FrameKind, Profile, Span, SpanTooLong};
 
 /// Most records embedded (~25 bytes of JSON each).
 pub const MAX_RECORDS: usize = 500_000;
@@ -138,19 +138,20 @@ fn dense<K: std::hash::Hash + Eq + Copy>(
 }
 
 /// Aggregates `profile` in one pass over its samples (plus re-keying when buckets coarsen).
-pub fn heatmap_data(profile: &Profile) -> HeatmapData {
+pub fn heatmap_data(profile: &Profile) -> Result<HeatmapData, SpanTooLong> {
     heatmap_data_bounded(profile, MAX_RECORDS)
 }
 
 /// `heatmap_data` with at most `max_records` records (unless one bucket spans everything).
-pub fn heatmap_data_bounded(profile: &Profile, max_records: usize) -> HeatmapData {
-    let span = Span::of(profile);
+/// The grid and the CPU strip are dense in time: refused past `Span::bounded`'s bounds.
+pub fn heatmap_data_bounded(
+    profile: &Profile,
+    max_records: usize,
+) -> Result<HeatmapData, SpanTooLong> {
     let rows = profile::DEFAULT_ROWS;
+    let cpus = profile::cpu_ids(profile);
+    let span = Span::bounded(profile, cpus.len())?;
     let cols = span.cols;
-    let mut cpus = profile.meta.cpus.clone();
-    cpus.extend(profile.samples.iter().map(|s| s.cpu));
-    cpus.sort_unstable();
-    cpus.dedup();
     let cpu_ix: FxMap<u32, usize> = cpus.iter().enumerate().map(|(i, &c)| (c, i)).collect();
     let kernel_leaf: Vec<bool> = (0..profile.stacks.len() as u32)
         .map(|st| profile::leaf_is_kernel(profile, st))
@@ -221,7 +222,7 @@ pub fn heatmap_data_bounded(profile: &Profile, max_records: usize) -> HeatmapDat
             (name.to_owned(), f.kind == FrameKind::Kernel)
         })
         .collect();
-    HeatmapData {
+    Ok(HeatmapData {
         span,
         rows,
         frequency_hz: profile.meta.frequency_hz,
@@ -241,5 +242,5 @@ pub fn heatmap_data_bounded(profile: &Profile, max_records: usize) -> HeatmapDat
         records,
         all_bucket,
         all_records,
-    }
+    })
 }
