@@ -243,7 +243,7 @@ fn perf_map() {
             b"0x3000 10 [jit] a\n3010 0 zero size\n2ff0 100 overlapping name\n",
         ],
         |bytes| {
-            let map = collect::PerfMap::parse(&String::from_utf8_lossy(bytes));
+            let map = collect::PerfMap::parse_from(bytes);
             for addr in [0, 0x3005, 0x7f00_0000_1010, u64::MAX] {
                 let _ = map.lookup(addr);
             }
