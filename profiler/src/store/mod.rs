@@ -12,7 +12,7 @@ use std::{
 
 use rusqlite::{Connection, OpenFlags, params};
 
-pub use read::Query;
+pub use read::{MAX_SAMPLES, Query, ReadLimits};
 
 use crate::profile::{FrameKind, Profile};
 

@@ -304,3 +304,50 @@ fn another_file_fills_the_disk_then_room_again() {
     let n = assert_windows_intact(&s, &written);
     assert!(n >= 11, "{n} windows");
 }
+
+/// A bounded read refuses, with a message naming the bound, a range holding more samples or
+/// stacks than its limits, however short or long the span: memory follows what is read.
+#[test]
+fn reads_are_bounded_by_samples_and_stacks() {
+    let dir = scratch("bounded");
+    let mut s = Store::open(&dir).unwrap();
+    // 20 stacks with 1..=20 samples: 210 samples per window, two windows.
+    s.write_window(&window(100, "a", 20)).unwrap();
+    s.write_window(&window(110, "b", 20)).unwrap();
+    let all = Query {
+        since_unix_ns: 0,
+        until_unix_ns: u64::MAX / 2,
+        ..Query::default()
+    };
+    let limits = |max_samples, max_stacks| ReadLimits {
+        max_samples,
+        max_stacks,
+    };
+    assert_eq!(
+        s.read_bounded(&all, limits(420, 40)).unwrap().samples.len(),
+        420
+    );
+    let e = s
+        .read_bounded(&all, limits(419, 40))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("419 samples"), "{e}");
+    let e = s
+        .read_bounded(&all, limits(420, 39))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("39 stacks"), "{e}");
+    // A filter counts only what matches.
+    let only_b = Query {
+        comms: vec!["comm-b".into()],
+        ..all
+    };
+    assert_eq!(
+        s.read_bounded(&only_b, limits(210, 20))
+            .unwrap()
+            .samples
+            .len(),
+        210
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
