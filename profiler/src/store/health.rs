@@ -122,7 +122,7 @@ fn free_bytes(dir: &Path) -> u64 {
         if libc::statvfs(c.as_ptr(), &raw mut st) != 0 {
             return 0;
         }
-        u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize))
+        st.f_bavail.saturating_mul(st.f_frsize)
     }
 }
 
