@@ -20,10 +20,10 @@ pub const PPROF_HZ: u32 = 99;
 /// Store reads (flame graphs, heat maps) running at once; more are a 503 with Retry-After.
 pub const MAX_HEAVY: usize = 2;
 /// What one API request may read from the store: with `MAX_HEAVY` of them at once this
-/// keeps the agent within a node agent's memory (about 80 MB of samples each), whatever the
+/// keeps the agent within a node agent's memory (about 40 MB of samples each), whatever the
 /// span asked for. `profiler query` reads more (`ReadLimits::QUERY`).
 pub const API_LIMITS: ReadLimits = ReadLimits {
-    max_samples: 2_000_000,
+    max_samples: 1_000_000,
     max_stacks: 200_000,
 };
 /// Seconds a client is asked to wait when every heavy slot is taken.

@@ -108,7 +108,13 @@ impl Store {
         let mut stacks: HashMap<i64, u32> = HashMap::new();
         let mut processes: BTreeMap<u32, Process> = BTreeMap::new();
         let mut cgroups: BTreeMap<u64, String> = BTreeMap::new();
-        let mut samples = Vec::new();
+        // Sized once from the counts (comm filter applied, cgroup not: an upper bound), so the
+        // vector never doubles past the limit on its way there.
+        let upper = self.matching_samples(&windows, &q.comms)?;
+        if upper > limits.max_samples && q.cgroup.is_none() {
+            return Err(too_many("samples", limits.max_samples)); // exact without a cgroup
+        }
+        let mut samples = Vec::with_capacity(upper.min(limits.max_samples) as usize);
         let mut counts = self.conn.prepare(
             "SELECT c.stack, c.pid, n.text, c.cgroup_id, g.text, c.samples FROM counts c \
              JOIN names n ON n.id = c.comm JOIN names g ON g.id = c.cgroup WHERE c.window = ?1",
@@ -187,6 +193,27 @@ impl Store {
         let mut profile = out.finish();
         profile.samples = samples;
         Ok(profile)
+    }
+}
+
+impl Store {
+    /// Samples in `windows` of any of `comms` (all if empty), summed in SQL.
+    fn matching_samples(&self, windows: &[Window], comms: &[String]) -> rusqlite::Result<u64> {
+        let mut per_comm = self.conn.prepare(
+            "SELECT n.text, sum(c.samples) FROM counts c JOIN names n ON n.id = c.comm \
+             WHERE c.window = ?1 GROUP BY c.comm",
+        )?;
+        let mut total = 0u64;
+        for w in windows {
+            let mut rows = per_comm.query([w.id])?;
+            while let Some(r) = rows.next()? {
+                let comm: String = r.get(0)?;
+                if comms.is_empty() || comms.contains(&comm) {
+                    total = total.saturating_add(r.get::<_, i64>(1)?.max(0) as u64);
+                }
+            }
+        }
+        Ok(total)
     }
 }
 
