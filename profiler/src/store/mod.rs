@@ -100,12 +100,13 @@ impl Store {
         let _ = std::fs::remove_file(&probe);
         let path = dir.join(DB_FILE);
         let conn = health::open_checked(&path)?;
-        let me = Self::with(conn, path);
+        let mut me = Self::with(conn, path);
         me.conn
             .execute_batch(health::PRAGMAS)
             .and_then(|()| me.conn.execute_batch(SCHEMA))
             .map_err(|e| me.err(e))?;
-        health::make_reserve(dir);
+        // Without room for it now, it is made once there is (`after_success`).
+        me.reserve_spent = !health::make_reserve(dir);
         Ok(me)
     }
 
