@@ -127,6 +127,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         );
         let mut pending: VecDeque<Profile> = VecDeque::new();
         let mut failing = false;
+        let mut retention_failing = false;
         loop {
             let deadline = tokio::time::Instant::now() + config.window;
             let stop = async {
@@ -147,12 +148,19 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             pending.push_back(profile);
             failing = store_pending(&mut store, &mut pending, &state, failing);
             let now = unix_now_ns();
-            if let Err(e) = store.retain(
+            let retained = store.retain(
                 now,
                 config.retention.as_nanos() as u64,
                 config.max_size_bytes,
-            ) {
-                log::error!("store retention failed: {e}");
+            );
+            // Once per failing spell, like writes: on a full disk it fails every window.
+            match retained {
+                Err(e) if !retention_failing => {
+                    log::error!("store retention failed: {e}");
+                    retention_failing = true;
+                }
+                Err(_) => {}
+                Ok(_) => retention_failing = false,
             }
             if stopping {
                 if pending.is_empty() {
