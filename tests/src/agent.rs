@@ -51,6 +51,11 @@ impl Agent {
         agent
     }
 
+    /// The agent's process id (its memory is read from /proc by the hostile tests).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn get(&self, path: &str) -> (u16, Vec<u8>) {
         get(self.port, path).unwrap_or_else(|| panic!("GET {path}: no answer"))
     }

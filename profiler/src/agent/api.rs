@@ -8,7 +8,7 @@ use crate::{
     output,
     profile::{GroupBy, Profile},
     record::{RecordConfig, record},
-    store::{Query, Store, StoreError},
+    store::{Query, ReadLimits, Store, StoreError},
 };
 
 /// Longest range the store endpoints read.
@@ -17,10 +17,24 @@ pub const MAX_RANGE: Duration = Duration::from_secs(31 * 24 * 3600);
 pub const MAX_PPROF_SECONDS: u64 = 60;
 /// Rate of the fresh profiles of /debug/pprof/profile, Hz (pprof's usual 100 Hz, off-beat).
 pub const PPROF_HZ: u32 = 99;
+/// Store reads (flame graphs, heat maps) running at once; more are a 503 with Retry-After.
+pub const MAX_HEAVY: usize = 2;
+/// What one API request may read from the store: with `MAX_HEAVY` of them at once this
+/// keeps the agent within a node agent's memory (about 40 MB of samples each), whatever the
+/// span asked for. `profiler query` reads more (`ReadLimits::QUERY`).
+pub const API_LIMITS: ReadLimits = ReadLimits {
+    max_samples: 1_000_000,
+    max_stacks: 200_000,
+};
+/// Seconds a client is asked to wait when every heavy slot is taken.
+const RETRY_AFTER_S: u32 = 5;
 
 pub(crate) async fn handle(state: Rc<State>, req: Request) -> Response {
     let result = match req.path.as_str() {
-        "/healthz" => only(&req, &[]).map(|()| Response::ok("text/plain", b"ok\n".to_vec())),
+        "/healthz" => only(&req, &[]).map(|()| match &*state.store_problem.borrow() {
+            None => Response::ok("text/plain", b"ok\n".to_vec()),
+            Some(problem) => Response::text(503, problem),
+        }),
         "/metrics" => only(&req, &[]).map(|()| {
             let body = state.metrics.borrow().render();
             Response::ok(
@@ -73,9 +87,9 @@ async fn pprof(state: &State, req: &Request) -> Result<Response, Response> {
         },
     };
     if state.pprof_busy.replace(true) {
-        return Err(Response::text(
-            503,
+        return Err(Response::busy(
             "a profile is being recorded already; try again later",
+            RETRY_AFTER_S,
         ));
     }
     let config = RecordConfig {
@@ -122,10 +136,11 @@ async fn stored(state: &State, req: &Request, flamegraph: bool) -> Result<Respon
         cgroup: req.param("cgroup").map(str::to_owned),
     };
     let dir = state.config.data_dir.clone();
+    let _slot = HeavySlot::take(state)?;
     // Reading and rendering can take a while: off the sampling thread.
     let rendered = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, Response> {
         let profile: Profile = Store::open_read(&dir)
-            .and_then(|s| s.read(&query))
+            .and_then(|s| s.read_bounded(&query, API_LIMITS))
             .map_err(|e| match e {
                 StoreError::Range(m) => bad(&m),
                 e => Response::text(500, &e.to_string()),
@@ -139,7 +154,11 @@ async fn stored(state: &State, req: &Request, flamegraph: bool) -> Result<Respon
         } else {
             output::write_heatmap(&profile, &mut body)
         }
-        .map_err(|e| Response::text(500, &format!("rendering failed: {e}")))?;
+        .map_err(|e| match e.kind() {
+            // The span is longer than a page can show: the caller's range, not our fault.
+            std::io::ErrorKind::InvalidInput => bad(&e.to_string()),
+            _ => Response::text(500, &format!("rendering failed: {e}")),
+        })?;
         Ok(body)
     })
     .await
@@ -150,4 +169,28 @@ async fn stored(state: &State, req: &Request, flamegraph: bool) -> Result<Respon
         "text/html; charset=utf-8"
     };
     Ok(Response::ok(kind, rendered))
+}
+
+/// One of the `MAX_HEAVY` slots for a store read, given back on drop (on every return path).
+struct HeavySlot<'a>(&'a State);
+
+impl<'a> HeavySlot<'a> {
+    fn take(state: &'a State) -> Result<Self, Response> {
+        if state.heavy.get() >= MAX_HEAVY {
+            return Err(Response::busy(
+                &format!(
+                    "{MAX_HEAVY} store reads are running already; try again in {RETRY_AFTER_S} s"
+                ),
+                RETRY_AFTER_S,
+            ));
+        }
+        state.heavy.set(state.heavy.get() + 1);
+        Ok(Self(state))
+    }
+}
+
+impl Drop for HeavySlot<'_> {
+    fn drop(&mut self) {
+        self.0.heavy.set(self.0.heavy.get() - 1);
+    }
 }

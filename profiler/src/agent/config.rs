@@ -25,6 +25,10 @@ pub struct AgentConfig {
     pub push_url: Option<String>,
     /// Only threads with these comms; empty = all.
     pub comms: Vec<String>,
+    /// File holding the bearer token every API request but /healthz must send.
+    pub token_file: Option<PathBuf>,
+    /// Serve a non-loopback `listen` address without a token (on purpose).
+    pub insecure_listen: bool,
 }
 
 impl Default for AgentConfig {
@@ -39,6 +43,8 @@ impl Default for AgentConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             push_url: None,
             comms: Vec::new(),
+            token_file: None,
+            insecure_listen: false,
         }
     }
 }
@@ -62,6 +68,10 @@ pub struct FileConfig {
     #[serde(alias = "push_url")]
     pub push_url: Option<String>,
     pub comm: Option<Vec<String>>,
+    #[serde(alias = "token_file")]
+    pub token_file: Option<PathBuf>,
+    #[serde(alias = "insecure_listen")]
+    pub insecure_listen: Option<bool>,
 }
 
 impl FileConfig {
@@ -95,6 +105,8 @@ impl FileConfig {
             listen,
             push_url,
             comm,
+            token_file,
+            insecure_listen,
         } = self;
         if let Some(hz) = frequency {
             c.frequency_hz = check_frequency(hz)?;
@@ -119,6 +131,12 @@ impl FileConfig {
         }
         if let Some(comm) = comm {
             c.comms = comm;
+        }
+        if token_file.is_some() {
+            c.token_file = token_file;
+        }
+        if let Some(insecure) = insecure_listen {
+            c.insecure_listen = insecure;
         }
         Ok(())
     }
@@ -147,6 +165,20 @@ pub fn parse_window(text: &str) -> Result<Duration, String> {
 pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
     text.parse()
         .map_err(|_| format!("listen address `{text}` is not IP:PORT (e.g. 127.0.0.1:7070)"))
+}
+
+impl AgentConfig {
+    /// Refuses a non-loopback `listen` without a token unless `insecure_listen` says so:
+    /// profiles show what every process on the host runs, and the API can be made to work.
+    pub fn check_exposure(&self) -> Result<(), String> {
+        if self.listen.ip().is_loopback() || self.token_file.is_some() || self.insecure_listen {
+            return Ok(());
+        }
+        Err(format!(
+            "refusing to serve the API on {} without a token: give --token-file FILE (clients send `Authorization: Bearer TOKEN`), or --insecure-listen to serve it to anyone who can reach it",
+            self.listen
+        ))
+    }
 }
 
 /// Bytes: `1GiB`, `500MiB`, `100MB`, `4096`.
@@ -245,5 +277,28 @@ mod tests {
         file.apply(&mut c).unwrap();
         assert_eq!(c.retention, std::time::Duration::from_secs(3 * 86400));
         assert_eq!(c.max_size_bytes, 500 << 20);
+    }
+
+    #[test]
+    fn non_loopback_needs_a_token_or_consent() {
+        let mut c = AgentConfig::default();
+        assert!(c.check_exposure().is_ok());
+        c.listen = parse_listen("0.0.0.0:7070").unwrap();
+        let e = c.check_exposure().unwrap_err();
+        assert!(
+            e.contains("--token-file") && e.contains("--insecure-listen"),
+            "{e}"
+        );
+        let file: FileConfig = toml::from_str("token-file = \"/run/t\"").unwrap();
+        file.apply(&mut c).unwrap();
+        assert!(c.check_exposure().is_ok());
+        let mut c = AgentConfig {
+            listen: parse_listen("[::]:7070").unwrap(),
+            ..AgentConfig::default()
+        };
+        assert!(c.check_exposure().is_err());
+        let file: FileConfig = toml::from_str("insecure_listen = true").unwrap();
+        file.apply(&mut c).unwrap();
+        assert!(c.check_exposure().is_ok());
     }
 }

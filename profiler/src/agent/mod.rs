@@ -41,6 +41,10 @@ pub enum AgentError {
     PushUrl(String),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    #[error(transparent)]
+    Token(#[from] crate::http::TokenError),
+    #[error("{0}")]
+    Exposure(String),
 }
 
 /// What the HTTP API shares with the sampling loop.
@@ -49,11 +53,21 @@ pub(crate) struct State {
     pub metrics: RefCell<Metrics>,
     /// A /debug/pprof/profile recording is running (one at a time).
     pub pprof_busy: std::cell::Cell<bool>,
+    /// Store reads running now (`api::MAX_HEAVY` at most).
+    pub heavy: std::cell::Cell<usize>,
+    /// Why the store fails, while it does (/healthz says it).
+    pub store_problem: RefCell<Option<String>>,
 }
 
 /// Runs the agent until SIGTERM or SIGINT, then stores the current window and returns.
 pub fn run(config: AgentConfig) -> Result<(), AgentError> {
-    // Both checks before loading BPF, so a bad data dir or port fails fast and clearly.
+    // Every check before loading BPF, so a bad data dir, port or token fails fast and clearly.
+    config.check_exposure().map_err(AgentError::Exposure)?;
+    let token = config
+        .token_file
+        .as_deref()
+        .map(crate::http::Token::from_file)
+        .transpose()?;
     let mut store = Store::open(&config.data_dir)?;
     let listener = std::net::TcpListener::bind(config.listen)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
@@ -88,6 +102,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             config: config.clone(),
             metrics: RefCell::new(Metrics::default()),
             pprof_busy: std::cell::Cell::new(false),
+            heavy: std::cell::Cell::new(0),
+            store_problem: RefCell::new(None),
         });
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
         tokio::task::spawn_local(async move {
@@ -99,7 +115,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             tokio::task::spawn_local(p.clone().run());
         }
         let api_state = state.clone();
-        tokio::task::spawn_local(crate::http::serve(listener, move |req| {
+        tokio::task::spawn_local(crate::http::serve(listener, token, move |req| {
             api::handle(api_state.clone(), req)
         }));
         eprintln!(
@@ -111,6 +127,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         );
         let mut pending: VecDeque<Profile> = VecDeque::new();
         let mut failing = false;
+        let mut retention_failing = false;
         loop {
             let deadline = tokio::time::Instant::now() + config.window;
             let stop = async {
@@ -131,12 +148,19 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             pending.push_back(profile);
             failing = store_pending(&mut store, &mut pending, &state, failing);
             let now = unix_now_ns();
-            if let Err(e) = store.retain(
+            let retained = store.retain(
                 now,
                 config.retention.as_nanos() as u64,
                 config.max_size_bytes,
-            ) {
-                log::error!("store retention failed: {e}");
+            );
+            // Once per failing spell, like writes: on a full disk it fails every window.
+            match retained {
+                Err(e) if !retention_failing => {
+                    log::error!("store retention failed: {e}");
+                    retention_failing = true;
+                }
+                Err(_) => {}
+                Ok(_) => retention_failing = false,
             }
             if stopping {
                 if pending.is_empty() {
@@ -168,6 +192,10 @@ fn store_pending(
                 state.metrics.borrow_mut().windows_stored += 1;
             }
             Err(e) => {
+                *state.store_problem.borrow_mut() = Some(format!(
+                    "cannot write to the store: {e}; {} windows wait in memory",
+                    pending.len().min(MAX_PENDING)
+                ));
                 if !failing {
                     log::error!(
                         "cannot write to the store: {e}; sampling goes on, keeping up to {MAX_PENDING} windows in memory"
@@ -184,6 +212,7 @@ fn store_pending(
     if failing {
         log::warn!("the store works again; every kept window is written");
     }
+    *state.store_problem.borrow_mut() = None;
     false
 }
 

@@ -10,7 +10,7 @@ use crate::agent::{
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
     /// TOML file with the same keys as these flags (frequency, window, data-dir, retention,
-    /// max-size, listen, push-url, comm); flags given here win.
+    /// max-size, listen, push-url, comm, token-file, insecure-listen); flags given here win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Samples per second on each CPU (1..=1000; default 19).
@@ -39,6 +39,13 @@ pub struct AgentArgs {
     /// Only threads with this comm (repeatable).
     #[arg(long = "comm", value_name = "NAME")]
     pub comms: Vec<String>,
+    /// File with the bearer token the API requires (all but /healthz); needed for a
+    /// non-loopback --listen.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Serve a non-loopback --listen without a token, to anyone who can reach it.
+    #[arg(long)]
+    pub insecure_listen: bool,
 }
 
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
@@ -58,6 +65,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         listen,
         push_url,
         comms,
+        token_file,
+        insecure_listen,
     } = args;
     config.frequency_hz = frequency.unwrap_or(config.frequency_hz);
     config.window = window.unwrap_or(config.window);
@@ -71,6 +80,12 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     if !comms.is_empty() {
         config.comms = comms;
     }
+    if token_file.is_some() {
+        config.token_file = token_file;
+    }
+    config.insecure_listen |= insecure_listen;
+    // Before the privilege check: a refusal that needs no root should not wait for it.
+    config.check_exposure().map_err(anyhow::Error::msg)?;
     super::check_privileges()?;
     crate::agent::run(config)?;
     Ok(())

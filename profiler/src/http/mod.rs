@@ -1,21 +1,16 @@
 //! A small HTTP/1.1 GET server for the agent's API (front end, beside the pipeline). Bounded
-//! on purpose: requests over `MAX_REQUEST` bytes, slower than `READ_TIMEOUT`, or more than
-//! `MAX_CONNECTIONS` at once are refused; one request per connection (Connection: close).
-use std::{future::Future, rc::Rc, time::Duration};
+//! on purpose (`serve`): request heads over `MAX_REQUEST` bytes or slower than
+//! `READ_TIMEOUT`, more than `MAX_PER_CLIENT` connections from one address or
+//! `MAX_CONNECTIONS` in all are refused, yet `HEALTH_PATH` is still answered; one request per
+//! connection (Connection: close). With a `Token`, every other path needs it.
+mod serve;
+mod token;
 
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+pub use serve::{
+    HEALTH_PATH, MAX_CONNECTIONS, MAX_OVERFLOW, MAX_PER_CLIENT, MAX_REQUEST, READ_TIMEOUT,
+    WRITE_TIMEOUT, serve,
 };
-
-/// Bytes of request head read at most.
-pub const MAX_REQUEST: usize = 8192;
-/// Time a client has to send its request head.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// Time to write a response (large flame graphs on slow links).
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Connections served at once.
-pub const MAX_CONNECTIONS: usize = 64;
+pub use token::{Token, TokenError};
 
 /// A parsed GET request.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,6 +19,8 @@ pub struct Request {
     pub path: String,
     /// Query parameters in order, percent-decoded.
     pub query: Vec<(String, String)>,
+    /// The `Authorization` header's value, if sent.
+    pub authorization: Option<String>,
 }
 
 impl Request {
@@ -41,6 +38,8 @@ impl Request {
 pub struct Response {
     pub status: u16,
     pub content_type: &'static str,
+    /// Headers beyond Content-Type, Content-Length and Connection.
+    pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
 }
 
@@ -49,6 +48,7 @@ impl Response {
         Self {
             status: 200,
             content_type,
+            headers: Vec::new(),
             body,
         }
     }
@@ -58,107 +58,20 @@ impl Response {
         Self {
             status,
             content_type: "text/plain; charset=utf-8",
+            headers: Vec::new(),
             body: format!("{message}\n").into_bytes(),
         }
     }
-}
 
-/// Serves `listener` forever on the current `LocalSet`, calling `handler` per request.
-pub async fn serve<F, Fut>(listener: TcpListener, handler: F)
-where
-    F: Fn(Request) -> Fut + 'static,
-    Fut: Future<Output = Response> + 'static,
-{
-    let handler = Rc::new(handler);
-    // One thread: a plain counter of open connections is enough.
-    let open = Rc::new(std::cell::Cell::new(0usize));
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                log::warn!("http: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        if open.get() >= MAX_CONNECTIONS {
-            log::warn!("http: too many connections; refusing {peer}");
-            continue; // dropping the stream closes it
-        }
-        open.set(open.get() + 1);
-        let open = open.clone();
-        let handler = handler.clone();
-        tokio::task::spawn_local(async move {
-            if let Err(e) = one(stream, &*handler).await {
-                log::debug!("http {peer}: {e}");
-            }
-            open.set(open.get() - 1);
-        });
+    /// A 503 asking the client to come back in `seconds`.
+    pub fn busy(message: &str, seconds: u32) -> Self {
+        Self::text(503, message).with_header("Retry-After", seconds.to_string())
     }
-}
 
-async fn one<F, Fut>(mut stream: TcpStream, handler: &F) -> std::io::Result<()>
-where
-    F: Fn(Request) -> Fut,
-    Fut: Future<Output = Response>,
-{
-    let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
-        Ok(Ok(Some(head))) => head,
-        Ok(Ok(None)) => return write(&mut stream, &Response::text(431, "request too large")).await,
-        Ok(Err(e)) => return Err(e),
-        Err(_) => return write(&mut stream, &Response::text(408, "request timeout")).await,
-    };
-    let response = match parse_request(&head) {
-        Ok(req) => handler(req).await,
-        Err(resp) => resp,
-    };
-    write(&mut stream, &response).await
-}
-
-/// Reads up to the blank line ending the head; None if it exceeds `MAX_REQUEST`.
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(Some(buf)); // the client closed: parse what came
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.windows(2).any(|w| w == b"\n\n") {
-            return Ok(Some(buf));
-        }
-        if buf.len() > MAX_REQUEST {
-            return Ok(None);
-        }
+    pub fn with_header(mut self, name: &'static str, value: String) -> Self {
+        self.headers.push((name, value));
+        self
     }
-}
-
-async fn write(stream: &mut TcpStream, r: &Response) -> std::io::Result<()> {
-    let reason = match r.status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        431 => "Request Header Fields Too Large",
-        503 => "Service Unavailable",
-        _ => "Error",
-    };
-    let head = format!(
-        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        r.status,
-        r.content_type,
-        r.body.len()
-    );
-    let io = async {
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(&r.body).await?;
-        stream.shutdown().await
-    };
-    tokio::time::timeout(WRITE_TIMEOUT, io)
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "write timeout"))?
 }
 
 /// The request line of `head`: only GET (and HEAD-less) requests are served.
@@ -176,6 +89,13 @@ pub fn parse_request(head: &[u8]) -> Result<Request, Response> {
     if method != "GET" {
         return Err(Response::text(405, "only GET is served"));
     }
+    // Header names are case-insensitive; values are kept as sent.
+    let authorization = text.lines().skip(1).find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("authorization")
+            .then(|| value.trim().to_owned())
+    });
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let query = query
         .split('&')
@@ -188,6 +108,7 @@ pub fn parse_request(head: &[u8]) -> Result<Request, Response> {
     Ok(Request {
         path: decode(path),
         query,
+        authorization,
     })
 }
 
@@ -231,6 +152,9 @@ mod tests {
         assert_eq!(r.path, "/api/flamegraph");
         assert_eq!(r.param("since"), Some("1h"));
         assert_eq!(r.param("comm"), Some("fx-chain x"));
+        assert_eq!(r.authorization, None);
+        let r = parse_request(b"GET /x HTTP/1.1\r\nauthoRIZATION:  Bearer abc \r\n\r\n").unwrap();
+        assert_eq!(r.authorization.as_deref(), Some("Bearer abc"));
         assert_eq!(decode("100%"), "100%");
         assert_eq!(decode("%4"), "%4");
     }

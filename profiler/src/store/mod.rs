@@ -2,6 +2,7 @@
 //! under the data dir holding, per window, how many samples each (stack, pid, comm, cgroup)
 //! had. Per-sample times are not kept: a window's samples are rebuilt spread evenly over the
 //! window (`read`), which is what flame graphs need and all a window-sized heat map can show.
+mod health;
 mod read;
 
 use std::{
@@ -11,7 +12,7 @@ use std::{
 
 use rusqlite::{Connection, OpenFlags, params};
 
-pub use read::Query;
+pub use read::{MAX_SAMPLES, Query, ReadLimits};
 
 use crate::profile::{FrameKind, Profile};
 
@@ -79,6 +80,10 @@ pub struct Store {
     frames: HashMap<FrameKey, i64>,
     /// Windows deleted since unused stacks and names were last collected.
     deleted_since_gc: u64,
+    /// A bound below `--max-size` set when the disk filled (`health`), bytes.
+    disk_cap: Option<u64>,
+    /// The reserve file was deleted to get out of a full disk and is not back yet.
+    reserve_spent: bool,
 }
 
 impl Store {
@@ -94,14 +99,14 @@ impl Store {
         std::fs::write(&probe, b"").map_err(dir_err)?;
         let _ = std::fs::remove_file(&probe);
         let path = dir.join(DB_FILE);
-        let conn = Connection::open(&path).map_err(|e| sql(&path, e))?;
-        let me = Self::with(conn, path);
+        let conn = health::open_checked(&path)?;
+        let mut me = Self::with(conn, path);
         me.conn
-            .execute_batch(
-                "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;",
-            )
+            .execute_batch(health::PRAGMAS)
             .and_then(|()| me.conn.execute_batch(SCHEMA))
             .map_err(|e| me.err(e))?;
+        // Without room for it now, it is made once there is (`after_success`).
+        me.reserve_spent = !health::make_reserve(dir);
         Ok(me)
     }
 
@@ -128,6 +133,8 @@ impl Store {
             stacks: HashMap::new(),
             frames: HashMap::new(),
             deleted_since_gc: 0,
+            disk_cap: None,
+            reserve_spent: false,
         }
     }
 
@@ -136,8 +143,24 @@ impl Store {
     }
 
     /// Stores one window: its meta and its samples counted per (stack, pid, comm, cgroup).
+    /// On failure the transaction is rolled back and so are the id caches; a full disk also
+    /// frees room (`health`) so that a later try can succeed.
     pub fn write_window(&mut self, p: &Profile) -> Result<(), StoreError> {
-        self.write_inner(p).map_err(|e| self.err(e))
+        match self.write_inner(p) {
+            Ok(()) => {
+                self.after_success();
+                Ok(())
+            }
+            Err(e) => {
+                // The ids cached during the rolled-back transaction name rows that do not
+                // exist, and SQLite would hand them out again for other rows.
+                self.clear_caches();
+                if health::is_disk_full(&e) {
+                    self.relieve_full_disk();
+                }
+                Err(self.err(e))
+            }
+        }
     }
 
     fn write_inner(&mut self, p: &Profile) -> rusqlite::Result<()> {
@@ -213,6 +236,7 @@ impl Store {
     }
 
     fn retain_inner(&mut self, now: u64, max_age: u64, max_bytes: u64) -> rusqlite::Result<u64> {
+        let max_bytes = self.disk_cap.map_or(max_bytes, |cap| cap.min(max_bytes));
         let cutoff = now.saturating_sub(max_age) as i64;
         let mut deleted = self.delete_windows_where("start_ns + duration_ns < ?1", cutoff)?;
         // Deleted pages are reused, not returned: count the pages in use.
@@ -256,6 +280,9 @@ impl Store {
 
     fn collect_garbage(&mut self) -> rusqlite::Result<()> {
         self.deleted_since_gc = 0;
+        // First: the stacks are deleted in their own statement, so a failure further down
+        // would otherwise leave cached ids naming deleted rows.
+        self.clear_caches();
         self.conn.execute_batch(
             "DELETE FROM stacks WHERE id NOT IN (SELECT DISTINCT stack FROM counts);",
         )?;
@@ -284,10 +311,7 @@ impl Store {
                UNION SELECT name FROM frames UNION SELECT module FROM frames
                UNION SELECT binary FROM frames);",
         )?;
-        tx.commit()?;
-        // Cached ids may name deleted rows now.
-        self.clear_caches();
-        Ok(())
+        tx.commit()
     }
 
     fn clear_caches(&mut self) {
@@ -384,3 +408,5 @@ fn intern(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_hostile;

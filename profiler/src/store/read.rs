@@ -11,6 +11,23 @@ use crate::profile::{
 /// Samples one query may rebuild at most (about 40 bytes each in memory).
 pub const MAX_SAMPLES: u64 = 20_000_000;
 
+/// What one read may rebuild at most: its memory is bounded by these, whatever the range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// Samples (about 40 bytes each).
+    pub max_samples: u64,
+    /// Distinct stacks (a few hundred bytes each with their frames).
+    pub max_stacks: usize,
+}
+
+impl ReadLimits {
+    /// `profiler query`: a command run on purpose, with the machine's memory to itself.
+    pub const QUERY: Self = Self {
+        max_samples: MAX_SAMPLES,
+        max_stacks: 5_000_000,
+    };
+}
+
 /// Which stored windows and samples to read.
 #[derive(Clone, Debug, Default)]
 pub struct Query {
@@ -32,13 +49,19 @@ struct Window {
 impl Store {
     /// The samples of every window overlapping the query's range, as one profile.
     pub fn read(&self, q: &Query) -> Result<Profile, StoreError> {
-        self.read_inner(q).map_err(|e| match e {
+        self.read_bounded(q, ReadLimits::QUERY)
+    }
+
+    /// Like `read`, refusing (with a message saying which bound) a range whose matching
+    /// samples or stacks pass `limits`: the work is bounded by what is read, not by the span.
+    pub fn read_bounded(&self, q: &Query, limits: ReadLimits) -> Result<Profile, StoreError> {
+        self.read_inner(q, limits).map_err(|e| match e {
             ReadError::Sql(e) => self.err(e),
             ReadError::Range(m) => StoreError::Range(m),
         })
     }
 
-    fn read_inner(&self, q: &Query) -> Result<Profile, ReadError> {
+    fn read_inner(&self, q: &Query, limits: ReadLimits) -> Result<Profile, ReadError> {
         let mut stmt = self.conn.prepare(
             "SELECT id, start_ns, duration_ns, frequency_hz, event, hostname, kernel, cpus, \
              recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed FROM windows \
@@ -74,19 +97,24 @@ impl Store {
             };
             windows.push(w);
         }
-        if meta.counters.recorded > MAX_SAMPLES {
-            return Err(ReadError::Range(format!(
-                "the range holds {} samples, more than the {MAX_SAMPLES} one query may read; \
-                 ask for a shorter range",
-                meta.counters.recorded
-            )));
-        }
+        let too_many = |what: &str, max: u64| {
+            ReadError::Range(format!(
+                "the range holds more than the {max} {what} one read may rebuild; ask for a \
+                 shorter range or fewer comms"
+            ))
+        };
         let start = meta.start_unix_ns;
         let mut out = Interner::new(meta);
         let mut stacks: HashMap<i64, u32> = HashMap::new();
         let mut processes: BTreeMap<u32, Process> = BTreeMap::new();
         let mut cgroups: BTreeMap<u64, String> = BTreeMap::new();
-        let mut samples = Vec::new();
+        // Sized once from the counts (comm filter applied, cgroup not: an upper bound), so the
+        // vector never doubles past the limit on its way there.
+        let upper = self.matching_samples(&windows, &q.comms)?;
+        if upper > limits.max_samples && q.cgroup.is_none() {
+            return Err(too_many("samples", limits.max_samples)); // exact without a cgroup
+        }
+        let mut samples = Vec::with_capacity(upper.min(limits.max_samples) as usize);
         let mut counts = self.conn.prepare(
             "SELECT c.stack, c.pid, n.text, c.cgroup_id, g.text, c.samples FROM counts c \
              JOIN names n ON n.id = c.comm JOIN names g ON g.id = c.cgroup WHERE c.window = ?1",
@@ -113,10 +141,17 @@ impl Store {
                 {
                     continue;
                 }
+                let n = r.get::<_, i64>(5)?.max(0) as u64;
+                if samples.len() as u64 + n > limits.max_samples {
+                    return Err(too_many("samples", limits.max_samples));
+                }
                 let db_stack: i64 = r.get(0)?;
                 let stack = match stacks.get(&db_stack) {
                     Some(&s) => s,
                     None => {
+                        if stacks.len() >= limits.max_stacks {
+                            return Err(too_many("stacks", limits.max_stacks as u64));
+                        }
                         let text: String = stack_text.query_row([db_stack], |r| r.get(0))?;
                         let s = parse_stack(&mut out, &mut frame_of, &mut frames, &text)?;
                         stacks.insert(db_stack, s);
@@ -125,7 +160,6 @@ impl Store {
                 };
                 let pid: u32 = r.get(1)?;
                 let cgroup_id = r.get::<_, i64>(3)? as u64;
-                let n = r.get::<_, i64>(5)?.max(0) as u64;
                 let comm_id = out.string(&comm);
                 processes.entry(pid).or_insert_with(|| Process {
                     pid,
@@ -148,17 +182,38 @@ impl Store {
                 }
             }
         }
-        samples.sort_by_key(|s| s.offset_ns);
-        for s in samples {
-            out.sample(s);
-        }
         for p in processes.into_values() {
             out.process(p);
         }
         for (id, path) in cgroups {
             out.cgroup(Cgroup { id, path });
         }
-        Ok(out.finish())
+        // Sorted in place and moved in: pushing them one by one held two copies at the peak.
+        samples.sort_unstable_by_key(|s| s.offset_ns);
+        let mut profile = out.finish();
+        profile.samples = samples;
+        Ok(profile)
+    }
+}
+
+impl Store {
+    /// Samples in `windows` of any of `comms` (all if empty), summed in SQL.
+    fn matching_samples(&self, windows: &[Window], comms: &[String]) -> rusqlite::Result<u64> {
+        let mut per_comm = self.conn.prepare(
+            "SELECT n.text, sum(c.samples) FROM counts c JOIN names n ON n.id = c.comm \
+             WHERE c.window = ?1 GROUP BY c.comm",
+        )?;
+        let mut total = 0u64;
+        for w in windows {
+            let mut rows = per_comm.query([w.id])?;
+            while let Some(r) = rows.next()? {
+                let comm: String = r.get(0)?;
+                if comms.is_empty() || comms.contains(&comm) {
+                    total = total.saturating_add(r.get::<_, i64>(1)?.max(0) as u64);
+                }
+            }
+        }
+        Ok(total)
     }
 }
 
