@@ -1,7 +1,11 @@
 //! One recording, end to end: start the sampler, collect until the duration ends (or Ctrl-C /
 //! SIGTERM), stop, symbolize, and return the profile. `profiler record`, and any front end
 //! that needs a short profile (the doctor), call this.
-use std::{future::Future, time::Duration};
+use std::{
+    future::Future,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use tokio::io::{Interest, unix::AsyncFd};
 
@@ -10,6 +14,7 @@ use crate::{
     collect::{CgroupFilter, Collection, CommFilter, cgroup::CgroupTarget},
     profile::{Counters, Meta, Profile},
     symbolize::{self, KernelSymbols, UserSymbolizer},
+    unwind::{Loader, LoaderStats, UnwindMode},
     util,
 };
 
@@ -32,6 +37,10 @@ pub struct RecordConfig {
     pub verbose: bool,
     /// Expand inlined functions from DWARF into frames of their own (`--inline`).
     pub inline: bool,
+    /// How user stacks are walked (`--unwind`).
+    pub unwind: UnwindMode,
+    /// Kernel memory for unwind rows, bytes (`--unwind-memory`).
+    pub unwind_memory: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +96,8 @@ pub async fn record(
         frequency_hz: config.frequency_hz.into(),
         pids: &config.pids,
         cgroups: &kernel_cgroups,
+        unwind: config.unwind,
+        unwind_memory: config.unwind_memory,
     };
     util::raise_fd_limit();
     let (mut sampler, ring) = Sampler::start(&sampler_config)?;
@@ -100,6 +111,13 @@ pub async fn record(
         .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
     let mut collection = Collection::new(CommFilter(config.comms.clone()))
         .with_cgroup_filter(CgroupFilter::new(user_cgroups));
+    let loader = sampler.unwind.take().map(|l| Arc::new(Mutex::new(l)));
+    if let Some(loader) = &loader {
+        let loader = Arc::clone(loader);
+        collection = collection.on_new_process(Box::new(move |pid| {
+            load_process(&loader, pid);
+        }));
+    }
     let secs = config.duration.as_secs_f64();
     let tty = config.verbose && std::io::IsTerminal::is_terminal(&std::io::stderr());
     if config.verbose {
@@ -165,6 +183,12 @@ pub async fn record(
     if config.verbose || counters.lost_ringbuf_full > 0 {
         report_counters(&counters, duration_ns);
     }
+    if config.verbose
+        && let Some(loader) = &loader
+    {
+        let stats = loader.lock().map(|l| l.stats).unwrap_or_default();
+        report_unwind(&stats, &k.unwind_truncated);
+    }
     let profile = symbolize::build_profile(
         collection,
         meta,
@@ -215,6 +239,45 @@ fn report_counters(c: &Counters, duration_ns: u64) {
             "warning: {} samples were lost because the reader fell behind; lower --frequency",
             c.lost_ringbuf_full
         );
+    }
+}
+
+/// Loads `pid`'s mappings into the table walk; a process gone already is not an error.
+fn load_process(loader: &Mutex<Loader>, pid: u32) {
+    let Ok(mappings) = crate::unwind::proc_mappings(pid) else {
+        return;
+    };
+    let Ok(mut loader) = loader.lock() else {
+        return;
+    };
+    if let Err(e) = loader.load_process(pid, &mappings) {
+        log::debug!("pid {pid}: cannot load its mappings for unwinding: {e}");
+    }
+}
+
+fn report_unwind(s: &LoaderStats, truncated: &[u64; 7]) {
+    eprintln!(
+        "unwind tables: {} processes, {} binaries by table ({} rows, {:.1} MiB, compiled in {:.3} s), {} by frame pointer{}",
+        s.processes,
+        s.binaries_table,
+        s.rows,
+        (s.rows * 8) as f64 / f64::from(1 << 20),
+        s.compile_ns as f64 / 1e9,
+        s.binaries_fp,
+        if s.over_budget > 0 {
+            format!(" ({} over --unwind-memory)", s.over_budget)
+        } else {
+            String::new()
+        }
+    );
+    let cut: Vec<String> = truncated
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(code, n)| format!("{n} {}", profiler_common::unwind::reason::NAMES[code]))
+        .collect();
+    if !cut.is_empty() {
+        eprintln!("user stacks cut short: {}", cut.join(", "));
     }
 }
 

@@ -110,6 +110,37 @@ pub struct Collection {
     pub ustack_failed: u64,
     filter: CommFilter,
     cgroup_filter: CgroupFilter,
+    /// Called with each process's pid at its first sample (the table walk loads its
+    /// mappings there: `unwind::Loader`).
+    new_process_hook: Option<NewProcessHook>,
+}
+
+/// See `Collection::on_new_process`.
+pub type NewProcessHook = Box<dyn FnMut(u32) + Send>;
+
+/// User "addresses" at and above this mark the root of a stack that a table walk cut short:
+/// `TRUNCATED_MARK + unwind::reason` (in the kernel half, so never a user address).
+pub const TRUNCATED_MARK: u64 = 0xffff_ffff_ffff_ff00;
+
+/// The `[truncated: reason]` name of a marker address, None for a real address.
+pub fn truncation_name(addr: u64) -> Option<String> {
+    let code = addr.checked_sub(TRUNCATED_MARK)?;
+    let names = profiler_common::unwind::reason::NAMES;
+    Some(format!(
+        "[truncated: {}]",
+        names.get(code as usize).copied().unwrap_or("unknown")
+    ))
+}
+
+/// Appends the marker of the reason the header's flags give, if any.
+fn with_truncation_marker(user: Box<[u64]>, sample_flags: u32) -> Box<[u64]> {
+    let code = (sample_flags & flags::UNWIND_REASON_MASK) >> flags::UNWIND_REASON_SHIFT;
+    if code == 0 {
+        return user;
+    }
+    let mut v = user.into_vec();
+    v.push(TRUNCATED_MARK + u64::from(code));
+    v.into_boxed_slice()
 }
 
 impl Collection {
@@ -121,6 +152,12 @@ impl Collection {
     }
 
     /// Keeps only samples of processes in these cgroups (see `CgroupFilter`).
+    /// Calls `hook` with each new process's pid at its first sample.
+    pub fn on_new_process(mut self, hook: NewProcessHook) -> Self {
+        self.new_process_hook = Some(hook);
+        self
+    }
+
     pub fn with_cgroup_filter(mut self, filter: CgroupFilter) -> Self {
         self.cgroup_filter = filter;
         self
@@ -171,7 +208,14 @@ impl Collection {
         let (kframes, uframes) = frames.split_at(klen * 8);
         let kstack = self.kstacks.intern(callsites(kframes));
         let user = callsites(uframes);
+        if let Some(hook) = self.new_process_hook.as_mut()
+            && h.pid != 0
+            && !self.processes.processes.contains_key(&h.pid)
+        {
+            hook(h.pid);
+        }
         self.processes.saw(h.pid, &user);
+        let user = with_truncation_marker(user, h.flags);
         let ustack = self.ustacks.intern((h.pid, user));
         self.samples.push(RawSample {
             time_ns: h.time_ns,
