@@ -1,11 +1,7 @@
 //! One recording, end to end: start the sampler, collect until the duration ends (or Ctrl-C /
 //! SIGTERM), stop, symbolize, and return the profile. `profiler record`, and any front end
 //! that needs a short profile (the doctor), call this.
-use std::{
-    future::Future,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use tokio::io::{Interest, unix::AsyncFd};
 
@@ -14,7 +10,7 @@ use crate::{
     collect::{CgroupFilter, Collection, CommFilter, cgroup::CgroupTarget},
     profile::{Counters, Meta, Profile},
     symbolize::{self, KernelSymbols, UserSymbolizer},
-    unwind::{Loader, LoaderStats, UnwindMode},
+    unwind::{BackgroundLoader, LoaderStats, UnwindMode},
     util,
 };
 
@@ -111,12 +107,12 @@ pub async fn record(
         .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
     let mut collection = Collection::new(CommFilter(config.comms.clone()))
         .with_cgroup_filter(CgroupFilter::new(user_cgroups));
-    let loader = sampler.unwind.take().map(|l| Arc::new(Mutex::new(l)));
+    let loader = match sampler.unwind.take() {
+        Some(l) => Some(Arc::new(BackgroundLoader::spawn(l)?)),
+        None => None,
+    };
     if let Some(loader) = &loader {
-        let loader = Arc::clone(loader);
-        collection = collection.on_new_process(Box::new(move |pid| {
-            load_process(&loader, pid);
-        }));
+        collection = collection.on_new_process(loader.hook());
     }
     let secs = config.duration.as_secs_f64();
     let tty = config.verbose && std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -186,8 +182,7 @@ pub async fn record(
     if config.verbose
         && let Some(loader) = &loader
     {
-        let stats = loader.lock().map(|l| l.stats).unwrap_or_default();
-        report_unwind(&stats, &k.unwind_truncated);
+        report_unwind(&loader.stats(), &k.unwind_truncated);
     }
     let profile = symbolize::build_profile(
         collection,
@@ -239,19 +234,6 @@ fn report_counters(c: &Counters, duration_ns: u64) {
             "warning: {} samples were lost because the reader fell behind; lower --frequency",
             c.lost_ringbuf_full
         );
-    }
-}
-
-/// Loads `pid`'s mappings into the table walk; a process gone already is not an error.
-fn load_process(loader: &Mutex<Loader>, pid: u32) {
-    let Ok(mappings) = crate::unwind::proc_mappings(pid) else {
-        return;
-    };
-    let Ok(mut loader) = loader.lock() else {
-        return;
-    };
-    if let Err(e) = loader.load_process(pid, &mappings) {
-        log::debug!("pid {pid}: cannot load its mappings for unwinding: {e}");
     }
 }
 

@@ -168,6 +168,28 @@ impl Sampler {
                 map.insert(pid, 1, 0)?;
             }
         }
+        let unwind = if table_walk {
+            let rows = ebpf
+                .take_map(unwind::MAP_ROWS)
+                .ok_or(BpfError::Missing("unwind rows"))?;
+            let procs = ebpf
+                .take_map(unwind::MAP_PROCS)
+                .ok_or(BpfError::Missing("unwind mappings"))?;
+            let mut loader = Loader::new(config.unwind, rows, unwind_rows, procs)
+                .map_err(BpfError::UnwindMaps)?;
+            // The processes asked for by pid are loaded before sampling starts, so their
+            // first samples are walked by table too.
+            for &pid in config.pids {
+                if let Ok(mappings) = crate::unwind::proc_mappings(pid)
+                    && let Err(e) = loader.load_process(pid, &mappings)
+                {
+                    log::debug!("pid {pid}: cannot load its mappings for unwinding: {e}");
+                }
+            }
+            Some(loader)
+        } else {
+            None
+        };
         let (perf_config, policy) = match config.event {
             // A fixed period in ns gives evenly spaced samples on the timer.
             Event::CpuClock => (
@@ -201,20 +223,6 @@ impl Sampler {
             ebpf.take_map(MAP_COUNTERS)
                 .ok_or(BpfError::Missing("counters"))?,
         )?;
-        let unwind = if table_walk {
-            let rows = ebpf
-                .take_map(unwind::MAP_ROWS)
-                .ok_or(BpfError::Missing("unwind rows"))?;
-            let procs = ebpf
-                .take_map(unwind::MAP_PROCS)
-                .ok_or(BpfError::Missing("unwind mappings"))?;
-            Some(
-                Loader::new(config.unwind, rows, unwind_rows, procs)
-                    .map_err(BpfError::UnwindMaps)?,
-            )
-        } else {
-            None
-        };
         Ok((
             Sampler {
                 ebpf: Some(ebpf),

@@ -58,6 +58,7 @@ pub struct Loader {
     map_len: usize,
     procs: BpfHashMap<MapData, u32, ProcMappings>,
     binaries: HashMap<(u64, u64), Binary>,
+    loaded: std::collections::HashSet<u32>,
     pub stats: LoaderStats,
 }
 
@@ -102,6 +103,7 @@ impl Loader {
             map_len,
             procs,
             binaries: HashMap::new(),
+            loaded: std::collections::HashSet::new(),
             stats: LoaderStats::default(),
         })
     }
@@ -132,7 +134,10 @@ impl Loader {
         self.procs
             .insert(pid, value, 0)
             .map_err(std::io::Error::other)?;
-        self.stats.processes += 1;
+        // A process loaded again (by --pid, then at its first sample) counts once.
+        self.loaded.insert(pid);
+        self.stats.processes = self.loaded.len() as u64;
+        log::debug!("pid {pid}: {n} executable mappings loaded for unwinding");
         Ok(())
     }
 

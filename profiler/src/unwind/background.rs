@@ -1,0 +1,77 @@
+//! Runs the `Loader` on a thread of its own: compiling a large binary's table takes from
+//! milliseconds to seconds, and the reader that drains the ring buffer must never wait for
+//! it. The reader hands over each new process's mappings (read at once, while the process
+//! still lives); until its tables are in, the kernel walks that process by frame pointer.
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicBool, Ordering},
+    mpsc,
+};
+
+use super::{Loader, LoaderStats, MappingSpec, proc_mappings};
+
+pub struct BackgroundLoader {
+    tx: Option<mpsc::Sender<(u32, Vec<MappingSpec>)>>,
+    stats: Arc<Mutex<LoaderStats>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl BackgroundLoader {
+    pub fn spawn(mut loader: Loader) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<(u32, Vec<MappingSpec>)>();
+        let stats = Arc::new(Mutex::new(loader.stats));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (thread_stats, thread_stop) = (Arc::clone(&stats), Arc::clone(&stop));
+        std::thread::Builder::new()
+            .name("unwind-loader".into())
+            .spawn(move || {
+                while let Ok((pid, mappings)) = rx.recv() {
+                    if thread_stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    if let Err(e) = loader.load_process(pid, &mappings) {
+                        log::debug!("pid {pid}: cannot load its mappings for unwinding: {e}");
+                    }
+                    if let Ok(mut s) = thread_stats.lock() {
+                        *s = loader.stats;
+                    }
+                }
+            })?;
+        Ok(Self {
+            tx: Some(tx),
+            stats,
+            stop,
+        })
+    }
+
+    /// Reads `pid`'s mappings now and queues them for loading. A process already gone is
+    /// skipped (its samples stay walked by frame pointer).
+    pub fn submit(&self, pid: u32) {
+        let Ok(mappings) = proc_mappings(pid) else {
+            return;
+        };
+        if let Some(tx) = &self.tx {
+            let _ = tx.send((pid, mappings));
+        }
+    }
+
+    /// A sender for the collector's new-process hook.
+    pub fn hook(self: &Arc<Self>) -> crate::collect::NewProcessHook {
+        let me = Arc::clone(self);
+        Box::new(move |pid| me.submit(pid))
+    }
+
+    /// What was loaded so far.
+    pub fn stats(&self) -> LoaderStats {
+        self.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+}
+
+impl Drop for BackgroundLoader {
+    /// Abandons what is still queued. The thread is not joined: it may be in the middle of
+    /// a large binary, and it ends by itself after that one.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.tx = None;
+    }
+}
