@@ -11,7 +11,7 @@ use aya_ebpf::{
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
     },
     macros::map,
-    maps::{Array, HashMap},
+    maps::{Array, HashMap, PerCpuArray},
     programs::PerfEventContext,
 };
 use profiler_common::{
@@ -51,6 +51,21 @@ pub(crate) fn mappings(pid: u32) -> Option<*const ProcMappings> {
     UNWIND_PROCS.get_ptr(&pid)
 }
 
+/// How a walk ended, in a per-CPU map value rather than on the stack: the verifier knows
+/// the constants stored on the stack (a reason, a done flag) and would check `step` again
+/// for each combination of them; values in a map are unknown to it, so one pass suffices.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct WalkEnd {
+    /// Frames written.
+    n: u32,
+    /// `reason::*` the walk stopped for; FRAME_LIMIT until it stops by itself.
+    reason: u32,
+}
+
+#[map(name = "UNWIND_END")]
+static UNWIND_END: PerCpuArray<WalkEnd> = PerCpuArray::with_max_entries(1, 0);
+
 /// State of one walk, on the sampler's stack and handed to each `step` by bpf_loop.
 #[repr(C)]
 struct Walk {
@@ -60,13 +75,8 @@ struct Walk {
     procs: *const ProcMappings,
     /// The sample's frame array (per-CPU scratch) and the slot of the first user frame.
     frames: *mut u64,
+    end: *mut WalkEnd,
     base: u32,
-    /// Frames written so far.
-    n: u32,
-    /// `reason::*` the walk stopped for.
-    reason: u32,
-    /// 1 once the walk ended (entry reached or a reason set).
-    done: u32,
 }
 
 /// Walks the user stack of the current task into `frames[base..]`; returns the frame count
@@ -82,16 +92,24 @@ pub(crate) fn walk(
     let Some((ip, sp, bp)) = user_regs(ctx, user_mode) else {
         return (0, reason::READ_FAULT);
     };
+    let Some(end) = UNWIND_END.get_ptr_mut(0) else {
+        return (0, reason::READ_FAULT);
+    };
+    // SAFETY: per-CPU value, and perf_event programs do not nest on one CPU.
+    unsafe {
+        *end = WalkEnd {
+            n: 0,
+            reason: reason::FRAME_LIMIT,
+        }
+    };
     let mut w = Walk {
         ip,
         sp,
         bp,
         procs,
         frames,
+        end,
         base,
-        n: 0,
-        reason: reason::NONE,
-        done: 0,
     };
     // bpf_loop (5.17+, allowed in perf_event programs): the verifier checks `step` once
     // instead of unrolling MAX_FRAMES walks with their searches, which it could not.
@@ -104,10 +122,9 @@ pub(crate) fn walk(
             0,
         )
     };
-    if w.done == 0 {
-        w.reason = reason::FRAME_LIMIT;
-    }
-    (w.n, w.reason)
+    // SAFETY: as above.
+    let e = unsafe { *end };
+    (e.n, e.reason)
 }
 
 /// The user registers at the sample: the interrupted ones when the tick hit user mode, else
@@ -131,20 +148,26 @@ fn user_regs(ctx: &PerfEventContext, user_mode: bool) -> Option<(u64, u64, u64)>
 }
 
 /// One frame: record `ip`, then move to the caller. Returns 1 to stop the loop.
-extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+///
+/// The frame count is the loop's index, not a counter kept in `Walk`: the verifier checks
+/// this callback again for each distinct state it is called in, and a counter it knows
+/// exactly (0, 1, 2...) would make 127 distinct states (about 400k verified instructions),
+/// where the index is an unknown number to it and one pass suffices.
+extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: bpf_loop passes back the `Walk` given to it.
     let w = unsafe { &mut *ctx.cast::<Walk>() };
-    let slot = w.base + w.n;
+    let slot = u64::from(w.base) + index;
     // Bounded for the verifier: the frame array has 2 * FRAME_SLOTS slots.
-    if slot >= 2 * FRAME_SLOTS as u32 {
+    if slot >= 2 * FRAME_SLOTS as u64 {
         return stop(w, reason::FRAME_LIMIT);
     }
     // SAFETY: slot < 2 * FRAME_SLOTS, the scratch array's length.
     unsafe { *w.frames.add(slot as usize) = w.ip };
-    w.n += 1;
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    unsafe { (*w.end).n = index as u32 + 1 };
     // A return address points after the call; the call itself (ip - 1) is in the caller's
     // range even when the call was the function's last instruction.
-    let pc = if w.n == 1 { w.ip } else { w.ip - 1 };
+    let pc = if index == 0 { w.ip } else { w.ip - 1 };
     // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
     let Some(m) = find_mapping(unsafe { &*w.procs }, pc) else {
         return stop(w, reason::NO_MAPPING);
@@ -155,7 +178,7 @@ extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         }
         (w.bp + 16, w.bp)
     } else {
-        let Some(row) = find_row(m, pc.wrapping_sub(m.bias)) else {
+        let Some(row) = find_row(&m, pc.wrapping_sub(m.bias)) else {
             return stop(w, reason::NO_ROW);
         };
         let cfa = match row.kind {
@@ -206,15 +229,17 @@ extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
 
 #[inline(always)]
 fn stop(w: &mut Walk, why: u32) -> i64 {
-    w.reason = why;
-    w.done = 1;
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    unsafe { (*w.end).reason = why };
     1
 }
 
 /// The mapping containing `pc`: binary search of the sorted mappings, at most
-/// log2(MAX_MAPPINGS) + 1 steps (bounded for the verifier).
+/// log2(MAX_MAPPINGS) + 1 steps (bounded for the verifier). Returned by copy: a pointer
+/// whose offset differs on each search path would keep those paths apart in the verifier
+/// (each verified again through the rest of the step), a copy does not.
 #[inline(always)]
-fn find_mapping(p: &ProcMappings, pc: u64) -> Option<&UnwindMapping> {
+fn find_mapping(p: &ProcMappings, pc: u64) -> Option<UnwindMapping> {
     let count = p.count as usize;
     let (mut lo, mut hi) = (0usize, count.min(MAX_MAPPINGS));
     let mut i = 0;
@@ -226,7 +251,7 @@ fn find_mapping(p: &ProcMappings, pc: u64) -> Option<&UnwindMapping> {
         } else if pc >= m.end {
             lo = mid + 1;
         } else {
-            return Some(m);
+            return Some(*m);
         }
         i += 1;
     }

@@ -205,8 +205,15 @@ impl Sampler {
             .program_mut(PROGRAM_NAME)
             .ok_or(BpfError::Missing("sampler program"))?
             .try_into()?;
+        let verify_started = std::time::Instant::now();
         program.load()?;
-        let program_id = program.info().ok().map(|info| info.id());
+        let info = program.info().ok();
+        log::debug!(
+            "sampler verified in {:.3} s ({:?} instructions)",
+            verify_started.elapsed().as_secs_f64(),
+            info.as_ref().and_then(|i| i.verified_instruction_count())
+        );
+        let program_id = info.map(|info| info.id());
         for &cpu in &cpus {
             program.attach(
                 perf_config,
