@@ -43,7 +43,7 @@ fn whole_share(stacks: &[Stack], chain: &[&str]) -> (u64, u64) {
     let whole = samples(stacks, |f| {
         f.get(1).is_some_and(|root| root == "_start") && has_chain(f, chain, |a, b| a == b)
     });
-    (if total == 0 { 0 } else { whole * 100 / total }, total)
+    ((whole * 100).checked_div(total).unwrap_or(0), total)
 }
 
 fn objdump(function: &str) -> String {

@@ -95,13 +95,12 @@ fn check_against_readelf(path: &str) -> usize {
             assert_eq!(ours.kind, kind::UNSUPPORTED, "{at}");
             continue;
         };
-        let expected_kind = if let Some(off) = r.cfa.strip_prefix("rsp+") {
-            Some((kind::CFA_RSP, off.parse::<u16>().unwrap()))
-        } else if let Some(off) = r.cfa.strip_prefix("rbp+") {
-            Some((kind::CFA_RBP, off.parse::<u16>().unwrap()))
-        } else {
-            None
-        };
+        let expected_kind = [("rsp+", kind::CFA_RSP), ("rbp+", kind::CFA_RBP)]
+            .into_iter()
+            .find_map(|(prefix, k)| {
+                let off = r.cfa.strip_prefix(prefix)?;
+                Some((k, off.parse::<u16>().unwrap()))
+            });
         match expected_kind {
             Some((k, off)) => {
                 assert_eq!(
