@@ -8,23 +8,27 @@ use std::path::Path;
 use std::process::Command;
 
 use profiler_tests::{
-    Stack, TempDir, exclusive, expect_success, has_chain, head, read_folded, record, require_bpf,
-    samples, spawn_fixture_args,
+    Stack, TempDir, exclusive, expect_success, has_chain, head, read_folded, record, report,
+    require_bpf, samples, spawn_fixture_args,
 };
 
 const FIXTURE: &str = env!("FIXTURE_FX_UNWIND");
 const COMM: &str = "fx-unwind";
 
 /// Records fixture mode `mode` for 3 s at 499 Hz with `--unwind <unwind>`; returns the
-/// folded text, its stacks (only the fixture's) and the profiler's stderr.
-fn record_mode(mode: &str, unwind: &str) -> (String, Vec<Stack>, String) {
+/// folded text, its stacks (only the fixture's) and the profiler's stderr. The capture is
+/// left at `capture` when given.
+fn record_mode(mode: &str, unwind: &str, capture: Option<&str>) -> (String, Vec<Stack>, String) {
     let dir = TempDir::new(&format!("unwind-{mode}-{unwind}"));
     let fixture = spawn_fixture_args(Path::new(FIXTURE), &["20", mode]);
     let out = dir.file("out.folded");
     let pid = fixture.pid().to_string();
-    let args = [
+    let mut args = vec![
         "-p", &pid, "-F", "499", "-d", "3s", "--unwind", unwind, "-o", &out,
     ];
+    if let Some(capture) = capture {
+        args.extend(["-o", capture]);
+    }
     let output = record(&args);
     expect_success(&output, &format!("profiler record {args:?}"));
     let (text, stacks) = read_folded(Path::new(&out));
@@ -76,7 +80,7 @@ fn qsort_through_libc_reaches_start_by_table_only() {
         return;
     }
     let _serial = exclusive();
-    let (text, stacks, stderr) = record_mode("qsort", "dwarf");
+    let (text, stacks, stderr) = record_mode("qsort", "dwarf", None);
     let (share, total) = whole_share(&stacks, &["main", "a", "b"]);
     eprintln!("dwarf: {share}% of {total} samples whole\n{stderr}");
     assert!(total >= 100, "only {total} samples; {}", head(&text, 20));
@@ -94,7 +98,7 @@ fn qsort_through_libc_reaches_start_by_table_only() {
     );
 
     // Negative control: the same fixture and assertion, walked by frame pointers.
-    let (text, stacks, _) = record_mode("qsort", "fp");
+    let (text, stacks, _) = record_mode("qsort", "fp", None);
     let (share, total) = whole_share(&stacks, &["main", "a", "b"]);
     eprintln!("fp: {share}% of {total} samples whole");
     assert!(total >= 100, "only {total} samples; {}", head(&text, 20));
@@ -110,7 +114,7 @@ fn memcpy_leaf_in_libc_reaches_start() {
         return;
     }
     let _serial = exclusive();
-    let (text, stacks, stderr) = record_mode("memcpy", "dwarf");
+    let (text, stacks, stderr) = record_mode("memcpy", "dwarf", None);
     let (share, total) = whole_share(&stacks, &["main", "a", "b"]);
     eprintln!("{share}% of {total} samples whole\n{stderr}");
     assert!(total >= 100, "only {total} samples; {}", head(&text, 20));
@@ -141,7 +145,9 @@ fn deep_recursion_is_marked_truncated_with_its_reason() {
         return;
     }
     let _serial = exclusive();
-    let (text, stacks, stderr) = record_mode("deep", "dwarf");
+    let dir = TempDir::new("unwind-deep-capture");
+    let capture = dir.file("deep.capture");
+    let (text, stacks, stderr) = record_mode("deep", "dwarf", Some(&capture));
     let total = samples(&stacks, |_| true);
     let marked = samples(&stacks, |f| {
         f.get(1)
@@ -164,5 +170,18 @@ fn deep_recursion_is_marked_truncated_with_its_reason() {
     assert!(
         stderr.contains("frame limit"),
         "the frame-limit count is not reported:\n{stderr}"
+    );
+    // `report --stats` counts them per reason from the capture.
+    let out = report(&[&capture, "--stats"]);
+    expect_success(&out, "profiler report --stats");
+    let stats = String::from_utf8_lossy(&out.stdout);
+    let counted: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("truncated frame limit: "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no frame-limit count in report --stats:\n{stats}"));
+    assert!(
+        counted >= marked,
+        "report --stats counts {counted}, the stacks show {marked}"
     );
 }

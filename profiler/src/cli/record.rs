@@ -129,3 +129,20 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     let profile = record_blocking(&config)?;
     super::write_outputs(&outputs, &profile)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn unwind_memory_sizes() {
+        assert_eq!(parse_bytes("64M"), Ok(64 << 20));
+        assert_eq!(parse_bytes("512K"), Ok(512 << 10));
+        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        for bad in ["", "0", "-1M", "12Q", "M", "99999999999999G"] {
+            let e = parse_bytes(bad).unwrap_err();
+            assert!(e.contains("64M") && e.contains(bad), "{bad}: {e}");
+        }
+    }
+}
