@@ -168,13 +168,23 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // A return address points after the call; the call itself (ip - 1) is in the caller's
     // range even when the call was the function's last instruction.
     let pc = if index == 0 { w.ip } else { w.ip - 1 };
+    // Code in no file mapping (JIT code, the vDSO) is walked by frame pointer, as
+    // bpf_get_stack would: JIT compilers keep them, and the chain leads back into mapped code.
     // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
-    let Some(m) = find_mapping(unsafe { &*w.procs }, pc) else {
-        return stop(w, reason::NO_MAPPING);
-    };
-    let (cfa, saved_bp) = if m.kind == mapping::FRAME_POINTER {
+    let found = find_mapping(unsafe { &*w.procs }, pc);
+    let m = found.unwrap_or_default();
+    let (cfa, saved_bp) = if found.is_none() || m.kind == mapping::FRAME_POINTER {
         if w.bp == 0 {
-            return stop(w, reason::NONE); // the end of the frame-pointer chain
+            // The end of the frame-pointer chain; in unmapped code, the walk cannot go on.
+            let why = if found.is_none() {
+                reason::NO_MAPPING
+            } else {
+                reason::NONE
+            };
+            return stop(w, why);
+        }
+        if w.bp + 16 <= w.sp {
+            return stop(w, reason::NO_MAPPING); // not a frame pointer into this stack
         }
         (w.bp + 16, w.bp)
     } else {
@@ -219,7 +229,7 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         return stop(w, reason::NONE); // the outermost frame
     }
     // The stack grows down: a caller's frame above ours, or the walk is going in circles.
-    if cfa <= w.sp && m.kind == mapping::TABLE {
+    if cfa <= w.sp {
         return stop(w, reason::UNSUPPORTED);
     }
     w.ip = ra;
