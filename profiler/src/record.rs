@@ -182,7 +182,7 @@ pub async fn record(
     if config.verbose
         && let Some(loader) = &loader
     {
-        report_unwind(&loader.stats(), &k.unwind_truncated);
+        report_unwind(&loader.stats(), &collection.unwind_truncated);
     }
     let profile = symbolize::build_profile(
         collection,
@@ -255,6 +255,7 @@ fn report_unwind(s: &LoaderStats, truncated: &[u64; 7]) {
     let cut: Vec<String> = truncated
         .iter()
         .enumerate()
+        .skip(1) // 0: not cut
         .filter(|(_, n)| **n > 0)
         .map(|(code, n)| format!("{n} {}", profiler_common::unwind::reason::NAMES[code]))
         .collect();

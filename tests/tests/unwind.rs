@@ -9,7 +9,7 @@ use std::process::Command;
 
 use profiler_tests::{
     Stack, TempDir, exclusive, expect_success, has_chain, head, read_folded, record, report,
-    require_bpf, samples, spawn_fixture_args,
+    require_bpf, samples, spawn_fixture_args, tool,
 };
 
 const FIXTURE: &str = env!("FIXTURE_FX_UNWIND");
@@ -183,5 +183,60 @@ fn deep_recursion_is_marked_truncated_with_its_reason() {
     assert!(
         counted >= marked,
         "report --stats counts {counted}, the stacks show {marked}"
+    );
+}
+
+/// A Go program keeps frame pointers and has no .eh_frame: `auto` walks it by frame pointer
+/// and its stacks stay whole from `runtime.main` down.
+#[test]
+fn go_binary_is_walked_by_frame_pointer_under_auto() {
+    if !require_bpf() {
+        return;
+    }
+    let Some(go) = tool("go", "golang-go") else {
+        return;
+    };
+    let _serial = exclusive();
+    let dir = TempDir::new("unwind-go");
+    let bin = dir.file("fx-go");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/fx-go");
+    let built = Command::new(go)
+        .args(["build", "-o", &bin, "."])
+        .current_dir(source)
+        .output()
+        .expect("running go build");
+    assert!(
+        built.status.success(),
+        "go build failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let fixture = spawn_fixture_args(Path::new(&bin), &["20"]);
+    let out = dir.file("go.folded");
+    let pid = fixture.pid().to_string();
+    let args = ["-p", &pid, "-F", "499", "-d", "3s", "-o", &out];
+    let output = record(&args);
+    expect_success(&output, &format!("profiler record {args:?}"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("0 binaries by table") && stderr.contains("1 by frame pointer"),
+        "the Go binary was not left to frame pointers:\n{stderr}"
+    );
+    let (text, stacks) = read_folded(Path::new(&out));
+    let total = samples(&stacks, |f| f[0] == "fx-go");
+    let whole = samples(&stacks, |f| {
+        f[0] == "fx-go"
+            && has_chain(
+                f,
+                &["runtime.main", "main.main", "main.outer", "main.middle"],
+                |a, b| a == b,
+            )
+    });
+    eprintln!("go: {whole} of {total} samples whole\n{stderr}");
+    assert!(total >= 100, "only {total} samples; {}", head(&text, 20));
+    assert!(
+        whole * 100 >= total * 95,
+        "only {whole} of {total} Go samples have runtime.main -> main.main -> main.outer -> \
+         main.middle; {}",
+        head(&text, 20)
     );
 }

@@ -108,6 +108,8 @@ pub struct Collection {
     pub filtered: u64,
     pub kstack_failed: u64,
     pub ustack_failed: u64,
+    /// Kept samples whose user stack a table walk cut short, by `unwind::reason` (0: not cut).
+    pub unwind_truncated: [u64; 7],
     filter: CommFilter,
     cgroup_filter: CgroupFilter,
     /// Called with each process's pid at its first sample (the table walk loads its
@@ -205,6 +207,10 @@ impl Collection {
         }
         self.kstack_failed += u64::from(h.flags & flags::KSTACK_FAILED != 0);
         self.ustack_failed += u64::from(h.flags & flags::USTACK_FAILED != 0);
+        let cut = (h.flags & flags::UNWIND_REASON_MASK) >> flags::UNWIND_REASON_SHIFT;
+        if let Some(n) = self.unwind_truncated.get_mut(cut as usize) {
+            *n += 1;
+        }
         let (kframes, uframes) = frames.split_at(klen * 8);
         let kstack = self.kstacks.intern(callsites(kframes));
         let user = callsites(uframes);
