@@ -1,7 +1,9 @@
 //! Runs the `Loader` on a thread of its own: compiling a large binary's table takes from
 //! milliseconds to seconds, and the reader that drains the ring buffer must never wait for
-//! it. The reader hands over each new process's mappings (read at once, while the process
-//! still lives); until its tables are in, the kernel walks that process by frame pointer.
+//! it. The reader reads each new process's mappings at once (while the process still lives)
+//! and loads them itself when every binary's table is already in (a few syscalls: a new
+//! process of a known program is walked by table from its next samples); otherwise it queues
+//! them for the thread. Until its tables are in, the kernel walks a process by frame pointer.
 use std::sync::{
     Arc, Mutex,
     atomic::{AtomicBool, Ordering},
@@ -12,16 +14,30 @@ use super::{Loader, LoaderStats, MappingSpec, proc_mappings};
 
 pub struct BackgroundLoader {
     tx: Option<mpsc::Sender<(u32, Vec<MappingSpec>)>>,
+    loader: Arc<Mutex<Loader>>,
+    /// A copy of the loader's stats, readable while the thread holds the loader.
     stats: Arc<Mutex<LoaderStats>>,
     stop: Arc<AtomicBool>,
 }
 
+/// Loads one process and mirrors the loader's stats.
+fn load(loader: &mut Loader, stats: &Mutex<LoaderStats>, pid: u32, mappings: &[MappingSpec]) {
+    if let Err(e) = loader.load_process(pid, mappings) {
+        log::debug!("pid {pid}: cannot load its mappings for unwinding: {e}");
+    }
+    if let Ok(mut s) = stats.lock() {
+        *s = loader.stats;
+    }
+}
+
 impl BackgroundLoader {
-    pub fn spawn(mut loader: Loader) -> std::io::Result<Self> {
+    pub fn spawn(loader: Loader) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<(u32, Vec<MappingSpec>)>();
         let stats = Arc::new(Mutex::new(loader.stats));
+        let loader = Arc::new(Mutex::new(loader));
         let stop = Arc::new(AtomicBool::new(false));
-        let (thread_stats, thread_stop) = (Arc::clone(&stats), Arc::clone(&stop));
+        let (thread_loader, thread_stats, thread_stop) =
+            (Arc::clone(&loader), Arc::clone(&stats), Arc::clone(&stop));
         std::thread::Builder::new()
             .name("unwind-loader".into())
             .spawn(move || {
@@ -29,27 +45,33 @@ impl BackgroundLoader {
                     if thread_stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    if let Err(e) = loader.load_process(pid, &mappings) {
-                        log::debug!("pid {pid}: cannot load its mappings for unwinding: {e}");
-                    }
-                    if let Ok(mut s) = thread_stats.lock() {
-                        *s = loader.stats;
-                    }
+                    let Ok(mut loader) = thread_loader.lock() else {
+                        break;
+                    };
+                    load(&mut loader, &thread_stats, pid, &mappings);
                 }
             })?;
         Ok(Self {
             tx: Some(tx),
+            loader,
             stats,
             stop,
         })
     }
 
-    /// Reads `pid`'s mappings now and queues them for loading. A process already gone is
-    /// skipped (its samples stay walked by frame pointer).
+    /// Reads `pid`'s mappings now; loads them at once when their binaries are all loaded
+    /// already and the thread is idle, else queues them. A process already gone is skipped
+    /// (its samples stay walked by frame pointer).
     pub fn submit(&self, pid: u32) {
         let Ok(mappings) = proc_mappings(pid) else {
             return;
         };
+        if let Ok(mut loader) = self.loader.try_lock()
+            && loader.knows_all(&mappings)
+        {
+            load(&mut loader, &self.stats, pid, &mappings);
+            return;
+        }
         if let Some(tx) = &self.tx {
             let _ = tx.send((pid, mappings));
         }

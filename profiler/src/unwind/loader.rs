@@ -141,6 +141,15 @@ impl Loader {
         Ok(())
     }
 
+    /// Whether every binary of `mappings` has been compiled already (loading them is then
+    /// a few syscalls, no table to build).
+    pub fn knows_all(&self, mappings: &[MappingSpec]) -> bool {
+        mappings.iter().all(|m| {
+            std::fs::metadata(&m.path)
+                .is_ok_and(|meta| self.binaries.contains_key(&(meta.dev(), meta.ino())))
+        })
+    }
+
     /// The kernel entry for one mapping; None for a file that cannot be read as ELF.
     fn mapping(&mut self, m: &MappingSpec) -> Option<UnwindMapping> {
         let file = std::fs::File::open(&m.path).ok()?;
