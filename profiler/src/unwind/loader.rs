@@ -154,9 +154,9 @@ impl Loader {
     fn mapping(&mut self, m: &MappingSpec) -> Option<UnwindMapping> {
         let file = std::fs::File::open(&m.path).ok()?;
         let meta = file.metadata().ok()?;
-        // SAFETY: a read-only private mapping; a binary changed under us only gives a bad
-        // table (walks stop early), not memory unsafety in this process... except truncation,
-        // which the kernel turns into SIGBUS: binaries in use are not truncated in practice.
+        // SAFETY: a read-only view. A file rewritten in place under us gives a wrong table
+        // (walks stop early), not unsafety; a file truncated under us would raise SIGBUS,
+        // and executables being run are not truncated (the kernel refuses writes to them).
         let data = unsafe { memmap(&file, meta.len())? };
         let bias = table::mapping_bias(&data, m.start, m.file_offset)?;
         let key = (meta.dev(), meta.ino());
