@@ -156,7 +156,7 @@ impl Loader {
         let meta = file.metadata().ok()?;
         // SAFETY: a read-only view. A file rewritten in place under us gives a wrong table
         // (walks stop early), not unsafety; a file truncated under us would raise SIGBUS,
-        // which we accept as blazesym does: running executables refuse writes (ETXTBSY) and
+        // a risk accepted: running executables refuse writes (ETXTBSY) and
         // package managers replace libraries by rename, not truncation.
         let data = unsafe { memmap(&file, meta.len())? };
         let bias = table::mapping_bias(&data, m.start, m.file_offset)?;
