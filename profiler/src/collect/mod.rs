@@ -112,8 +112,9 @@ pub struct Collection {
     pub unwind_truncated: [u64; 7],
     filter: CommFilter,
     cgroup_filter: CgroupFilter,
-    /// Called with each process's pid at its first sample (the table walk loads its
-    /// mappings there: `unwind::Loader`).
+    /// Called with each process's pid at its first sample, and again when a table walk found
+    /// an address outside its loaded mappings (the table walk loads its mappings there:
+    /// `unwind::BackgroundLoader`).
     new_process_hook: Option<NewProcessHook>,
 }
 
@@ -214,9 +215,13 @@ impl Collection {
         let (kframes, uframes) = frames.split_at(klen * 8);
         let kstack = self.kstacks.intern(callsites(kframes));
         let user = callsites(uframes);
+        // A walk that left the loaded mappings may mean they were read too early (before
+        // ld.so mapped the libraries) or a library was dlopened since: the hook reads them
+        // again (it limits how often).
+        let stale = cut == profiler_common::unwind::reason::NO_MAPPING;
         if let Some(hook) = self.new_process_hook.as_mut()
             && h.pid != 0
-            && !self.processes.processes.contains_key(&h.pid)
+            && (stale || !self.processes.processes.contains_key(&h.pid))
         {
             hook(h.pid);
         }

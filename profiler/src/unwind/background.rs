@@ -4,10 +4,14 @@
 //! and loads them itself when every binary's table is already in (a few syscalls: a new
 //! process of a known program is walked by table from its next samples); otherwise it queues
 //! them for the thread. Until its tables are in, the kernel walks a process by frame pointer.
-use std::sync::{
-    Arc, Mutex,
-    atomic::{AtomicBool, Ordering},
-    mpsc,
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    time::{Duration, Instant},
 };
 
 use super::{Loader, LoaderStats, MappingSpec, proc_mappings};
@@ -18,7 +22,12 @@ pub struct BackgroundLoader {
     /// A copy of the loader's stats, readable while the thread holds the loader.
     stats: Arc<Mutex<LoaderStats>>,
     stop: Arc<AtomicBool>,
+    /// When each pid's mappings were last read: a process is read again at most every
+    /// RELOAD_INTERVAL (its walks may keep leaving the mappings, e.g. in JIT code).
+    last_read: Mutex<HashMap<u32, Instant>>,
 }
+
+const RELOAD_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Loads one process and mirrors the loader's stats.
 fn load(loader: &mut Loader, stats: &Mutex<LoaderStats>, pid: u32, mappings: &[MappingSpec]) {
@@ -56,13 +65,24 @@ impl BackgroundLoader {
             loader,
             stats,
             stop,
+            last_read: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Reads `pid`'s mappings now; loads them at once when their binaries are all loaded
+    /// Reads `pid`'s mappings now (unless read within RELOAD_INTERVAL); loads them at once when their binaries are all loaded
     /// already and the thread is idle, else queues them. A process already gone is skipped
     /// (its samples stay walked by frame pointer).
     pub fn submit(&self, pid: u32) {
+        if let Ok(mut last) = self.last_read.lock() {
+            let now = Instant::now();
+            if last
+                .get(&pid)
+                .is_some_and(|t| now.duration_since(*t) < RELOAD_INTERVAL)
+            {
+                return;
+            }
+            last.insert(pid, now);
+        }
         let Ok(mappings) = proc_mappings(pid) else {
             return;
         };
