@@ -15,16 +15,22 @@ use profiler_tests::{
 const FIXTURE: &str = env!("FIXTURE_FX_UNWIND");
 const COMM: &str = "fx-unwind";
 
-/// Records fixture mode `mode` for 3 s at 499 Hz with `--unwind <unwind>`; returns the
+/// Records fixture mode `mode` for `secs` s at 499 Hz with `--unwind <unwind>`; returns the
 /// folded text, its stacks (only the fixture's) and the profiler's stderr. The capture is
 /// left at `capture` when given.
-fn record_mode(mode: &str, unwind: &str, capture: Option<&str>) -> (String, Vec<Stack>, String) {
+fn record_mode(
+    mode: &str,
+    unwind: &str,
+    secs: u32,
+    capture: Option<&str>,
+) -> (String, Vec<Stack>, String) {
     let dir = TempDir::new(&format!("unwind-{mode}-{unwind}"));
     let fixture = spawn_fixture_args(Path::new(FIXTURE), &["20", mode]);
     let out = dir.file("out.folded");
     let pid = fixture.pid().to_string();
+    let duration = format!("{secs}s");
     let mut args = vec![
-        "-p", &pid, "-F", "499", "-d", "3s", "--unwind", unwind, "-o", &out,
+        "-p", &pid, "-F", "499", "-d", &duration, "--unwind", unwind, "-o", &out,
     ];
     if let Some(capture) = capture {
         args.extend(["-o", capture]);
@@ -80,7 +86,7 @@ fn qsort_through_libc_reaches_start_by_table_only() {
         return;
     }
     let _serial = exclusive();
-    let (text, stacks, stderr) = record_mode("qsort", "dwarf", None);
+    let (text, stacks, stderr) = record_mode("qsort", "dwarf", 3, None);
     let (share, total) = whole_share(&stacks, &["main", "a", "b"]);
     eprintln!("dwarf: {share}% of {total} samples whole\n{stderr}");
     assert!(total >= 100, "only {total} samples; {}", head(&text, 20));
@@ -98,7 +104,7 @@ fn qsort_through_libc_reaches_start_by_table_only() {
     );
 
     // Negative control: the same fixture and assertion, walked by frame pointers.
-    let (text, stacks, _) = record_mode("qsort", "fp", None);
+    let (text, stacks, _) = record_mode("qsort", "fp", 3, None);
     let (share, total) = whole_share(&stacks, &["main", "a", "b"]);
     eprintln!("fp: {share}% of {total} samples whole");
     assert!(total >= 100, "only {total} samples; {}", head(&text, 20));
@@ -114,7 +120,7 @@ fn memcpy_leaf_in_libc_reaches_start() {
         return;
     }
     let _serial = exclusive();
-    let (text, stacks, stderr) = record_mode("memcpy", "dwarf", None);
+    let (text, stacks, stderr) = record_mode("memcpy", "dwarf", 3, None);
     let (share, total) = whole_share(&stacks, &["main", "a", "b"]);
     eprintln!("{share}% of {total} samples whole\n{stderr}");
     assert!(total >= 100, "only {total} samples; {}", head(&text, 20));
@@ -147,7 +153,7 @@ fn deep_recursion_is_marked_truncated_with_its_reason() {
     let _serial = exclusive();
     let dir = TempDir::new("unwind-deep-capture");
     let capture = dir.file("deep.capture");
-    let (text, stacks, stderr) = record_mode("deep", "dwarf", Some(&capture));
+    let (text, stacks, stderr) = record_mode("deep", "dwarf", 3, Some(&capture));
     let total = samples(&stacks, |_| true);
     let marked = samples(&stacks, |f| {
         f.get(1)
@@ -237,6 +243,37 @@ fn go_binary_is_walked_by_frame_pointer_under_auto() {
         whole * 100 >= total * 95,
         "only {whole} of {total} Go samples have runtime.main -> main.main -> main.outer -> \
          main.middle; {}",
+        head(&text, 20)
+    );
+}
+
+/// A library mapped after the process's mappings were loaded (dlopen): the first walks into
+/// it leave the loaded mappings, the reader reads them again, and from then on stacks through
+/// it are whole.
+#[test]
+fn dlopened_library_is_unwound_after_its_mappings_are_read_again() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    // The fixture dlopens libm 2.5 s after it starts, well after its first samples here.
+    let (text, stacks, stderr) = record_mode("dlopen", "dwarf", 5, None);
+    let in_libm = |f: &[String]| f.last().is_some_and(|leaf| leaf.contains("cos"));
+    let total = samples(&stacks, |f| in_libm(f));
+    let whole = samples(&stacks, |f| {
+        in_libm(f)
+            && f.get(1).is_some_and(|root| root == "_start")
+            && has_chain(f, &["main", "a", "b"], |a, b| a == b)
+    });
+    eprintln!("dlopen: {whole} of {total} samples in cos whole\n{stderr}");
+    assert!(
+        total >= 100,
+        "only {total} samples in cos; {}",
+        head(&text, 20)
+    );
+    assert!(
+        whole * 100 >= total * 90,
+        "only {whole} of {total} samples in the dlopened cos reach _start -> main -> a -> b; {}",
         head(&text, 20)
     );
 }
