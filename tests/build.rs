@@ -19,6 +19,20 @@ const CFLAGS: &[&str] = &[
     "-Wextra",
 ];
 
+/// fx-unwind is the opposite on purpose: built like distribution packages, without frame
+/// pointers (only .eh_frame describes its frames), for the table-walk tests (unwind.rs).
+/// Inlining and sibling calls stay off so the source's chain is the stack's.
+const NO_FP_CFLAGS: &[&str] = &[
+    "-O2",
+    "-g",
+    "-fomit-frame-pointer",
+    "-fasynchronous-unwind-tables",
+    "-fno-inline",
+    "-fno-optimize-sibling-calls",
+    "-Wall",
+    "-Wextra",
+];
+
 fn main() {
     let out_dir = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
     // The whole directory, so a new fixture or a change to common.h rebuilds them all.
@@ -44,7 +58,11 @@ fn main() {
             "fixture name {name:?} is longer than a comm (15 bytes)"
         );
         let output = Path::new(&out_dir).join(name);
-        compile(&source, &output);
+        if name == "fx-unwind" {
+            compile_flags(&source, &output, NO_FP_CFLAGS, &[]);
+        } else {
+            compile(&source, &output);
+        }
         let var = format!("FIXTURE_{}", name.to_uppercase().replace('-', "_"));
         println!("cargo:rustc-env={var}={}", output.display());
     }
@@ -81,8 +99,12 @@ fn compile(source: &Path, output: &Path) {
 }
 
 fn compile_with(source: &Path, output: &Path, extra: &[&str]) {
+    compile_flags(source, output, CFLAGS, extra);
+}
+
+fn compile_flags(source: &Path, output: &Path, flags: &[&str], extra: &[&str]) {
     let result = Command::new("cc")
-        .args(CFLAGS)
+        .args(flags)
         .args(extra)
         .arg("-o")
         .arg(output)

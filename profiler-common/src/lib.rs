@@ -73,6 +73,10 @@ pub mod flags {
     pub const USTACK_FAILED: u32 = 1 << 1;
     /// The sample interrupted user mode (no kernel frames are expected).
     pub const USER_MODE: u32 = 1 << 2;
+    /// Bits 8..11: why the table walk of the user stack stopped early
+    /// (`unwind::reason::*`, 0 = it did not).
+    pub const UNWIND_REASON_SHIFT: u32 = 8;
+    pub const UNWIND_REASON_MASK: u32 = 0xf << UNWIND_REASON_SHIFT;
 }
 
 /// Indexes into the per-CPU `COUNTERS` array. Every sample the program sees ends in exactly
@@ -88,8 +92,11 @@ pub mod counter {
     pub const KSTACK_FAILED: u32 = 3;
     /// Sent samples whose user stack could not be read.
     pub const USTACK_FAILED: u32 = 4;
+    /// User stacks walked by table that stopped early, per `unwind::reason` (index
+    /// UNWIND_REASON_BASE + reason; reason 0 is unused).
+    pub const UNWIND_REASON_BASE: u32 = 5;
     /// Number of counters.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = UNWIND_REASON_BASE + 7;
 }
 
 /// The fixed part of one sample record in the ring buffer. The record is variable length:
@@ -185,4 +192,135 @@ pub mod churn {
     #[cfg(feature = "user")]
     // SAFETY: repr(C), integers only, no padding (size asserted above).
     unsafe impl aya::Pod for ChurnKey {}
+}
+
+/// Stack unwinding without frame pointers (`--unwind dwarf|auto`): the tables userspace compiles
+/// from `.eh_frame` (profiler::unwind) and the kernel walks (profiler-ebpf `unwind`).
+pub mod unwind {
+    /// Map names and load-time globals.
+    pub const MAP_ROWS: &str = "UNWIND_ROWS";
+    pub const MAP_PROCS: &str = "UNWIND_PROCS";
+    /// Load-time global (u8): 0 = frame pointers only (bpf_get_stack), 1 = unwind by table
+    /// where userspace loaded one (a process not loaded yet falls back to frame pointers).
+    pub const GLOBAL_MODE: &str = "UNWIND_MODE";
+    /// Rows as compiled; the loader sets the real count from `--unwind-memory`.
+    pub const DEFAULT_ROWS: u32 = 64 << 20 >> 3;
+    /// Processes whose mappings the kernel holds at once.
+    pub const MAX_PROCS: u32 = 4096;
+    /// Executable mappings kept per process (sorted by start); more are left out and their
+    /// frames stop with `reason::NO_MAPPING`.
+    pub const MAX_MAPPINGS: usize = 64;
+    /// User frames the table walk produces at most (the same limit as a frame-pointer stack).
+    pub const MAX_FRAMES: u32 = crate::MAX_FRAMES as u32;
+    /// Binary search steps: enough for 2^24 rows in one binary (128 MiB of rows).
+    pub const SEARCH_STEPS: u32 = 24;
+
+    /// `UnwindRow::kind` values: how the CFA (the caller's RSP) is found.
+    pub mod kind {
+        /// No unwind information here (a gap between functions): the walk stops.
+        pub const NONE: u8 = 0;
+        /// CFA = RSP + cfa_off.
+        pub const CFA_RSP: u8 = 1;
+        /// CFA = RBP + cfa_off.
+        pub const CFA_RBP: u8 = 2;
+        /// A PLT stub: CFA = RSP + 8, + 8 more when (pc & 15) >= cfa_off (the expression
+        /// binutils writes for .plt entries, which push once halfway through).
+        pub const PLT: u8 = 3;
+        /// The return address is undefined: the outermost frame (`_start`, thread entry).
+        pub const STOP: u8 = 4;
+        /// A rule the kernel walk does not follow (a DWARF expression, another register).
+        pub const UNSUPPORTED: u8 = 5;
+    }
+
+    /// One row of a binary's table: the rule from `pc` (a file virtual address) up to the next
+    /// row's. x86_64: the return address is always at CFA - 8.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct UnwindRow {
+        /// First address (file vaddr, binaries below 4 GiB) the rule covers.
+        pub pc: u32,
+        /// Offset added to the CFA's base register (bytes), or the PLT threshold.
+        pub cfa_off: u16,
+        /// Where the caller's RBP was saved, in 8-byte units from the CFA (negative); 0 = RBP
+        /// is unchanged by this frame.
+        pub rbp_off: i8,
+        /// `kind::*`.
+        pub kind: u8,
+    }
+    const _: () = assert!(core::mem::size_of::<UnwindRow>() == 8);
+
+    /// `UnwindMapping::kind` values.
+    pub mod mapping {
+        /// Walk this binary's frames by frame pointer (it keeps them, or has no table).
+        pub const FRAME_POINTER: u32 = 0;
+        /// Walk by the rows at `table_start..table_start + table_len`.
+        pub const TABLE: u32 = 1;
+    }
+
+    /// One executable mapping of a process.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct UnwindMapping {
+        /// Address range [start, end) in the process.
+        pub start: u64,
+        pub end: u64,
+        /// Subtracted from an address to get the binary's file vaddr (the table's `pc`).
+        pub bias: u64,
+        /// First row of the binary's table in UNWIND_ROWS, and its row count.
+        pub table_start: u32,
+        pub table_len: u32,
+        /// `mapping::*`.
+        pub kind: u32,
+        pub _pad: u32,
+    }
+    const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 40);
+
+    /// The value of UNWIND_PROCS (key: tgid): the process's executable mappings sorted by start.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct ProcMappings {
+        pub count: u32,
+        pub _pad: u32,
+        pub maps: [UnwindMapping; MAX_MAPPINGS],
+    }
+    const _: () = assert!(core::mem::size_of::<ProcMappings>() == 8 + 40 * MAX_MAPPINGS);
+
+    /// Why a table walk stopped before the entry (the header's `flags` bits 8..11, and the
+    /// `counter::UNWIND_*` index of each).
+    pub mod reason {
+        /// Reached the entry (or a zero return address): not a truncation.
+        pub const NONE: u32 = 0;
+        /// The process's mappings were not loaded yet: walked by frame pointer instead.
+        pub const NOT_LOADED: u32 = 1;
+        /// An address in no known executable mapping.
+        pub const NO_MAPPING: u32 = 2;
+        /// An address the binary's table has no row for.
+        pub const NO_ROW: u32 = 3;
+        /// Reading the user stack failed.
+        pub const READ_FAULT: u32 = 4;
+        /// MAX_FRAMES frames walked and the entry not reached.
+        pub const FRAME_LIMIT: u32 = 5;
+        /// A rule the kernel does not follow (`kind::UNSUPPORTED`).
+        pub const UNSUPPORTED: u32 = 6;
+        /// Names, by code, as reports print them.
+        pub const NAMES: [&str; 7] = [
+            "none",
+            "not loaded",
+            "no mapping",
+            "no unwind info",
+            "read fault",
+            "frame limit",
+            "unsupported rule",
+        ];
+    }
+
+    #[cfg(feature = "user")]
+    // SAFETY: repr(C), integers only, no padding (sizes asserted above).
+    unsafe impl aya::Pod for UnwindRow {}
+    #[cfg(feature = "user")]
+    // SAFETY: as above.
+    unsafe impl aya::Pod for UnwindMapping {}
+    #[cfg(feature = "user")]
+    // SAFETY: as above.
+    unsafe impl aya::Pod for ProcMappings {}
 }

@@ -11,6 +11,8 @@ fn main() {}
 mod churn;
 #[cfg(target_arch = "bpf")]
 mod sampler;
+#[cfg(target_arch = "bpf")]
+mod unwind;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -17,8 +17,10 @@ use aya_ebpf::{
 };
 use profiler_common::{
     COMM_LEN, HEADER_BYTES, MAX_CGROUP_FILTER, MAX_FRAMES, MAX_PID_FILTER, RING_BUFFER_BYTES,
-    SEEN_PIDS_CAPACITY, SampleScratch, WAKEUP_FRACTION, counter, flags,
+    SEEN_PIDS_CAPACITY, SampleScratch, WAKEUP_FRACTION, counter, flags, unwind::reason,
 };
+
+use crate::unwind;
 
 #[map(name = "SAMPLES")]
 static SAMPLES: RingBuf = RingBuf::with_byte_size(RING_BUFFER_BYTES, 0);
@@ -103,8 +105,30 @@ fn sample(ctx: &PerfEventContext) {
         f |= flags::USER_MODE;
     }
     // The user stack goes right after the kernel frames. The idle task (pid 0) has none.
+    // --- table unwinding (`--unwind dwarf|auto`, profiler-ebpf/src/unwind.rs) ---
+    // A process whose mappings userspace loaded is walked by table; one not loaded yet falls
+    // back to the frame-pointer walk below, marked and counted as such.
+    let mut table_frames = None;
+    if pid != 0 && unwind::enabled() {
+        let user_mode = klen == 0 && in_user_mode(ctx);
+        let why = match unwind::mappings(pid) {
+            Some(procs) => {
+                let (n, why) = unwind::walk(ctx, user_mode, procs, frames, klen);
+                table_frames = Some(n);
+                why
+            }
+            None => reason::NOT_LOADED,
+        };
+        if why != reason::NONE {
+            f |= (why << flags::UNWIND_REASON_SHIFT) & flags::UNWIND_REASON_MASK;
+            count(counter::UNWIND_REASON_BASE + (why & 7));
+        }
+    }
+    // --- end of table unwinding ---
     let ubytes = if pid == 0 {
         0
+    } else if let Some(n) = table_frames {
+        i64::from(n) * 8
     } else {
         // SAFETY: frames has 2 * MAX_FRAMES slots and klen <= MAX_FRAMES.
         stack_into(

@@ -18,4 +18,5 @@ pub mod profile;
 pub mod record;
 pub mod store;
 pub mod symbolize;
+pub mod unwind;
 pub mod util;

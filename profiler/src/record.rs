@@ -1,7 +1,7 @@
 //! One recording, end to end: start the sampler, collect until the duration ends (or Ctrl-C /
 //! SIGTERM), stop, symbolize, and return the profile. `profiler record`, and any front end
 //! that needs a short profile (the doctor), call this.
-use std::{future::Future, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use tokio::io::{Interest, unix::AsyncFd};
 
@@ -10,6 +10,7 @@ use crate::{
     collect::{CgroupFilter, Collection, CommFilter, cgroup::CgroupTarget},
     profile::{Counters, Meta, Profile},
     symbolize::{self, KernelSymbols, UserSymbolizer},
+    unwind::{BackgroundLoader, LoaderStats, UnwindMode},
     util,
 };
 
@@ -32,6 +33,10 @@ pub struct RecordConfig {
     pub verbose: bool,
     /// Expand inlined functions from DWARF into frames of their own (`--inline`).
     pub inline: bool,
+    /// How user stacks are walked (`--unwind`).
+    pub unwind: UnwindMode,
+    /// Kernel memory for unwind rows, bytes (`--unwind-memory`).
+    pub unwind_memory: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +92,8 @@ pub async fn record(
         frequency_hz: config.frequency_hz.into(),
         pids: &config.pids,
         cgroups: &kernel_cgroups,
+        unwind: config.unwind,
+        unwind_memory: config.unwind_memory,
     };
     util::raise_fd_limit();
     let (mut sampler, ring) = Sampler::start(&sampler_config)?;
@@ -100,6 +107,13 @@ pub async fn record(
         .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
     let mut collection = Collection::new(CommFilter(config.comms.clone()))
         .with_cgroup_filter(CgroupFilter::new(user_cgroups));
+    let loader = match sampler.unwind.take() {
+        Some(l) => Some(Arc::new(BackgroundLoader::spawn(l)?)),
+        None => None,
+    };
+    if let Some(loader) = &loader {
+        collection = collection.on_new_process(loader.hook());
+    }
     let secs = config.duration.as_secs_f64();
     let tty = config.verbose && std::io::IsTerminal::is_terminal(&std::io::stderr());
     if config.verbose {
@@ -167,6 +181,11 @@ pub async fn record(
     if config.verbose || counters.lost_ringbuf_full > 0 {
         report_counters(&counters, duration_ns);
     }
+    if config.verbose
+        && let Some(loader) = &loader
+    {
+        report_unwind(&loader.stats(), &collection.unwind_truncated);
+    }
     let inline = config.inline;
     let profile = tokio::task::spawn_blocking(move || {
         symbolize::build_profile(collection, meta, &kernel, &UserSymbolizer::new(inline))
@@ -217,6 +236,33 @@ fn report_counters(c: &Counters, duration_ns: u64) {
             "warning: {} samples were lost because the reader fell behind; lower --frequency",
             c.lost_ringbuf_full
         );
+    }
+}
+
+fn report_unwind(s: &LoaderStats, truncated: &[u64; 7]) {
+    eprintln!(
+        "unwind tables: {} processes, {} binaries by table ({} rows, {:.1} MiB, compiled in {:.3} s), {} by frame pointer{}",
+        s.processes,
+        s.binaries_table,
+        s.rows,
+        (s.rows * 8) as f64 / f64::from(1 << 20),
+        s.compile_ns as f64 / 1e9,
+        s.binaries_fp,
+        if s.over_budget > 0 {
+            format!(" ({} over --unwind-memory)", s.over_budget)
+        } else {
+            String::new()
+        }
+    );
+    let cut: Vec<String> = truncated
+        .iter()
+        .enumerate()
+        .skip(1) // 0: not cut
+        .filter(|(_, n)| **n > 0)
+        .map(|(code, n)| format!("{n} {}", profiler_common::unwind::reason::NAMES[code]))
+        .collect();
+    if !cut.is_empty() {
+        eprintln!("user stacks cut short: {}", cut.join(", "));
     }
 }
 

@@ -16,7 +16,7 @@ pub use folded::{Stack, has_chain, head, is_kernel, parse_folded, read_folded, s
 pub use privilege::{missing_privilege, require_bpf};
 pub use process::{
     Fixture, expect_success, profiler_bin, record, report, run_profiler, spawn_fixture,
-    spawn_fixture_args, wait_timeout,
+    spawn_fixture_args, tool, wait_timeout,
 };
 pub use tempdir::TempDir;
 

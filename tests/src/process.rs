@@ -161,3 +161,21 @@ pub fn spawn_fixture_args(path: &Path, args: &[&str]) -> Fixture {
         }
     }
 }
+
+/// `name` on PATH, or None (after saying why) when it is missing outside CI.
+pub fn tool(name: &str, package: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        let why = format!(
+            "`{name}` is not on PATH (install {package}, or run `cargo xtask setup --tests`)"
+        );
+        let ci = std::env::var("CI").is_ok_and(|ci| ci == "true");
+        assert!(!ci, "{why}; CI=true forbids skipping");
+        eprintln!("skipped: {why}");
+    }
+    found
+}

@@ -30,12 +30,17 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
     let mut tools = Vec::new();
     if extras.tests {
         tools.push(("gcc", "gcc"));
+        // readelf and objdump check the unwind tables and the no-frame-pointer fixture
+        // (profiler unwind::table tests, tests/tests/unwind.rs); gcc pulls binutils in, but
+        // the tests call them by name.
+        tools.push(("objdump", "binutils"));
         // The heat map page test renders it in headless Chromium (tests/tests/heatmap.rs).
         tools.push(("chromium", "chromium"));
         // Playwright (tests/browser, from the npm registry) drags the mouse over that page
         // (tests/tests/heatmap_drag.rs).
         tools.extend([("node", "nodejs"), ("npm", "npm")]);
-        // `go tool pprof` reads our pprof output (tests/tests/pprof.rs).
+        // `go tool pprof` reads our pprof output (tests/tests/pprof.rs); `go build` makes the
+        // frame-pointer Go fixture (tests/tests/unwind.rs).
         tools.push(("go", "golang-go"));
         // A real Prometheus scrapes the agent (tests/tests/agent_peers.rs).
         tools.push(("prometheus", "prometheus"));

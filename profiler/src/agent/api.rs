@@ -101,6 +101,9 @@ async fn pprof(state: &State, req: &Request) -> Result<Response, Response> {
         cgroups: Vec::new(),
         verbose: false,
         inline: false,
+        // The agent does not feed the table walk yet (see docs/unwinding.md).
+        unwind: crate::unwind::UnwindMode::Fp,
+        unwind_memory: 0,
     };
     let result = record(&config, tokio::time::sleep(config.duration)).await;
     state.pprof_busy.set(false);

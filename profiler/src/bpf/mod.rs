@@ -16,7 +16,10 @@ use profiler_common::{
     GLOBAL_FILTER_CGROUPS, GLOBAL_FILTER_PIDS, GLOBAL_WAKEUP_BYTES, MAP_CGROUP_FILTER,
     MAP_COUNTERS, MAP_PID_FILTER, MAP_SAMPLES, MAX_CGROUP_FILTER, PROGRAM_NAME, WAKEUP_FRACTION,
     counter, ring_buffer_bytes,
+    unwind::{self, UnwindRow},
 };
+
+use crate::unwind::{Loader, UnwindMode};
 
 /// The sampler object, built by build.rs from profiler-ebpf.
 static SAMPLER_OBJECT: &[u8] =
@@ -59,6 +62,8 @@ pub enum BpfError {
     NoPmu,
     #[error("cannot open cgroup {0}: {1}")]
     Cgroup(PathBuf, std::io::Error),
+    #[error("cannot map the unwind tables' memory: {0}")]
+    UnwindMaps(std::io::Error),
     #[error("at most {MAX_CGROUP_FILTER} cgroups can be filtered in the kernel, got {0}")]
     TooManyCgroups(usize),
 }
@@ -71,6 +76,8 @@ pub struct Sampler {
     program_id: Option<u32>,
     /// CPUs the program is attached on.
     pub cpus: Vec<u32>,
+    /// Feeds processes' mappings and tables to the table walk (None with `--unwind fp`).
+    pub unwind: Option<Loader>,
 }
 
 /// Counters kept by the sampler (sums over CPUs); see `profiler_common::counter`.
@@ -81,6 +88,8 @@ pub struct KernelCounters {
     pub filtered: u64,
     pub kstack_failed: u64,
     pub ustack_failed: u64,
+    /// Table walks stopped early, by `unwind::reason` code (index 0 unused).
+    pub unwind_truncated: [u64; 7],
 }
 
 /// Options for `Sampler::start`.
@@ -93,6 +102,10 @@ pub struct SamplerConfig<'a> {
     /// Sample only tasks in these cgroup2 directories or below (full paths under the cgroup2
     /// mount, at most `MAX_CGROUP_FILTER`); empty = all.
     pub cgroups: &'a [PathBuf],
+    /// How user stacks are walked; anything but `Fp` loads the table walk's maps.
+    pub unwind: UnwindMode,
+    /// Bytes of kernel memory for unwind rows (`--unwind-memory`).
+    pub unwind_memory: u64,
 }
 
 impl Sampler {
@@ -117,11 +130,23 @@ impl Sampler {
         let cpus = aya::util::online_cpus().map_err(|(what, e)| BpfError::Cpus(what, e))?;
         let ring_bytes = ring_buffer_bytes(config.frequency_hz, cpus.len() as u64);
         let wakeup_bytes = u64::from(ring_bytes / WAKEUP_FRACTION);
+        let table_walk = config.unwind != UnwindMode::Fp;
+        let unwind_mode = u8::from(table_walk);
+        // One row with frame pointers only: the array is allocated in full at load.
+        let unwind_rows = if table_walk {
+            u32::try_from(config.unwind_memory / size_of::<UnwindRow>() as u64)
+                .unwrap_or(u32::MAX)
+                .max(1)
+        } else {
+            1
+        };
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
             .override_global(GLOBAL_FILTER_CGROUPS, &cgroup_count, true)
             .override_global(GLOBAL_WAKEUP_BYTES, &wakeup_bytes, true)
+            .override_global(unwind::GLOBAL_MODE, &unwind_mode, true)
             .map_max_entries(MAP_SAMPLES, ring_bytes)
+            .map_max_entries(unwind::MAP_ROWS, unwind_rows)
             .load(SAMPLER_OBJECT)?;
         if !cgroup_dirs.is_empty() {
             let mut map = CgroupArray::try_from(
@@ -143,6 +168,28 @@ impl Sampler {
                 map.insert(pid, 1, 0)?;
             }
         }
+        let unwind = if table_walk {
+            let rows = ebpf
+                .take_map(unwind::MAP_ROWS)
+                .ok_or(BpfError::Missing("unwind rows"))?;
+            let procs = ebpf
+                .take_map(unwind::MAP_PROCS)
+                .ok_or(BpfError::Missing("unwind mappings"))?;
+            let mut loader = Loader::new(config.unwind, rows, unwind_rows, procs)
+                .map_err(BpfError::UnwindMaps)?;
+            // The processes asked for by pid are loaded before sampling starts, so their
+            // first samples are walked by table too.
+            for &pid in config.pids {
+                if let Ok(mappings) = crate::unwind::proc_mappings(pid)
+                    && let Err(e) = loader.load_process(pid, &mappings)
+                {
+                    log::debug!("pid {pid}: cannot load its mappings for unwinding: {e}");
+                }
+            }
+            Some(loader)
+        } else {
+            None
+        };
         let (perf_config, policy) = match config.event {
             // A fixed period in ns gives evenly spaced samples on the timer.
             Event::CpuClock => (
@@ -158,8 +205,15 @@ impl Sampler {
             .program_mut(PROGRAM_NAME)
             .ok_or(BpfError::Missing("sampler program"))?
             .try_into()?;
+        let verify_started = std::time::Instant::now();
         program.load()?;
-        let program_id = program.info().ok().map(|info| info.id());
+        let info = program.info().ok();
+        log::debug!(
+            "sampler verified in {:.3} s ({:?} instructions)",
+            verify_started.elapsed().as_secs_f64(),
+            info.as_ref().and_then(|i| i.verified_instruction_count())
+        );
+        let program_id = info.map(|info| info.id());
         for &cpu in &cpus {
             program.attach(
                 perf_config,
@@ -182,6 +236,7 @@ impl Sampler {
                 counters,
                 program_id,
                 cpus,
+                unwind,
             },
             samples,
         ))
@@ -208,6 +263,13 @@ impl Sampler {
             filtered: read(counter::FILTERED)?,
             kstack_failed: read(counter::KSTACK_FAILED)?,
             ustack_failed: read(counter::USTACK_FAILED)?,
+            unwind_truncated: {
+                let mut by_reason = [0; 7];
+                for (code, n) in by_reason.iter_mut().enumerate().skip(1) {
+                    *n = read(counter::UNWIND_REASON_BASE + code as u32)?;
+                }
+                by_reason
+            },
         })
     }
 }

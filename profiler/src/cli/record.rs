@@ -7,6 +7,7 @@ use crate::{
     bpf::Event,
     profile::GroupBy,
     record::{RecordConfig, record_blocking},
+    unwind::UnwindMode,
     util,
 };
 
@@ -45,6 +46,37 @@ pub struct RecordArgs {
     /// `func (inlined)`, from the binaries' DWARF (slower symbolization).
     #[arg(long)]
     pub inline: bool,
+    /// How user stacks are walked: `dwarf` by tables compiled from each binary's .eh_frame
+    /// (whole stacks through code without frame pointers: Debian's packages, libc), `fp` by
+    /// frame pointers only (cheapest), `auto` by table except binaries that keep frame
+    /// pointers. A process's first samples, before its tables are loaded, are walked by frame
+    /// pointer.
+    #[arg(long, value_enum, default_value_t = UnwindMode::Auto)]
+    pub unwind: UnwindMode,
+    /// Kernel memory for unwind tables (8 bytes a row; libc needs about 190 KiB): 64M, 512K...
+    /// Binaries beyond it are walked by frame pointer.
+    #[arg(long, default_value = "64M", value_name = "BYTES", value_parser = parse_bytes)]
+    pub unwind_memory: u64,
+}
+
+/// `64M`, `512K`, `1G` or plain bytes.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let (digits, unit) = match text.strip_suffix(['K', 'M', 'G']) {
+        Some(d) => (d, &text[d.len()..]),
+        None => (text, ""),
+    };
+    let shift = match unit {
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        _ => 0,
+    };
+    match digits.parse::<u64>() {
+        Ok(n) if n > 0 && n.leading_zeros() >= shift + 3 => Ok(n << shift),
+        _ => Err(format!(
+            "expected a size such as 64M, 512K or 1G (bytes, at most a few GiB), got `{text}`"
+        )),
+    }
 }
 
 pub(crate) fn parse_frequency(text: &str) -> Result<u32, String> {
@@ -91,7 +123,26 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         cgroups,
         verbose: true,
         inline: args.inline,
+        unwind: args.unwind,
+        unwind_memory: args.unwind_memory,
     };
     let profile = record_blocking(&config)?;
     super::write_outputs(&outputs, &profile)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn unwind_memory_sizes() {
+        assert_eq!(parse_bytes("64M"), Ok(64 << 20));
+        assert_eq!(parse_bytes("512K"), Ok(512 << 10));
+        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        for bad in ["", "0", "-1M", "12Q", "M", "99999999999999G"] {
+            let e = parse_bytes(bad).unwrap_err();
+            assert!(e.contains("64M") && e.contains(bad), "{bad}: {e}");
+        }
+    }
 }

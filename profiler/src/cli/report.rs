@@ -109,4 +109,28 @@ fn print_stats(p: &profile::Profile) {
     println!("processes: {}", p.processes.len());
     println!("unique_stacks: {}", p.stacks.len());
     println!("unique_frames: {}", p.frames.len());
+    for (reason, n) in truncated_by_reason(p) {
+        println!("truncated {reason}: {n}");
+    }
+}
+
+/// Samples whose user stack a table walk cut short, per reason, read from the
+/// `[truncated: reason]` root frames the stacks carry (`--unwind`, docs/unwinding.md).
+fn truncated_by_reason(p: &profile::Profile) -> std::collections::BTreeMap<&str, u64> {
+    let mut by_stack: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+    for s in &p.samples {
+        *by_stack.entry(s.stack).or_default() += 1;
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for (stack, n) in by_stack {
+        let reason = p.stack_frames(stack).find_map(|f| {
+            p.str(f.name)
+                .strip_prefix("[truncated: ")
+                .and_then(|r| r.strip_suffix(']'))
+        });
+        if let Some(reason) = reason {
+            *out.entry(reason).or_default() += n;
+        }
+    }
+    out
 }

@@ -110,8 +110,42 @@ pub struct Collection {
     pub filtered: u64,
     pub kstack_failed: u64,
     pub ustack_failed: u64,
+    /// Kept samples whose user stack a table walk cut short, by `unwind::reason` (0: not cut).
+    pub unwind_truncated: [u64; 7],
     filter: CommFilter,
     cgroup_filter: CgroupFilter,
+    /// Called with each process's pid at its first sample, and again when a table walk found
+    /// an address outside its loaded mappings (the table walk loads its mappings there:
+    /// `unwind::BackgroundLoader`).
+    new_process_hook: Option<NewProcessHook>,
+}
+
+/// See `Collection::on_new_process`.
+pub type NewProcessHook = Box<dyn FnMut(u32) + Send>;
+
+/// User "addresses" at and above this mark the root of a stack that a table walk cut short:
+/// `TRUNCATED_MARK + unwind::reason` (in the kernel half, so never a user address).
+pub const TRUNCATED_MARK: u64 = 0xffff_ffff_ffff_ff00;
+
+/// The `[truncated: reason]` name of a marker address, None for a real address.
+pub fn truncation_name(addr: u64) -> Option<String> {
+    let code = addr.checked_sub(TRUNCATED_MARK)?;
+    let names = profiler_common::unwind::reason::NAMES;
+    Some(format!(
+        "[truncated: {}]",
+        names.get(code as usize).copied().unwrap_or("unknown")
+    ))
+}
+
+/// Appends the marker of the reason the header's flags give, if any.
+fn with_truncation_marker(user: Box<[u64]>, sample_flags: u32) -> Box<[u64]> {
+    let code = (sample_flags & flags::UNWIND_REASON_MASK) >> flags::UNWIND_REASON_SHIFT;
+    if code == 0 {
+        return user;
+    }
+    let mut v = user.into_vec();
+    v.push(TRUNCATED_MARK + u64::from(code));
+    v.into_boxed_slice()
 }
 
 impl Collection {
@@ -123,6 +157,12 @@ impl Collection {
     }
 
     /// Keeps only samples of processes in these cgroups (see `CgroupFilter`).
+    /// Calls `hook` with each new process's pid at its first sample.
+    pub fn on_new_process(mut self, hook: NewProcessHook) -> Self {
+        self.new_process_hook = Some(hook);
+        self
+    }
+
     pub fn with_cgroup_filter(mut self, filter: CgroupFilter) -> Self {
         self.cgroup_filter = filter;
         self
@@ -170,10 +210,25 @@ impl Collection {
         }
         self.kstack_failed += u64::from(h.flags & flags::KSTACK_FAILED != 0);
         self.ustack_failed += u64::from(h.flags & flags::USTACK_FAILED != 0);
+        let cut = (h.flags & flags::UNWIND_REASON_MASK) >> flags::UNWIND_REASON_SHIFT;
+        if let Some(n) = self.unwind_truncated.get_mut(cut as usize) {
+            *n += 1;
+        }
         let (kframes, uframes) = frames.split_at(klen * 8);
         let kstack = self.kstacks.intern(callsites(kframes));
         let user = callsites(uframes);
+        // A walk that left the loaded mappings may mean they were read too early (before
+        // ld.so mapped the libraries) or a library was dlopened since: the hook reads them
+        // again (it limits how often).
+        let stale = cut == profiler_common::unwind::reason::NO_MAPPING;
+        if let Some(hook) = self.new_process_hook.as_mut()
+            && h.pid != 0
+            && (stale || !self.processes.processes.contains_key(&h.pid))
+        {
+            hook(h.pid);
+        }
         self.processes.saw(h.pid, &user);
+        let user = with_truncation_marker(user, h.flags);
         let ustack = self.ustacks.intern((h.pid, user));
         self.samples.push(RawSample {
             time_ns: h.time_ns,

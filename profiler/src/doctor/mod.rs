@@ -72,6 +72,9 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
         cgroups: Vec::new(),
         verbose: config.verbose,
         inline: false,
+        // The doctor reads kernel stacks; user stacks by frame pointer are enough there.
+        unwind: crate::unwind::UnwindMode::Fp,
+        unwind_memory: 0,
     })?;
     let (churn, churn_error) = match &tracer {
         Ok(t) => (t.counts(), None),

@@ -122,6 +122,17 @@ pub fn build_profile_cached(
         .map(|(pid, addrs)| {
             let mut frames = Vec::with_capacity(addrs.len());
             for &addr in addrs.iter().rev() {
+                if let Some(name) = crate::collect::truncation_name(addr) {
+                    let name = out.string(&name);
+                    frames.push(out.frame(Frame {
+                        name,
+                        module: 0,
+                        kind: FrameKind::User,
+                        addr: 0,
+                        binary: 0,
+                    }));
+                    continue;
+                }
                 let loc = collection.processes.locs.get(&(*pid, addr)).copied();
                 // Outermost first: the function, then what `--inline` found inlined in it.
                 let names: Vec<(u32, u32)> = match loc {

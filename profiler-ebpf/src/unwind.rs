@@ -1,0 +1,296 @@
+//! The table walk of a user stack (`--unwind dwarf|auto`), called by the sampler in place of
+//! bpf_get_stack for processes whose mappings userspace loaded (profiler::unwind::loader).
+//! Each step finds the mapping of the current address (binary search of the process's
+//! sorted executable mappings), then either follows the frame pointer (binaries that keep
+//! them) or the binary's row for that address (binary search of its slice of UNWIND_ROWS),
+//! reads the return address at CFA - 8 and, when the row says so, the caller's RBP.
+use aya_ebpf::{
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
+    helpers::{
+        bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+    },
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+    programs::PerfEventContext,
+};
+use profiler_common::{
+    MAX_FRAMES as FRAME_SLOTS,
+    unwind::{
+        DEFAULT_ROWS, MAX_FRAMES, MAX_MAPPINGS, MAX_PROCS, ProcMappings, SEARCH_STEPS,
+        UnwindMapping, UnwindRow, kind, mapping, reason,
+    },
+};
+
+/// Every binary's rows, one slice per binary (shared by all processes mapping it). Mmapable:
+/// userspace writes a table with one copy instead of a syscall per row. Sized at load from
+/// `--unwind-memory`.
+#[map(name = "UNWIND_ROWS")]
+static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(DEFAULT_ROWS, BPF_F_MMAPABLE);
+
+/// Executable mappings per process (tgid). Not preallocated: most slots stay empty.
+#[map(name = "UNWIND_PROCS")]
+static UNWIND_PROCS: HashMap<u32, ProcMappings> =
+    HashMap::with_max_entries(MAX_PROCS, BPF_F_NO_PREALLOC);
+
+/// Set at load time: 1 = walk user stacks by table where loaded (0 = frame pointers only).
+#[unsafe(no_mangle)]
+static UNWIND_MODE: u8 = 0;
+
+/// Whether table walks are on (a load-time constant: the frame-pointer-only program pays
+/// one read of it).
+#[inline(always)]
+pub(crate) fn enabled() -> bool {
+    // SAFETY: a read of a load-time constant.
+    unsafe { core::ptr::read_volatile(&UNWIND_MODE) != 0 }
+}
+
+/// The loaded mappings of `pid`, if userspace has loaded them yet.
+#[inline(always)]
+pub(crate) fn mappings(pid: u32) -> Option<*const ProcMappings> {
+    UNWIND_PROCS.get_ptr(&pid)
+}
+
+/// How a walk ended, in a per-CPU map value rather than on the stack: the verifier knows
+/// the constants stored on the stack (a reason, a done flag) and would check `step` again
+/// for each combination of them; values in a map are unknown to it, so one pass suffices.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct WalkEnd {
+    /// Frames written.
+    n: u32,
+    /// `reason::*` the walk stopped for; FRAME_LIMIT until it stops by itself.
+    reason: u32,
+}
+
+#[map(name = "UNWIND_END")]
+static UNWIND_END: PerCpuArray<WalkEnd> = PerCpuArray::with_max_entries(1, 0);
+
+/// State of one walk, on the sampler's stack and handed to each `step` by bpf_loop.
+#[repr(C)]
+struct Walk {
+    ip: u64,
+    sp: u64,
+    bp: u64,
+    procs: *const ProcMappings,
+    /// The sample's frame array (per-CPU scratch) and the slot of the first user frame.
+    frames: *mut u64,
+    end: *mut WalkEnd,
+    base: u32,
+}
+
+/// Walks the user stack of the current task into `frames[base..]`; returns the frame count
+/// and why the walk stopped early (`reason::NONE` when it reached the entry).
+#[inline(always)]
+pub(crate) fn walk(
+    ctx: &PerfEventContext,
+    user_mode: bool,
+    procs: *const ProcMappings,
+    frames: *mut u64,
+    base: u32,
+) -> (u32, u32) {
+    let Some((ip, sp, bp)) = user_regs(ctx, user_mode) else {
+        return (0, reason::READ_FAULT);
+    };
+    let Some(end) = UNWIND_END.get_ptr_mut(0) else {
+        return (0, reason::READ_FAULT);
+    };
+    // SAFETY: per-CPU value, and perf_event programs do not nest on one CPU.
+    unsafe {
+        *end = WalkEnd {
+            n: 0,
+            reason: reason::FRAME_LIMIT,
+        }
+    };
+    let mut w = Walk {
+        ip,
+        sp,
+        bp,
+        procs,
+        frames,
+        end,
+        base,
+    };
+    // bpf_loop (5.17+, allowed in perf_event programs): the verifier checks `step` once
+    // instead of unrolling MAX_FRAMES walks with their searches, which it could not.
+    // SAFETY: `step` has the callback signature; `w` outlives the call.
+    unsafe {
+        bpf_loop(
+            MAX_FRAMES,
+            step as *mut core::ffi::c_void,
+            (&raw mut w).cast(),
+            0,
+        )
+    };
+    // SAFETY: as above.
+    let e = unsafe { *end };
+    (e.n, e.reason)
+}
+
+/// The user registers at the sample: the interrupted ones when the tick hit user mode, else
+/// the ones the task saved on kernel entry (top of its kernel stack).
+#[inline(always)]
+fn user_regs(ctx: &PerfEventContext, user_mode: bool) -> Option<(u64, u64, u64)> {
+    if user_mode {
+        // SAFETY: perf_event programs may read their context's saved registers.
+        let r = unsafe { &(*ctx.ctx).regs };
+        return Some((r.rip, r.rsp, r.rbp));
+    }
+    // SAFETY: helpers on the current task; the result is read with probe_read_kernel.
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) }
+        as *const aya_ebpf::bindings::pt_regs;
+    if regs.is_null() {
+        return None;
+    }
+    // SAFETY: a kernel pointer read through the checked helper.
+    let r = unsafe { bpf_probe_read_kernel(regs) }.ok()?;
+    Some((r.rip, r.rsp, r.rbp))
+}
+
+/// One frame: record `ip`, then move to the caller. Returns 1 to stop the loop.
+///
+/// The frame count is the loop's index, not a counter kept in `Walk`: the verifier checks
+/// this callback again for each distinct state it is called in, and a counter it knows
+/// exactly (0, 1, 2...) would make 127 distinct states (about 400k verified instructions),
+/// where the index is an unknown number to it and one pass suffices.
+extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the `Walk` given to it.
+    let w = unsafe { &mut *ctx.cast::<Walk>() };
+    let slot = u64::from(w.base) + index;
+    // Bounded for the verifier: the frame array has 2 * FRAME_SLOTS slots.
+    if slot >= 2 * FRAME_SLOTS as u64 {
+        return stop(w, reason::FRAME_LIMIT);
+    }
+    // SAFETY: slot < 2 * FRAME_SLOTS, the scratch array's length.
+    unsafe { *w.frames.add(slot as usize) = w.ip };
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    unsafe { (*w.end).n = index as u32 + 1 };
+    // A return address points after the call; the call itself (ip - 1) is in the caller's
+    // range even when the call was the function's last instruction.
+    let pc = if index == 0 { w.ip } else { w.ip - 1 };
+    // Code in no file mapping (JIT code, the vDSO) is walked by frame pointer, as
+    // bpf_get_stack would: JIT compilers keep them, and the chain leads back into mapped code.
+    // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
+    let found = find_mapping(unsafe { &*w.procs }, pc);
+    let m = found.unwrap_or_default();
+    let (cfa, saved_bp) = if found.is_none() || m.kind == mapping::FRAME_POINTER {
+        if w.bp == 0 {
+            // The end of the frame-pointer chain; in unmapped code, the walk cannot go on.
+            let why = if found.is_none() {
+                reason::NO_MAPPING
+            } else {
+                reason::NONE
+            };
+            return stop(w, why);
+        }
+        if w.bp + 16 <= w.sp {
+            return stop(w, reason::NO_MAPPING); // not a frame pointer into this stack
+        }
+        (w.bp + 16, w.bp)
+    } else {
+        let Some(row) = find_row(&m, pc.wrapping_sub(m.bias)) else {
+            return stop(w, reason::NO_ROW);
+        };
+        let cfa = match row.kind {
+            kind::CFA_RSP => w.sp + u64::from(row.cfa_off),
+            kind::CFA_RBP => w.bp + u64::from(row.cfa_off),
+            kind::PLT => {
+                // rsp + 8, + 8 once the stub pushed (from byte `cfa_off` of its 16).
+                w.sp + 8
+                    + if pc & 15 >= u64::from(row.cfa_off) {
+                        8
+                    } else {
+                        0
+                    }
+            }
+            kind::STOP => return stop(w, reason::NONE),
+            kind::UNSUPPORTED => return stop(w, reason::UNSUPPORTED),
+            _ => return stop(w, reason::NO_ROW),
+        };
+        let saved = if row.rbp_off == 0 {
+            0
+        } else {
+            cfa.wrapping_add((i64::from(row.rbp_off) * 8) as u64)
+        };
+        (cfa, saved)
+    };
+    // SAFETY: user memory read through the checked helper.
+    let Ok(ra) = (unsafe { bpf_probe_read_user((cfa - 8) as *const u64) }) else {
+        return stop(w, reason::READ_FAULT);
+    };
+    if saved_bp != 0 {
+        // SAFETY: as above.
+        match unsafe { bpf_probe_read_user(saved_bp as *const u64) } {
+            Ok(bp) => w.bp = bp,
+            Err(_) => return stop(w, reason::READ_FAULT),
+        }
+    }
+    if ra == 0 {
+        return stop(w, reason::NONE); // the outermost frame
+    }
+    // The stack grows down: a caller's frame above ours, or the walk is going in circles.
+    if cfa <= w.sp {
+        return stop(w, reason::UNSUPPORTED);
+    }
+    w.ip = ra;
+    w.sp = cfa;
+    0
+}
+
+#[inline(always)]
+fn stop(w: &mut Walk, why: u32) -> i64 {
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    unsafe { (*w.end).reason = why };
+    1
+}
+
+/// The mapping containing `pc`: binary search of the sorted mappings, at most
+/// log2(MAX_MAPPINGS) + 1 steps (bounded for the verifier). Returned by copy: a pointer
+/// whose offset differs on each search path would keep those paths apart in the verifier
+/// (each verified again through the rest of the step), a copy does not.
+#[inline(always)]
+fn find_mapping(p: &ProcMappings, pc: u64) -> Option<UnwindMapping> {
+    let count = p.count as usize;
+    let (mut lo, mut hi) = (0usize, count.min(MAX_MAPPINGS));
+    let mut i = 0;
+    while i < 7 && lo < hi {
+        let mid = (lo + hi) / 2;
+        let m = p.maps.get(mid)?;
+        if pc < m.start {
+            hi = mid;
+        } else if pc >= m.end {
+            lo = mid + 1;
+        } else {
+            return Some(*m);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The last row of mapping `m`'s table at or below file vaddr `pc`: binary search of at
+/// most SEARCH_STEPS steps (tables are capped at 2^SEARCH_STEPS rows by the loader).
+#[inline(always)]
+fn find_row(m: &UnwindMapping, pc: u64) -> Option<UnwindRow> {
+    if m.table_len == 0 || pc > u64::from(u32::MAX) {
+        return None;
+    }
+    let pc = pc as u32;
+    let mut lo = m.table_start;
+    let mut hi = m.table_start + m.table_len;
+    if UNWIND_ROWS.get(lo)?.pc > pc {
+        return None;
+    }
+    // Invariant: row lo starts at or below pc; rows from hi on start above it.
+    let mut i = 0;
+    while i < SEARCH_STEPS && hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if UNWIND_ROWS.get(mid)?.pc <= pc {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+        i += 1;
+    }
+    UNWIND_ROWS.get(lo).copied()
+}

@@ -1,0 +1,228 @@
+//! Unwind-table compiler, first step of table unwinding: a binary's `.eh_frame` becomes one
+//! sorted list of compact rows (`UnwindRow`, 8 bytes) that the kernel walk
+//! (profiler-ebpf `unwind`) can binary-search: per address range, where the caller's stack
+//! pointer (the CFA) is and where RBP was saved. The return address is at CFA - 8 on x86_64.
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, ReaderOffset, Register, RegisterRule,
+    UnwindContext, UnwindSection,
+};
+use object::{Object, ObjectSection, ObjectSegment};
+use profiler_common::unwind::{UnwindRow, kind};
+
+/// DWARF register numbers on x86_64.
+const RBP: Register = Register(6);
+const RSP: Register = Register(7);
+const RA: Register = Register(16);
+
+/// A compiled table and what was seen on the way.
+#[derive(Debug, Default)]
+pub struct Table {
+    /// Sorted by `pc`, equal neighbours merged; a `kind::NONE` row starts every gap.
+    pub rows: Vec<UnwindRow>,
+    /// FDEs read.
+    pub fdes: usize,
+    /// FDEs whose CFA moves to RBP somewhere (a frame-pointer prologue).
+    pub rbp_fdes: usize,
+}
+
+impl Table {
+    /// True when most functions set up a frame pointer: such a binary is walked by frame
+    /// pointer (cheaper, and needs no table in the kernel). Go binaries have no .eh_frame at
+    /// all, which `compile` reports as an empty table.
+    pub fn keeps_frame_pointers(&self) -> bool {
+        self.fdes > 0 && self.rbp_fdes * 10 >= self.fdes * 8
+    }
+
+    /// The row covering file vaddr `pc` (the last row starting at or below it).
+    pub fn lookup(&self, pc: u64) -> Option<&UnwindRow> {
+        let i = self.rows.partition_point(|r| u64::from(r.pc) <= pc);
+        i.checked_sub(1).map(|i| &self.rows[i])
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error("not an ELF file we can read: {0}")]
+    Elf(#[from] object::Error),
+    #[error("malformed .eh_frame: {0}")]
+    EhFrame(#[from] gimli::Error),
+    #[error("code above 4 GiB (vaddr {0:#x}): tables hold 32-bit addresses")]
+    TooHigh(u64),
+}
+
+/// Compiles the `.eh_frame` of the ELF image `data`. A binary without one gets an empty table.
+pub fn compile(data: &[u8]) -> Result<Table, TableError> {
+    let file = object::File::parse(data)?;
+    let Some(section) = file.section_by_name(".eh_frame") else {
+        return Ok(Table::default());
+    };
+    let bytes = section.data()?;
+    let eh_frame = EhFrame::new(bytes, LittleEndian);
+    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+    if let Some(text) = file.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    if let Some(got) = file.section_by_name(".got") {
+        bases = bases.set_got(got.address());
+    }
+    let mut ctx = Box::new(UnwindContext::new());
+    // (start, end, row) of every FDE row, sorted afterwards: FDEs come in any order.
+    let mut spans: Vec<(u64, u64, UnwindRow)> = Vec::new();
+    let mut table = Table::default();
+    let mut entries = eh_frame.entries(&bases);
+    while let Some(entry) = entries.next()? {
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let fde = partial.parse(EhFrame::cie_from_offset)?;
+        table.fdes += 1;
+        let mut uses_rbp = false;
+        let mut rows = fde.rows(&eh_frame, &bases, &mut ctx)?;
+        while let Some(r) = rows.next_row()? {
+            let row = convert(r, &eh_frame);
+            uses_rbp |= row.kind == kind::CFA_RBP;
+            spans.push((r.start_address(), r.end_address(), row));
+        }
+        table.rbp_fdes += usize::from(uses_rbp);
+    }
+    spans.sort_by_key(|s| s.0);
+    let mut end = 0u64;
+    for (start, stop, row) in spans {
+        if start >= stop {
+            continue;
+        }
+        if !table.rows.is_empty() && start > end {
+            push_merged(&mut table.rows, gap(end)?);
+        }
+        let pc = u32::try_from(start).map_err(|_| TableError::TooHigh(start))?;
+        push_merged(&mut table.rows, UnwindRow { pc, ..row });
+        end = end.max(stop);
+    }
+    if !table.rows.is_empty() {
+        push_merged(&mut table.rows, gap(end)?);
+    }
+    Ok(table)
+}
+
+/// The bias of the mapping of `data` at file offset `file_offset` loaded at `start`: the
+/// number to subtract from an address in it to get the file vaddr the table uses.
+pub fn mapping_bias(data: &[u8], start: u64, file_offset: u64) -> Option<u64> {
+    let file = object::File::parse(data).ok()?;
+    let segment = file.segments().find(|s| {
+        let (off, size) = s.file_range();
+        off <= file_offset && file_offset < off + size.max(1)
+    })?;
+    let (off, _) = segment.file_range();
+    // address = start + (fileoff - file_offset); vaddr = fileoff - off + segment vaddr.
+    Some(
+        start
+            .wrapping_sub(file_offset)
+            .wrapping_add(off)
+            .wrapping_sub(segment.address()),
+    )
+}
+
+fn gap(at: u64) -> Result<UnwindRow, TableError> {
+    Ok(UnwindRow {
+        pc: u32::try_from(at).map_err(|_| TableError::TooHigh(at))?,
+        kind: kind::NONE,
+        ..UnwindRow::default()
+    })
+}
+
+/// Appends `row` unless it changes nothing; a row at the same pc as the last replaces it.
+fn push_merged(rows: &mut Vec<UnwindRow>, row: UnwindRow) {
+    if let Some(last) = rows.last_mut() {
+        if last.pc == row.pc {
+            *last = row;
+            // The replaced row may now equal the one before it.
+            if rows.len() >= 2 && same_rule(&rows[rows.len() - 2], &row) {
+                rows.pop();
+            }
+            return;
+        }
+        if same_rule(last, &row) {
+            return;
+        }
+    }
+    rows.push(row);
+}
+
+fn same_rule(a: &UnwindRow, b: &UnwindRow) -> bool {
+    (a.kind, a.cfa_off, a.rbp_off) == (b.kind, b.cfa_off, b.rbp_off)
+}
+
+fn unsupported() -> UnwindRow {
+    UnwindRow {
+        kind: kind::UNSUPPORTED,
+        ..UnwindRow::default()
+    }
+}
+
+/// One gimli row to our rule (pc filled in by the caller).
+fn convert<R: gimli::Reader>(
+    r: &gimli::UnwindTableRow<R::Offset>,
+    eh_frame: &EhFrame<R>,
+) -> UnwindRow {
+    match r.register(RA) {
+        Some(RegisterRule::Undefined) => {
+            return UnwindRow {
+                kind: kind::STOP,
+                ..UnwindRow::default()
+            };
+        }
+        Some(RegisterRule::Offset(-8)) => {}
+        // Signal frames (__restore_rt) and other hand-written CFI.
+        _ => return unsupported(),
+    }
+    let rbp_off = match r.register(RBP) {
+        None | Some(RegisterRule::Undefined | RegisterRule::SameValue) => 0,
+        Some(RegisterRule::Offset(o)) if o % 8 == 0 && (-1024..0).contains(&o) => (o / 8) as i8,
+        _ => return unsupported(),
+    };
+    let (kind, cfa_off) = match r.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } => {
+            let Ok(off) = u16::try_from(*offset) else {
+                return unsupported();
+            };
+            match *register {
+                RSP => (kind::CFA_RSP, off),
+                RBP => (kind::CFA_RBP, off),
+                // libc's leaf code keeps the CFA in RDI/RDX in a handful of places.
+                _ => return unsupported(),
+            }
+        }
+        CfaRule::Expression(e) => match e.get(eh_frame).ok().and_then(|e| plt_threshold(e.0)) {
+            Some(threshold) => (kind::PLT, threshold),
+            None => return unsupported(),
+        },
+    };
+    UnwindRow {
+        pc: 0,
+        cfa_off,
+        rbp_off,
+        kind,
+    }
+}
+
+/// The CFA expression binutils writes for `.plt`: `rsp + 8 + ((rip & 15) >= N) << 3`
+/// (DW_OP_breg7 8, DW_OP_breg16 0, DW_OP_lit15, DW_OP_and, DW_OP_litN, DW_OP_ge, DW_OP_lit3,
+/// DW_OP_shl, DW_OP_plus). Returns N.
+fn plt_threshold<R: gimli::Reader>(mut expr: R) -> Option<u16> {
+    let mut bytes = [0u8; 11];
+    if expr.len().into_u64() != bytes.len() as u64 {
+        return None;
+    }
+    expr.read_slice(&mut bytes).ok()?;
+    const LIT0: u8 = 0x30;
+    let [0x77, 8, 0x80, 0, 0x3f, 0x1a, lit, 0x2a, 0x33, 0x24, 0x22] = bytes else {
+        return None;
+    };
+    (LIT0..LIT0 + 32)
+        .contains(&lit)
+        .then(|| u16::from(lit - LIT0))
+}
+
+#[cfg(test)]
+#[path = "table_tests.rs"]
+mod tests;

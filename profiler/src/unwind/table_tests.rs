@@ -1,0 +1,170 @@
+//! The compiler against binutils' own interpretation of the same CFI
+//! (`readelf --debug-dump=frames-interp`): at every row readelf prints, our row for that
+//! address must give the same CFA rule, RBP rule and stop condition.
+use super::*;
+
+/// One row of readelf's table: address, CFA text ("rsp+8", "exp"), RBP text ("c-16", "u",
+/// None when not shown) and RA text.
+struct ReadelfRow {
+    loc: u64,
+    cfa: String,
+    rbp: Option<String>,
+    ra: String,
+}
+
+fn readelf_rows(path: &str) -> Vec<ReadelfRow> {
+    let out = std::process::Command::new("readelf")
+        .args(["-W", "--debug-dump=frames-interp", path])
+        .output()
+        .expect("readelf (binutils) runs");
+    // readelf exits 1 on Debian's libc (a warning it does not print); the rows count below
+    // catches a readelf that printed nothing.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut rows = Vec::new();
+    let mut columns: Vec<String> = Vec::new();
+    let mut in_fde = false;
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if line.contains(" FDE ") {
+            in_fde = true;
+            continue;
+        }
+        if line.contains(" CIE") {
+            in_fde = false;
+            continue;
+        }
+        if words.first() == Some(&"LOC") {
+            columns = words.iter().map(|w| (*w).to_owned()).collect();
+            continue;
+        }
+        // Rows start with a 16-digit address (not "000256cc ZERO terminator").
+        if !in_fde || words.len() != columns.len() || words[0].len() != 16 {
+            continue;
+        }
+        let Ok(loc) = u64::from_str_radix(words[0], 16) else {
+            continue;
+        };
+        let col = |name: &str| columns.iter().position(|c| c == name).map(|i| words[i]);
+        rows.push(ReadelfRow {
+            loc,
+            cfa: words[1].to_owned(),
+            rbp: col("rbp").map(str::to_owned),
+            ra: col("ra").expect("an ra column").to_owned(),
+        });
+    }
+    rows
+}
+
+fn check_against_readelf(path: &str) -> usize {
+    let data = std::fs::read(path).expect("readable binary");
+    let table = compile(&data).expect("compiles");
+    let rows = readelf_rows(path);
+    assert!(
+        rows.len() > 50,
+        "{path}: readelf printed only {} rows",
+        rows.len()
+    );
+    let mut checked = 0;
+    for r in &rows {
+        let ours = table
+            .lookup(r.loc)
+            .unwrap_or_else(|| panic!("{path}: no row at {:#x}", r.loc));
+        let at = format!(
+            "{path} at {:#x}: ours {ours:?}, readelf cfa {} rbp {:?} ra {}",
+            r.loc, r.cfa, r.rbp, r.ra
+        );
+        if r.ra == "u" {
+            assert_eq!(ours.kind, kind::STOP, "{at}");
+            checked += 1;
+            continue;
+        }
+        if r.ra != "c-8" {
+            assert_eq!(ours.kind, kind::UNSUPPORTED, "{at}");
+            continue;
+        }
+        // A saved RBP we cannot express makes the whole row unsupported.
+        let rbp_ok = match r.rbp.as_deref() {
+            None | Some("u" | "s") => Some(0),
+            Some(c) => c
+                .strip_prefix("c-")
+                .and_then(|n| n.parse::<i64>().ok())
+                .filter(|n| n % 8 == 0 && *n <= 1024)
+                .map(|n| -(n / 8) as i8),
+        };
+        let Some(rbp_off) = rbp_ok else {
+            assert_eq!(ours.kind, kind::UNSUPPORTED, "{at}");
+            continue;
+        };
+        let expected_kind = [("rsp+", kind::CFA_RSP), ("rbp+", kind::CFA_RBP)]
+            .into_iter()
+            .find_map(|(prefix, k)| {
+                let off = r.cfa.strip_prefix(prefix)?;
+                Some((k, off.parse::<u16>().unwrap()))
+            });
+        match expected_kind {
+            Some((k, off)) => {
+                assert_eq!(
+                    (ours.kind, ours.cfa_off, ours.rbp_off),
+                    (k, off, rbp_off),
+                    "{at}"
+                );
+            }
+            // "exp": the PLT expression, or one we do not follow; other registers too.
+            None => assert!(
+                ours.kind == kind::PLT || ours.kind == kind::UNSUPPORTED,
+                "{at}"
+            ),
+        }
+        checked += 1;
+    }
+    checked
+}
+
+#[test]
+fn libc_matches_readelf() {
+    let checked = check_against_readelf("/lib/x86_64-linux-gnu/libc.so.6");
+    assert!(checked > 20_000, "only {checked} rows compared");
+}
+
+#[test]
+fn ld_so_matches_readelf() {
+    let checked = check_against_readelf("/lib64/ld-linux-x86-64.so.2");
+    assert!(checked > 1_000, "only {checked} rows compared");
+}
+
+/// libc's PLT uses the binutils expression, which becomes a PLT row with threshold 11.
+#[test]
+fn libc_plt_is_recognised() {
+    let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let plt = file.section_by_name(".plt").expect("libc has a .plt");
+    let table = compile(&data).unwrap();
+    let row = table.lookup(plt.address() + 0x20).unwrap();
+    assert_eq!((row.kind, row.cfa_off), (kind::PLT, 11), "{row:?}");
+}
+
+/// Debian's libc keeps no frame pointers; the heuristic must say so.
+#[test]
+fn libc_has_no_frame_pointers() {
+    let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+    let table = compile(&data).unwrap();
+    assert!(
+        table.fdes > 1000 && !table.keeps_frame_pointers(),
+        "{} of {}",
+        table.rbp_fdes,
+        table.fdes
+    );
+}
+
+/// A gap between FDEs is a NONE row, and merging leaves no two equal neighbours.
+#[test]
+fn rows_are_sorted_merged_and_gapped() {
+    let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+    let table = compile(&data).unwrap();
+    for w in table.rows.windows(2) {
+        assert!(w[0].pc < w[1].pc, "{w:?}");
+        assert!(!same_rule(&w[0], &w[1]), "{w:?}");
+    }
+    assert_eq!(table.rows.last().unwrap().kind, kind::NONE);
+    assert!(table.rows.iter().any(|r| r.kind == kind::NONE));
+}
