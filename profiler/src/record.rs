@@ -32,6 +32,8 @@ pub struct RecordConfig {
     pub verbose: bool,
     /// Expand inlined functions from DWARF into frames of their own (`--inline`).
     pub inline: bool,
+    /// Name Python frames in CPython processes (`--python on`, the default).
+    pub python: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,11 +84,24 @@ pub async fn record(
             );
         }
     }
+    // A host where the walk cannot work still records everything else.
+    let python = if config.python {
+        match crate::python::KernelFacts::find() {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("warning: no Python frames: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let sampler_config = SamplerConfig {
         event: config.event,
         frequency_hz: config.frequency_hz.into(),
         pids: &config.pids,
         cgroups: &kernel_cgroups,
+        python,
     };
     util::raise_fd_limit();
     let (mut sampler, ring) = Sampler::start(&sampler_config)?;
@@ -100,6 +115,9 @@ pub async fn record(
         .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
     let mut collection = Collection::new(CommFilter(config.comms.clone()))
         .with_cgroup_filter(CgroupFilter::new(user_cgroups));
+    if let (Some(facts), Some(map)) = (python, sampler.take_python_map()) {
+        collection.python = Some(crate::python::Tracker::new(map, facts));
+    }
     let secs = config.duration.as_secs_f64();
     let tty = config.verbose && std::io::IsTerminal::is_terminal(&std::io::stderr());
     if config.verbose {
@@ -129,6 +147,7 @@ pub async fn record(
     sampler.detach();
     collection.drain(ring.get_mut());
     collection.processes.resolve_pending();
+    collection.resolve_python();
     // Blocking file work off this thread: in the agent, /debug/pprof/profile records here
     // on the thread that serves HTTP.
     collection.processes.name_jit_code().await?;
@@ -166,6 +185,11 @@ pub async fn record(
     };
     if config.verbose || counters.lost_ringbuf_full > 0 {
         report_counters(&counters, duration_ns);
+    }
+    if config.verbose
+        && let Some(t) = &collection.python
+    {
+        report_python(t, sampler.python_counters()?, collection.py_truncated);
     }
     let inline = config.inline;
     let profile = tokio::task::spawn_blocking(move || {
@@ -217,6 +241,22 @@ fn report_counters(c: &Counters, duration_ns: u64) {
             "warning: {} samples were lost because the reader fell behind; lower --frequency",
             c.lost_ringbuf_full
         );
+    }
+}
+
+fn report_python(
+    t: &crate::python::Tracker,
+    kernel: Option<[u64; profiler_common::python::counter::COUNT as usize]>,
+    cut: u64,
+) {
+    let [walked, truncated, read_failed, no_tstate] = kernel.unwrap_or_default();
+    eprintln!(
+        "python: {} processes registered; {walked} samples walked, {truncated} truncated, \
+         {read_failed} unreadable, {no_tstate} without a thread state; {cut} recorded cut short",
+        t.registered
+    );
+    for (kind, (n, last)) in &t.refused {
+        eprintln!("python: {n} processes refused ({kind}), e.g.: {last}");
     }
 }
 

@@ -87,6 +87,7 @@ async fn pprof(state: &State, req: &Request) -> Result<Response, Response> {
         cgroups: Vec::new(),
         verbose: false,
         inline: false,
+        python: false,
     };
     let result = record(&config, tokio::time::sleep(config.duration)).await;
     state.pprof_busy.set(false);

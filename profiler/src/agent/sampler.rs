@@ -57,6 +57,7 @@ impl Recorder {
             frequency_hz: frequency_hz.into(),
             pids: &[],
             cgroups: &[],
+            python: None,
         })?;
         // SAFETY: the RingBuf owns its map fd and keeps it open until the AsyncFd drops it.
         let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }

@@ -45,6 +45,17 @@ pub struct RecordArgs {
     /// `func (inlined)`, from the binaries' DWARF (slower symbolization).
     #[arg(long)]
     pub inline: bool,
+    /// Name Python functions in CPython 3.11-3.13 processes: each eval-loop frame becomes
+    /// the `qualname (file.py:LINE)` frames it ran. `off` shows the eval loop only.
+    #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
+    pub python: OnOff,
+}
+
+/// A feature switch given as `on` or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 pub(crate) fn parse_frequency(text: &str) -> Result<u32, String> {
@@ -91,6 +102,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         cgroups,
         verbose: true,
         inline: args.inline,
+        python: args.python == OnOff::On,
     };
     let profile = record_blocking(&config)?;
     super::write_outputs(&outputs, &profile)

@@ -72,6 +72,7 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
         cgroups: Vec::new(),
         verbose: config.verbose,
         inline: false,
+        python: false,
     })?;
     let (churn, churn_error) = match &tracer {
         Ok(t) => (t.counts(), None),
