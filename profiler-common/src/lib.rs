@@ -139,8 +139,7 @@ pub const HEADER_BYTES: usize = core::mem::size_of::<SampleHeader>();
 // The layout is an ABI between two compilers: pin it.
 const _: () = assert!(HEADER_BYTES == 64);
 const _: () = assert!(
-    core::mem::size_of::<SampleScratch>()
-        == 64 + 2 * 8 * MAX_FRAMES + 16 * python::MAX_PY_FRAMES
+    core::mem::size_of::<SampleScratch>() == 64 + 2 * 8 * MAX_FRAMES + 16 * python::MAX_PY_FRAMES
 );
 const _: () = assert!(core::mem::align_of::<SampleHeader>() == 8);
 

@@ -23,7 +23,8 @@ static PY_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::CO
 /// One frame head, read with one helper call. In a map value rather than on the stack so
 /// the fields can be picked at offsets known only at run time.
 #[map(name = "PY_FRAME_HEAD")]
-static PY_FRAME_HEAD: PerCpuArray<[u64; FRAME_HEAD_BYTES / 8]> = PerCpuArray::with_max_entries(1, 0);
+static PY_FRAME_HEAD: PerCpuArray<[u64; FRAME_HEAD_BYTES / 8]> =
+    PerCpuArray::with_max_entries(1, 0);
 
 /// The frames of the walk in progress, copied into the record at the end.
 #[map(name = "PY_FRAMES")]
@@ -66,7 +67,8 @@ pub fn python_frames(pid: u32, out: *mut u64, base: usize, limit: usize) -> (u32
     let frame = if p.cframe == u32::MAX {
         user_u64(tstate + u64::from(p.current_frame))
     } else {
-        user_u64(tstate + u64::from(p.cframe)).and_then(|c| user_u64(c + u64::from(p.current_frame)))
+        user_u64(tstate + u64::from(p.cframe))
+            .and_then(|c| user_u64(c + u64::from(p.current_frame)))
     };
     let Some(frame) = frame else {
         count(counter::READ_FAILED);
@@ -205,7 +207,8 @@ fn thread_state(p: &PyProc, fsbase_offset: u32) -> Option<u64> {
         return None;
     }
     // SAFETY: the key is a plain u32 read from the process's memory.
-    let key = unsafe { aya_ebpf::helpers::bpf_probe_read_user(p.tss_key_addr as *const u32) }.ok()?;
+    let key =
+        unsafe { aya_ebpf::helpers::bpf_probe_read_user(p.tss_key_addr as *const u32) }.ok()?;
     if key >= 32 {
         return None;
     }

@@ -116,7 +116,9 @@ pub async fn record(
     let mut collection = Collection::new(CommFilter(config.comms.clone()))
         .with_cgroup_filter(CgroupFilter::new(user_cgroups));
     if let (Some(facts), Some(map)) = (python, sampler.take_python_map()) {
-        collection.python = Some(crate::python::Tracker::new(map, facts));
+        let mut tracker = crate::python::Tracker::new(map, facts);
+        tracker.register_running(&config.pids);
+        collection.python = Some(tracker);
     }
     let secs = config.duration.as_secs_f64();
     let tty = config.verbose && std::io::IsTerminal::is_terminal(&std::io::stderr());

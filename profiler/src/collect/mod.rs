@@ -244,8 +244,9 @@ impl Collection {
                     guard.clear_ready();
                     // Woken early: a new process (or a full buffer). Read its mappings now,
                     // while it surely lives.
-                    self.processes.resolve_pending();
+                    // Python first: a new Python process's samples lack frames until then.
                     self.resolve_python();
+                    self.processes.resolve_pending();
                 }
                 _ = ticker.tick() => {
                     // The sampler rarely wakes us (see profiler-ebpf): drain on the timer.

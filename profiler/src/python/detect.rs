@@ -123,8 +123,14 @@ pub fn detect(
     tsd_base: u32,
     elf_cache: &mut HashMap<(u64, u64), ElfFacts>,
 ) -> Result<Option<Interp>, Refused> {
-    let Some(c) = candidate(pid).map_err(Refused::Memory)? else {
-        return Ok(None);
+    let c = match candidate(pid) {
+        Ok(Some(c)) => c,
+        // Gone already (short-lived): nothing to walk, nothing to report.
+        Ok(None) => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(Refused::Memory(e)),
     };
     let file = Root::of_process(pid)
         .and_then(|root| root.open(Path::new(&c.path)).map_err(io::Error::other))
@@ -132,11 +138,16 @@ pub fn detect(
     let meta = file
         .metadata()
         .map_err(|e| Refused::File(c.path.clone(), e))?;
-    let key = (std::os::unix::fs::MetadataExt::dev(&meta), std::os::unix::fs::MetadataExt::ino(&meta));
+    let key = (
+        std::os::unix::fs::MetadataExt::dev(&meta),
+        std::os::unix::fs::MetadataExt::ino(&meta),
+    );
     let facts = match elf_cache.get(&key) {
         Some(f) => f.clone(),
         None => {
+            let started = std::time::Instant::now();
             let f = elf_facts(file, meta.len()).map_err(|e| Refused::File(c.path.clone(), e))?;
+            log::debug!("{}: symbols read in {:?}", c.path, started.elapsed());
             elf_cache.insert(key, f.clone());
             f
         }
@@ -175,32 +186,48 @@ pub fn detect(
 }
 
 fn version_from_name(base: &str) -> Option<(u8, u8)> {
-    let rest = base.strip_prefix("libpython").or_else(|| base.strip_prefix("python"))?;
-    let mut parts = rest.split(|c: char| !c.is_ascii_digit()).filter(|p| !p.is_empty());
+    let rest = base
+        .strip_prefix("libpython")
+        .or_else(|| base.strip_prefix("python"))?;
+    let mut parts = rest
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|p| !p.is_empty());
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
+/// Reads only the parts of the file it needs (headers, dynamic symbols): registration is
+/// what the process's first samples wait for, and a libpython with DWARF is ~30 MB.
 fn elf_facts(file: std::fs::File, len: u64) -> io::Result<ElfFacts> {
-    use std::io::Read as _;
     if len > MAX_ELF_BYTES {
-        return Err(io::Error::other(format!("larger than {MAX_ELF_BYTES} bytes")));
+        return Err(io::Error::other(format!(
+            "larger than {MAX_ELF_BYTES} bytes"
+        )));
     }
-    let mut data = Vec::with_capacity(len as usize);
-    file.take(MAX_ELF_BYTES).read_to_end(&mut data)?;
-    let elf = object::File::parse(&*data).map_err(io::Error::other)?;
+    let cache = object::ReadCache::new(file);
+    let elf = object::File::parse(&cache).map_err(io::Error::other)?;
     let mut facts = ElfFacts {
         first_load: elf.segments().map(|s| s.address()).min().unwrap_or(0),
         ..ElfFacts::default()
     };
-    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+    let take = |facts: &mut ElfFacts,
+                sym: object::Symbol<'_, '_, &object::ReadCache<std::fs::File>>| {
         let slot = match sym.name() {
             Ok("_PyRuntime") => &mut facts.runtime,
             Ok("Py_Version") => &mut facts.py_version,
             Ok("PyCode_Type") => &mut facts.code_type,
-            _ => continue,
+            _ => return,
         };
         if slot.is_none() && sym.address() != 0 {
             *slot = Some(sym.address());
+        }
+    };
+    // All three are exported; the full symbol table only for a build that hides them.
+    for sym in elf.dynamic_symbols() {
+        take(&mut facts, sym);
+    }
+    if facts.runtime.is_none() || facts.code_type.is_none() {
+        for sym in elf.symbols() {
+            take(&mut facts, sym);
         }
     }
     Ok(facts)
@@ -303,21 +330,28 @@ fn from_debug_offsets(
     let mut d = vec![0u8; 584];
     mem.read(runtime, &mut d).map_err(Refused::Memory)?;
     if &d[..8] != b"xdebugpy" {
-        return Err(Refused::Layout("_PyRuntime does not start with _Py_DebugOffsets"));
+        return Err(Refused::Layout(
+            "_PyRuntime does not start with _Py_DebugOffsets",
+        ));
     }
     let at = |o: usize| u64::from_ne_bytes(d[o..o + 8].try_into().expect("8 bytes"));
     if at(16) != 0 {
         return Err(Refused::FreeThreaded);
     }
     let small = |o: usize| u32::try_from(at(o)).ok().filter(|&v| v < 64);
-    let (Some(current_frame), Some(previous), Some(code), Some(instr)) =
-        (u32::try_from(at(184)).ok(), small(232), small(240), small(248))
-    else {
+    let (Some(current_frame), Some(previous), Some(code), Some(instr)) = (
+        u32::try_from(at(184)).ok(),
+        small(232),
+        small(240),
+        small(248),
+    ) else {
         return Err(Refused::Layout("_Py_DebugOffsets out of range"));
     };
     let owner = u32::try_from(at(264)).unwrap_or(0);
     if !(64..72).contains(&owner) || code % 8 != 0 || previous % 8 != 0 || instr % 8 != 0 {
-        return Err(Refused::Layout("_PyInterpreterFrame fields where the walk cannot read them"));
+        return Err(Refused::Layout(
+            "_PyInterpreterFrame fields where the walk cannot read them",
+        ));
     }
     let ascii_size = at(560);
     Ok(Interp {
@@ -351,7 +385,10 @@ fn from_debug_offsets(
 mod tests {
     #[test]
     fn versions_from_file_names() {
-        assert_eq!(super::version_from_name("libpython3.10.so.1.0"), Some((3, 10)));
+        assert_eq!(
+            super::version_from_name("libpython3.10.so.1.0"),
+            Some((3, 10))
+        );
         assert_eq!(super::version_from_name("python3.9"), Some((3, 9)));
         assert_eq!(super::version_from_name("python"), None);
     }

@@ -24,7 +24,8 @@ impl Mem {
         };
         // SAFETY: one local iovec covering `buf`, which lives across the call; the remote
         // one is only read by the kernel, on behalf of the other process.
-        let n = unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        let n =
+            unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -69,7 +70,10 @@ impl Mem {
         let kind = ((state >> 2) & 7) as usize;
         let (compact, ascii) = ((state >> 5) & 1 == 1, (state >> 6) & 1 == 1);
         if !compact || !matches!(kind, 1 | 2 | 4) || len.saturating_mul(kind) > MAX_OBJECT_BYTES {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "not a compact str"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a compact str",
+            ));
         }
         let data = obj + if ascii { ascii_size } else { compact_size };
         let mut b = vec![0u8; len * kind];
@@ -85,7 +89,8 @@ impl Mem {
             _ => b
                 .chunks_exact(4)
                 .map(|c| {
-                    char::from_u32(u32::from_ne_bytes(c.try_into().expect("4"))).unwrap_or('\u{fffd}')
+                    char::from_u32(u32::from_ne_bytes(c.try_into().expect("4")))
+                        .unwrap_or('\u{fffd}')
                 })
                 .collect(),
         })

@@ -51,7 +51,12 @@ mod tests {
         // main -> eval(<module> -> a) -> qsort -> eval(cmp -> c) -> leaf
         let native = ["main", "eval", "qsort", "eval", "leaf"];
         let is_eval = [false, true, false, true, false];
-        let python = [("c", false), ("cmp", true), ("a", false), ("<module>", true)];
+        let python = [
+            ("c", false),
+            ("cmp", true),
+            ("a", false),
+            ("<module>", true),
+        ];
         assert_eq!(
             merge(&native, &is_eval, &python),
             ["main", "<module>", "a", "qsort", "cmp", "c", "leaf"]
@@ -63,7 +68,10 @@ mod tests {
         // Only the leaf native frame was unwound (no frame pointers in libpython).
         let native = ["eval"];
         let python = [("c", false), ("b", true), ("a", true), ("<module>", true)];
-        assert_eq!(merge(&native, &[true], &python), ["<module>", "a", "b", "c"]);
+        assert_eq!(
+            merge(&native, &[true], &python),
+            ["<module>", "a", "b", "c"]
+        );
         assert_eq!(
             merge(&["sha256"], &[false], &python),
             ["<module>", "a", "b", "c", "sha256"]

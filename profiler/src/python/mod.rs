@@ -111,6 +111,31 @@ impl Tracker {
         }
     }
 
+    /// Detects and registers processes that already run (`pids`, or every process when
+    /// empty), so their first samples have Python frames too rather than waiting for the
+    /// drain that follows their first sample.
+    pub fn register_running(&mut self, pids: &[u32]) {
+        let all: Vec<u32>;
+        let pids = if pids.is_empty() {
+            all = std::fs::read_dir("/proc")
+                .map(|d| {
+                    d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            &all
+        } else {
+            pids
+        };
+        let me = std::process::id();
+        for &pid in pids {
+            if pid != me && self.seen.insert(pid) {
+                self.new_pids.push(pid);
+            }
+        }
+        self.resolve_pending();
+    }
+
     /// Notes a sample of `pid` and its Python frames (innermost first).
     pub fn saw(&mut self, pid: u32, frames: &[PyFrame]) {
         if pid != 0 && self.seen.insert(pid) {
@@ -133,7 +158,11 @@ impl Tracker {
                 Ok(None) => {}
                 Ok(Some(interp)) => match self.map.insert(pid, interp.proc_, 0) {
                     Ok(()) => {
-                        log::debug!("pid {pid}: Python {}.{}", interp.version.0, interp.version.1);
+                        log::debug!(
+                            "pid {pid}: Python {}.{}",
+                            interp.version.0,
+                            interp.version.1
+                        );
                         self.registered += 1;
                         self.interps.insert(pid, interp);
                     }
@@ -195,7 +224,9 @@ fn read_code(mem: Mem, l: &CodeLayout, code: u64) -> Option<Code> {
     let qualname = s(l.qualname).or_else(|| s(l.name))?;
     let file = s(l.filename).unwrap_or_default();
     let first_line = i64::from(mem.u32(code + l.firstlineno).ok()? as i32);
-    let linetable = mem.py_bytes(mem.u64(code + l.linetable).ok()?).unwrap_or_default();
+    let linetable = mem
+        .py_bytes(mem.u64(code + l.linetable).ok()?)
+        .unwrap_or_default();
     Some(Code {
         qualname,
         file,

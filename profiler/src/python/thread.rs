@@ -53,13 +53,14 @@ impl<'a> Btf<'a> {
             offsets.push(o);
             let info = u32::from_le_bytes(types[o + 4..o + 8].try_into().ok()?);
             let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
-            o += 12 + match kind {
-                1 | 14 | 17 => 4,       // int, var, decl tag
-                3 => 12,                // array
-                4 | 5 | 15 | 19 => 12 * vlen, // struct, union, datasec, enum64
-                6 | 13 => 8 * vlen,     // enum, func proto
-                _ => 0,
-            };
+            o += 12
+                + match kind {
+                    1 | 14 | 17 => 4,             // int, var, decl tag
+                    3 => 12,                      // array
+                    4 | 5 | 15 | 19 => 12 * vlen, // struct, union, datasec, enum64
+                    6 | 13 => 8 * vlen,           // enum, func proto
+                    _ => 0,
+                };
         }
         Some(Self {
             types,
@@ -152,7 +153,8 @@ pub fn tsd_base() -> io::Result<u32> {
     });
     // SAFETY: the key was created above.
     unsafe { libc::pthread_key_delete(key) };
-    let off = found.ok_or_else(|| bad("pthread-specific data not found near the thread pointer"))?;
+    let off =
+        found.ok_or_else(|| bad("pthread-specific data not found near the thread pointer"))?;
     let base = off
         .checked_sub(16 * key as usize)
         .ok_or_else(|| bad("pthread key outside glibc's first block"))?;

@@ -12,8 +12,8 @@ pub use user::UserSymbolizer;
 
 use crate::{
     collect::{Collection, UserLoc},
-    python::merge::is_eval_loop,
     profile::{Binary, Cgroup, Frame, FrameKind, Interner, Meta, Profile, Sample},
+    python::merge::is_eval_loop,
 };
 
 /// The module of frames named by a perf map (JIT code has no file).
@@ -139,11 +139,7 @@ pub fn build_profile_cached(
                                 .iter()
                                 .map(|name| (out.string(name), module, is_eval_loop(name)))
                                 .collect(),
-                            _ => vec![(
-                                out.string(&format!("{base}+{offset:#x}")),
-                                module,
-                                false,
-                            )],
+                            _ => vec![(out.string(&format!("{base}+{offset:#x}")), module, false)],
                         }
                     }
                     Some(UserLoc::Named(id)) => vec![(
@@ -181,7 +177,9 @@ pub fn build_profile_cached(
         let key = (s.ustack, s.pystack, s.kstack);
         let stack = *joined.entry(key).or_insert_with(|| {
             let native = &ustacks[s.ustack as usize];
-            let python = pystacks.get(s.pystack as usize).map_or(&[][..], Vec::as_slice);
+            let python = pystacks
+                .get(s.pystack as usize)
+                .map_or(&[][..], Vec::as_slice);
             let mut frames = if python.is_empty() {
                 native.iter().map(|f| f.0).collect()
             } else {
