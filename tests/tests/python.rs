@@ -46,7 +46,8 @@ fn interpreters() -> Vec<&'static str> {
             if !there {
                 assert!(
                     std::env::var("CI").as_deref() != Ok("true"),
-                    "{p} is missing and CI=true (cargo xtask setup installs the interpreters)"
+                    "{p} is missing and CI=true: install it (Debian's python3.11 comes with \
+                     `cargo xtask setup --tests`, the others with `pyenv install`)"
                 );
                 eprintln!("skipped: {p} is not installed");
             }
@@ -121,7 +122,7 @@ fn show(stacks: &[Vec<String>]) -> String {
         *counts.entry(s.join(";")).or_default() += 1;
     }
     let mut v: Vec<_> = counts.into_iter().collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v.sort_by_key(|b| std::cmp::Reverse(b.1));
     v.iter()
         .take(12)
         .map(|(s, n)| format!("{n:5} {s}"))

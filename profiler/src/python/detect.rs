@@ -97,7 +97,7 @@ fn candidate(pid: u32) -> io::Result<Option<Candidate>> {
         else {
             continue;
         };
-        if offset.trim_start_matches('0') != "" {
+        if !offset.trim_start_matches('0').is_empty() {
             continue; // the interpreter's first mapping is at file offset 0
         }
         let base = path.rsplit('/').next().unwrap_or(path);

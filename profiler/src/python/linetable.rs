@@ -75,7 +75,7 @@ mod tests {
         // 2 units on the first line (short form), 1 unit one line down (one-line form 11),
         // 3 units five lines down (long form 14: +5 as svarint 10), 1 unit without a line.
         let table = [
-            0x80 | (0 << 3) | 1,
+            0x80 | 1, // short form (code 0), 2 units
             0x00,
             0x80 | (11 << 3),
             4,

@@ -143,8 +143,8 @@ impl Tracker {
         }
         for f in frames {
             let key = (pid, f.code, f.instr & !ENTRY_BIT);
-            if !self.names.contains_key(&key) {
-                self.names.insert(key, None);
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.names.entry(key) {
+                slot.insert(None);
                 self.unnamed.push(key);
             }
         }

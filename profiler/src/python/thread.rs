@@ -171,9 +171,20 @@ mod tests {
     }
 
     #[test]
-    fn tsd_base_matches_a_second_key() {
-        let base = super::tsd_base().expect("tsd base");
-        // glibc 2.36 x86_64: specific_1stblock at 0x310, data 8 bytes in.
-        assert_eq!(base, 0x318);
+    fn tsd_base_finds_the_value_of_another_key() {
+        let base = super::tsd_base().expect("tsd base") as usize;
+        let mut key: libc::pthread_key_t = 0;
+        let value = 0x1234_5678_9abc_usize;
+        // SAFETY: libc calls on a key we own; the read is inside this thread's struct
+        // pthread, where the sampler reads the same slot of the sampled thread.
+        let seen = unsafe {
+            assert_eq!(libc::pthread_key_create(&mut key, None), 0);
+            libc::pthread_setspecific(key, value as *const libc::c_void);
+            let me = libc::pthread_self() as usize;
+            let seen = std::ptr::read_volatile((me + base + 16 * key as usize) as *const usize);
+            libc::pthread_key_delete(key);
+            seen
+        };
+        assert_eq!(seen, value, "key {key} at base {base:#x}");
     }
 }
