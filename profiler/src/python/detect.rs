@@ -25,7 +25,7 @@ pub enum Refused {
     NoRuntime(String),
     #[error("cannot read the interpreter {0}: {1}")]
     File(String, io::Error),
-    #[error("cannot read the process's memory ({0}): is it gone, or are we not root?")]
+    #[error("cannot read the process's maps or memory ({0}): is it gone, or are we not root?")]
     Memory(io::Error),
     #[error("unexpected interpreter layout: {0}")]
     Layout(&'static str),
@@ -86,34 +86,47 @@ struct Candidate {
 }
 
 /// Finds the interpreter in `/proc/PID/maps`: a libpython wins over the exe (the exe then
-/// only calls into it). None: not Python.
+/// only calls into it). Only files mapped executable count: a profiler (ours too) maps
+/// libpython read-only to symbolize it. None: not Python.
 fn candidate(pid: u32) -> io::Result<Option<Candidate>> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    let mut exe = None;
+    let mut firsts: Vec<Candidate> = Vec::new();
+    let mut executable: Vec<&str> = Vec::new();
     for line in maps.lines() {
         let mut f = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(offset), Some(_dev), Some(_inode), Some(path)) =
+        let (Some(range), Some(perms), Some(offset), Some(_dev), Some(_inode), Some(path)) =
             (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
         else {
             continue;
         };
-        if !offset.trim_start_matches('0').is_empty() {
-            continue; // the interpreter's first mapping is at file offset 0
-        }
         let base = path.rsplit('/').next().unwrap_or(path);
-        let start = u64::from_str_radix(range.split('-').next().unwrap_or(""), 16).unwrap_or(0);
-        let c = Candidate {
-            path: path.to_owned(),
-            start,
-        };
-        if base.starts_with("libpython") && base.contains(".so") {
-            return Ok(Some(c));
+        let libpython = base.starts_with("libpython") && base.contains(".so");
+        if !libpython && !base.starts_with("python") {
+            continue;
         }
-        if exe.is_none() && base.starts_with("python") {
-            exe = Some(c);
+        if perms.contains('x') {
+            executable.push(path);
+        }
+        // The first mapping of the file (offset 0) gives its load address.
+        if offset.trim_start_matches('0').is_empty() && firsts.iter().all(|c| c.path != path) {
+            let start = u64::from_str_radix(range.split('-').next().unwrap_or(""), 16).unwrap_or(0);
+            firsts.push(Candidate {
+                path: path.to_owned(),
+                start,
+            });
         }
     }
-    Ok(exe)
+    firsts.retain(|c| executable.contains(&c.path.as_str()));
+    let lib = firsts.iter().position(|c| {
+        c.path
+            .rsplit('/')
+            .next()
+            .is_some_and(|b| b.starts_with("libpython"))
+    });
+    Ok(match lib {
+        Some(i) => Some(firsts.swap_remove(i)),
+        None => firsts.into_iter().next(),
+    })
 }
 
 /// Detects the interpreter of `pid`. Ok(None): not a Python process. `elf_cache` holds each
