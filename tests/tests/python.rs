@@ -1,14 +1,15 @@
 //! Python frames (issue 17): recordings of real CPython interpreters (every pyenv build of
 //! 3.11-3.13 on the machine and Debian's python3.11) running fixtures with known call chains
-//! (tests/fixtures/python). Checks the chain, its file and lines, and the controls: a C
-//! process gets no Python frames, `--python off` shows only the eval loop, and a thread
-//! hashing with the GIL released never shows the other thread's function.
+//! (tests/fixtures/python). Checks the chain, its file and lines, kernel frames at the leaf
+//! of Python frames, and the controls: a C process gets no Python frames, `--python off`
+//! shows only the eval loop, and a thread hashing with the GIL released never shows the
+//! other thread's function.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use profiler::profile::{Profile, read_file};
+use profiler::profile::{FrameKind, Profile, read_file};
 use profiler_tests::{Fixture, TempDir, exclusive, expect_success, record, require_bpf};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/python");
@@ -278,6 +279,48 @@ fn a_thread_with_the_gil_released_shows_its_own_frames_only() {
              show hasher (want 90%); stderr:\n{stderr}\nstacks without hasher:\n{}",
             mine.len(),
             show(&without(&mine, "hasher ("))
+        );
+    }
+}
+
+#[test]
+fn kernel_frames_sit_at_the_leaf_of_python_frames() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("python-read");
+    let fixture = script("read_loop.py");
+    let reader = format!("reader (read_loop.py:{})", line_of(&fixture, "# READ"));
+    for python in interpreters() {
+        let fx = spawn_python(python, &fixture, &["30"], Stdio::null());
+        let pid = fx.pid();
+        let (p, stderr) = record_pid(&dir, pid, &[], "read.capture");
+        drop(fx);
+        // Per sample: whether its leaf is a kernel frame, and whether the Python frame of
+        // the read comes before (rootward of) the first kernel frame.
+        let mut in_kernel = 0;
+        let mut good = 0;
+        let mut bad = Vec::new();
+        for s in p.samples.iter().filter(|s| s.pid == pid) {
+            let frames: Vec<_> = p.stack_frames(s.stack).collect();
+            if frames.last().is_none_or(|f| f.kind != FrameKind::Kernel) {
+                continue;
+            }
+            in_kernel += 1;
+            let first_kernel = frames.iter().position(|f| f.kind == FrameKind::Kernel);
+            let at = frames.iter().position(|f| p.str(f.name) == reader);
+            if at.is_some_and(|a| first_kernel.is_some_and(|k| a < k)) {
+                good += 1;
+            } else {
+                bad.push(frames.iter().map(|f| p.str(f.name).to_owned()).collect());
+            }
+        }
+        assert!(
+            in_kernel >= 50 && good * 10 >= in_kernel * 9,
+            "{python}: {good} of {in_kernel} samples in the kernel show {reader} above the \
+             kernel frames; stderr:\n{stderr}\nothers:\n{}",
+            show(&bad)
         );
     }
 }
