@@ -16,8 +16,9 @@ pub const RING_BUFFER_BYTES: u32 = 8 << 20;
 
 /// The ring buffer for `hz` samples per second on `cpus` CPUs: 2 KiB per sample-second, room
 /// for a second of the deepest stacks (a record of 2 x 127 frames is 2096 bytes) and several
-/// seconds of typical ones (Python frames add 16 bytes each), a power of two between 256 KiB and 32 MiB (4 MiB at 999 Hz on 2
-/// CPUs, where 30 s lose nothing; 256 KiB for the agent's 19 Hz there).
+/// seconds of typical ones (Python frames add 16 bytes each), a power of two between 256 KiB
+/// and 32 MiB (4 MiB at 999 Hz on 2 CPUs, where 30 s lose nothing; 256 KiB for the agent's
+/// 19 Hz there).
 pub const fn ring_buffer_bytes(hz: u64, cpus: u64) -> u32 {
     let want = hz.saturating_mul(cpus).saturating_mul(2048);
     let want = if want < 256 << 10 { 256 << 10 } else { want };
