@@ -15,9 +15,10 @@ pub const COMM_LEN: usize = 16;
 pub const RING_BUFFER_BYTES: u32 = 8 << 20;
 
 /// The ring buffer for `hz` samples per second on `cpus` CPUs: 2 KiB per sample-second, room
-/// for a second of the deepest stacks (a record of 2 x 127 frames is 2088 bytes) and several
-/// seconds of typical ones, a power of two between 256 KiB and 32 MiB (4 MiB at 999 Hz on 2
-/// CPUs, where 30 s lose nothing; 256 KiB for the agent's 19 Hz there).
+/// for a second of the deepest stacks (a record of 2 x 127 frames is 2096 bytes) and several
+/// seconds of typical ones (Python frames add 16 bytes each), a power of two between 256 KiB
+/// and 32 MiB (4 MiB at 999 Hz on 2 CPUs, where 30 s lose nothing; 256 KiB for the agent's
+/// 19 Hz there).
 pub const fn ring_buffer_bytes(hz: u64, cpus: u64) -> u32 {
     let want = hz.saturating_mul(cpus).saturating_mul(2048);
     let want = if want < 256 << 10 { 256 << 10 } else { want };
@@ -101,7 +102,8 @@ pub mod counter {
 
 /// The fixed part of one sample record in the ring buffer. The record is variable length:
 /// this header, then `kstack_len` kernel addresses, then `ustack_len` user addresses (u64
-/// each, leaf first), so only the frames a stack really has are copied.
+/// each, leaf first), then `py_len` Python frames (two u64 each, innermost first), so only
+/// the frames a stack really has are copied.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SampleHeader {
@@ -121,6 +123,11 @@ pub struct SampleHeader {
     pub kstack_len: u32,
     /// User addresses following the kernel ones.
     pub ustack_len: u32,
+    /// Python frames (`PyFrame`, 16 bytes each) following the user addresses; 0 for every
+    /// process not registered in `MAP_PY_PROCS`.
+    pub py_len: u32,
+    /// `python::flags::*` bits of the Python walk (0 when none was made).
+    pub py_flags: u32,
     /// Task comm, NUL padded.
     pub comm: [u8; COMM_LEN],
 }
@@ -131,20 +138,24 @@ pub struct SampleHeader {
 #[derive(Clone, Copy)]
 pub struct SampleScratch {
     pub header: SampleHeader,
-    pub frames: [u64; 2 * MAX_FRAMES],
+    pub frames: [u64; 2 * MAX_FRAMES + 2 * python::MAX_PY_FRAMES],
 }
 
 /// Size of the header in bytes.
 pub const HEADER_BYTES: usize = core::mem::size_of::<SampleHeader>();
 
 // The layout is an ABI between two compilers: pin it.
-const _: () = assert!(HEADER_BYTES == 56);
-const _: () = assert!(core::mem::size_of::<SampleScratch>() == 56 + 2 * 8 * MAX_FRAMES);
+const _: () = assert!(HEADER_BYTES == 64);
+const _: () = assert!(
+    core::mem::size_of::<SampleScratch>() == 64 + 2 * 8 * MAX_FRAMES + 16 * python::MAX_PY_FRAMES
+);
 const _: () = assert!(core::mem::align_of::<SampleHeader>() == 8);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), only integers and arrays of integers, no padding (size asserted above).
 unsafe impl aya::Pod for SampleHeader {}
+
+pub mod python;
 
 /// cgroup churn tracer (profiler-ebpf `churn`): map and program names, and the map's key.
 pub mod churn {

@@ -143,13 +143,18 @@ fn sample(ctx: &PerfEventContext) {
         count(counter::USTACK_FAILED);
     }
     let ulen = frame_count(ubytes);
+    // Python frames (issue 17) after the user addresses; none unless the pid is registered.
+    let (plen, pflags) =
+        crate::python::python_frames(pid, frames, (klen + ulen) as usize, s.frames.len());
     let h = &mut s.header;
     h.kstack_len = klen;
     h.ustack_len = ulen;
+    h.py_len = plen;
+    h.py_flags = pflags;
     h.flags = f;
 
     // Mask the length so the verifier sees it bounded by the scratch size.
-    let len = (HEADER_BYTES + (klen + ulen) as usize * 8) & 0xfff;
+    let len = (HEADER_BYTES + (klen + ulen + 2 * plen) as usize * 8) & 0x1fff;
     let len = if len > core::mem::size_of::<SampleScratch>() {
         core::mem::size_of::<SampleScratch>()
     } else {

@@ -15,6 +15,7 @@ pub mod lab;
 pub mod lab_synth;
 pub mod output;
 pub mod profile;
+pub mod python;
 pub mod record;
 pub mod store;
 pub mod symbolize;

@@ -37,6 +37,8 @@ pub struct RecordConfig {
     pub unwind: UnwindMode,
     /// Kernel memory for unwind rows, bytes (`--unwind-memory`).
     pub unwind_memory: u64,
+    /// Name Python frames in CPython processes (`--python on`, the default).
+    pub python: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +89,18 @@ pub async fn record(
             );
         }
     }
+    // A host where the walk cannot work still records everything else.
+    let python = if config.python {
+        match crate::python::KernelFacts::find() {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("warning: no Python frames: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let sampler_config = SamplerConfig {
         event: config.event,
         frequency_hz: config.frequency_hz.into(),
@@ -94,6 +108,7 @@ pub async fn record(
         cgroups: &kernel_cgroups,
         unwind: config.unwind,
         unwind_memory: config.unwind_memory,
+        python,
     };
     util::raise_fd_limit();
     let (mut sampler, ring) = Sampler::start(&sampler_config)?;
@@ -113,6 +128,11 @@ pub async fn record(
     };
     if let Some(loader) = &loader {
         collection = collection.on_new_process(loader.hook());
+    }
+    if let (Some(facts), Some(map)) = (python, sampler.take_python_map()) {
+        let mut tracker = crate::python::Tracker::new(map, facts);
+        tracker.register_running(&config.pids);
+        collection.python = Some(tracker);
     }
     let secs = config.duration.as_secs_f64();
     let tty = config.verbose && std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -143,6 +163,7 @@ pub async fn record(
     sampler.detach();
     collection.drain(ring.get_mut());
     collection.processes.resolve_pending();
+    collection.resolve_python();
     // Blocking file work off this thread: in the agent, /debug/pprof/profile records here
     // on the thread that serves HTTP.
     collection.processes.name_jit_code().await?;
@@ -185,6 +206,11 @@ pub async fn record(
         && let Some(loader) = &loader
     {
         report_unwind(&loader.stats(), &collection.unwind_truncated);
+    }
+    if config.verbose
+        && let Some(t) = &collection.python
+    {
+        report_python(t, sampler.python_counters()?, collection.py_truncated);
     }
     let inline = config.inline;
     let profile = tokio::task::spawn_blocking(move || {
@@ -263,6 +289,22 @@ fn report_unwind(s: &LoaderStats, truncated: &[u64; 7]) {
         .collect();
     if !cut.is_empty() {
         eprintln!("user stacks cut short: {}", cut.join(", "));
+    }
+}
+
+fn report_python(
+    t: &crate::python::Tracker,
+    kernel: Option<[u64; profiler_common::python::counter::COUNT as usize]>,
+    cut: u64,
+) {
+    let [walked, truncated, read_failed, no_tstate] = kernel.unwrap_or_default();
+    eprintln!(
+        "python: {} processes registered; {walked} samples walked, {truncated} truncated, \
+         {read_failed} unreadable, {no_tstate} without a thread state; {cut} recorded cut short",
+        t.registered
+    );
+    for (kind, (n, last)) in &t.refused {
+        eprintln!("python: {n} processes refused ({kind}), e.g.: {last}");
     }
 }
 

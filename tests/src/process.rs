@@ -119,6 +119,16 @@ impl Fixture {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// A process started by the caller (killed and reaped on drop like the others).
+    pub fn from_child(child: Child) -> Self {
+        Fixture { child }
+    }
+
+    /// The fixture's stdout, when it was started with a pipe there.
+    pub fn stdout(&mut self) -> Option<&mut std::process::ChildStdout> {
+        self.child.stdout.as_mut()
+    }
 }
 
 impl Drop for Fixture {

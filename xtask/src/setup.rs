@@ -44,6 +44,9 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
         tools.push(("go", "golang-go"));
         // A real Prometheus scrapes the agent (tests/tests/agent_peers.rs).
         tools.push(("prometheus", "prometheus"));
+        // Debian's own CPython (no frame pointers) is one of the interpreters
+        // tests/tests/python.rs records; the pyenv builds there are not installed here.
+        tools.push(("python3.11", "python3.11"));
     }
     if extras.bench {
         tools.extend([("bpftrace", "bpftrace"), ("perf", "linux-perf")]);

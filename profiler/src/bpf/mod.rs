@@ -15,7 +15,7 @@ use aya::{
 use profiler_common::{
     GLOBAL_FILTER_CGROUPS, GLOBAL_FILTER_PIDS, GLOBAL_WAKEUP_BYTES, MAP_CGROUP_FILTER,
     MAP_COUNTERS, MAP_PID_FILTER, MAP_SAMPLES, MAX_CGROUP_FILTER, PROGRAM_NAME, WAKEUP_FRACTION,
-    counter, ring_buffer_bytes,
+    counter, python as py, ring_buffer_bytes,
     unwind::{self, UnwindRow},
 };
 
@@ -78,6 +78,9 @@ pub struct Sampler {
     pub cpus: Vec<u32>,
     /// Feeds processes' mappings and tables to the table walk (None with `--unwind fp`).
     pub unwind: Option<Loader>,
+    /// The Python processes map, until the collector takes it (`take_python_map`).
+    python_map: Option<HashMap<MapData, u32, py::PyProc>>,
+    python_counters: Option<PerCpuArray<MapData, u64>>,
 }
 
 /// Counters kept by the sampler (sums over CPUs); see `profiler_common::counter`.
@@ -106,6 +109,8 @@ pub struct SamplerConfig<'a> {
     pub unwind: UnwindMode,
     /// Bytes of kernel memory for unwind rows (`--unwind-memory`).
     pub unwind_memory: u64,
+    /// Walk Python frames in registered processes (`crate::python`); None = off.
+    pub python: Option<crate::python::KernelFacts>,
 }
 
 impl Sampler {
@@ -140,7 +145,9 @@ impl Sampler {
         } else {
             1
         };
+        let fsbase_offset: u32 = config.python.map_or(0, |p| p.fsbase_offset);
         let mut ebpf = EbpfLoader::new()
+            .override_global(py::GLOBAL_FSBASE_OFFSET, &fsbase_offset, true)
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
             .override_global(GLOBAL_FILTER_CGROUPS, &cgroup_count, true)
             .override_global(GLOBAL_WAKEUP_BYTES, &wakeup_bytes, true)
@@ -230,6 +237,19 @@ impl Sampler {
             ebpf.take_map(MAP_COUNTERS)
                 .ok_or(BpfError::Missing("counters"))?,
         )?;
+        let (python_map, python_counters) = if config.python.is_some() {
+            let map = HashMap::try_from(
+                ebpf.take_map(py::MAP_PY_PROCS)
+                    .ok_or(BpfError::Missing("Python map"))?,
+            )?;
+            let counters = PerCpuArray::try_from(
+                ebpf.take_map(py::MAP_PY_COUNTERS)
+                    .ok_or(BpfError::Missing("Python counters"))?,
+            )?;
+            (Some(map), Some(counters))
+        } else {
+            (None, None)
+        };
         Ok((
             Sampler {
                 ebpf: Some(ebpf),
@@ -237,6 +257,8 @@ impl Sampler {
                 program_id,
                 cpus,
                 unwind,
+                python_map,
+                python_counters,
             },
             samples,
         ))
@@ -250,6 +272,24 @@ impl Sampler {
     /// The loaded program's id (for `bpftool prog show id N` and BPF statistics).
     pub fn program_id(&self) -> Option<u32> {
         self.program_id
+    }
+
+    /// The map the collector registers Python processes in (once; None when Python is off).
+    pub fn take_python_map(&mut self) -> Option<HashMap<MapData, u32, py::PyProc>> {
+        self.python_map.take()
+    }
+
+    /// The Python walk's counters (`profiler_common::python::counter`), summed over CPUs;
+    /// None when Python is off.
+    pub fn python_counters(&self) -> Result<Option<[u64; py::counter::COUNT as usize]>, BpfError> {
+        let Some(map) = &self.python_counters else {
+            return Ok(None);
+        };
+        let mut out = [0u64; py::counter::COUNT as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = map.get(&(i as u32), 0)?.iter().sum();
+        }
+        Ok(Some(out))
     }
 
     /// Current counter values, summed over CPUs.

@@ -57,6 +57,17 @@ pub struct RecordArgs {
     /// Binaries beyond it are walked by frame pointer.
     #[arg(long, default_value = "64M", value_name = "BYTES", value_parser = parse_bytes)]
     pub unwind_memory: u64,
+    /// Name Python functions in CPython 3.11-3.13 processes: each eval-loop frame becomes
+    /// the `qualname (file.py:LINE)` frames it ran. `off` shows the eval loop only.
+    #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
+    pub python: OnOff,
+}
+
+/// A feature switch given as `on` or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 /// `64M`, `512K`, `1G` or plain bytes.
@@ -125,6 +136,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
         inline: args.inline,
         unwind: args.unwind,
         unwind_memory: args.unwind_memory,
+        python: args.python == OnOff::On,
     };
     let profile = record_blocking(&config)?;
     super::write_outputs(&outputs, &profile)

@@ -9,7 +9,7 @@ pub mod untrusted;
 use std::{collections::HashMap, future::Future, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
-use profiler_common::{COMM_LEN, HEADER_BYTES, SampleHeader, flags};
+use profiler_common::{COMM_LEN, HEADER_BYTES, SampleHeader, flags, python::PyFrame};
 use tokio::io::unix::AsyncFd;
 
 pub use perfmap::{PerfMap, ns_pid};
@@ -30,6 +30,8 @@ pub struct RawSample {
     pub kstack: u32,
     /// Index into `Collection::ustacks`.
     pub ustack: u32,
+    /// Index into `Collection::pystacks` (an empty stack when the sample has none).
+    pub pystack: u32,
 }
 
 /// Raw stacks stored once each. Addresses are leaf first; every frame but the leaf is a return
@@ -103,6 +105,12 @@ pub struct Collection {
     pub kstacks: StackTable<Box<[u64]>>,
     /// User stacks are per address space, so keyed by pid too.
     pub ustacks: StackTable<(u32, Box<[u64]>)>,
+    /// Python frames (innermost first), per address space too.
+    pub pystacks: StackTable<(u32, Box<[PyFrame]>)>,
+    /// Detects, registers and names Python processes; None when Python frames are off.
+    pub python: Option<crate::python::Tracker>,
+    /// Samples whose Python walk was cut at `MAX_PY_FRAMES` or by an unreadable frame.
+    pub py_truncated: u64,
     pub processes: ProcessTable,
     /// Paths of the cgroup v2 ids samples carry ("" if the cgroup was gone); `resolve_cgroups`.
     pub cgroup_paths: HashMap<u64, String>,
@@ -197,7 +205,9 @@ impl Collection {
         // because nothing promises the record's alignment.
         let h = unsafe { std::ptr::read_unaligned(head_bytes.as_ptr().cast::<SampleHeader>()) };
         let (klen, ulen) = (h.kstack_len as usize, h.ustack_len as usize);
-        let Some(frames) = record.get(HEADER_BYTES..HEADER_BYTES + (klen + ulen) * 8) else {
+        let plen = h.py_len as usize;
+        let Some(frames) = record.get(HEADER_BYTES..HEADER_BYTES + (klen + ulen + 2 * plen) * 8)
+        else {
             return; // cannot happen with our own program; never trust a length blindly
         };
         let Some(comm) = self.comm_id(&h.comm) else {
@@ -214,7 +224,8 @@ impl Collection {
         if let Some(n) = self.unwind_truncated.get_mut(cut as usize) {
             *n += 1;
         }
-        let (kframes, uframes) = frames.split_at(klen * 8);
+        let (kframes, rest) = frames.split_at(klen * 8);
+        let (uframes, pframes) = rest.split_at(ulen * 8);
         let kstack = self.kstacks.intern(callsites(kframes));
         let user = callsites(uframes);
         // A walk that left the loaded mappings may mean they were read too early (before
@@ -230,6 +241,12 @@ impl Collection {
         self.processes.saw(h.pid, &user);
         let user = with_truncation_marker(user, h.flags);
         let ustack = self.ustacks.intern((h.pid, user));
+        let python = py_frames(pframes);
+        self.py_truncated += u64::from(h.py_flags != 0);
+        if let Some(tracker) = &mut self.python {
+            tracker.saw(h.pid, &python);
+        }
+        let pystack = self.pystacks.intern((h.pid, python));
         self.samples.push(RawSample {
             time_ns: h.time_ns,
             cpu: h.cpu,
@@ -239,7 +256,15 @@ impl Collection {
             comm,
             kstack,
             ustack,
+            pystack,
         });
+    }
+
+    /// Registers new Python processes and names new Python frames (they must still live).
+    pub fn resolve_python(&mut self) {
+        if let Some(t) = &mut self.python {
+            t.resolve_pending();
+        }
     }
 
     /// Interns a comm; None when the comm filter rejects it (decided once per comm).
@@ -275,12 +300,15 @@ impl Collection {
                     guard.clear_ready();
                     // Woken early: a new process (or a full buffer). Read its mappings now,
                     // while it surely lives.
+                    // Python first: a new Python process's samples lack frames until then.
+                    self.resolve_python();
                     self.processes.resolve_pending();
                 }
                 _ = ticker.tick() => {
                     // The sampler rarely wakes us (see profiler-ebpf): drain on the timer.
                     self.drain(ring.get_mut());
                     self.processes.resolve_pending();
+                    self.resolve_python();
                     on_tick(self);
                 }
                 () = &mut stop => return Ok(()),
@@ -298,6 +326,17 @@ fn callsites(bytes: &[u8]) -> Box<[u64]> {
         .map(|(i, b)| {
             let a = u64::from_ne_bytes(b.try_into().expect("8 bytes"));
             if i == 0 { a } else { a.saturating_sub(1) }
+        })
+        .collect()
+}
+
+/// Python frames as the sampler wrote them: (code, instruction) u64 pairs.
+fn py_frames(bytes: &[u8]) -> Box<[PyFrame]> {
+    bytes
+        .chunks_exact(16)
+        .map(|b| PyFrame {
+            code: u64::from_ne_bytes(b[..8].try_into().expect("8 bytes")),
+            instr: u64::from_ne_bytes(b[8..].try_into().expect("8 bytes")),
         })
         .collect()
 }

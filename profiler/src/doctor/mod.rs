@@ -75,6 +75,7 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
         // The doctor reads kernel stacks; user stacks by frame pointer are enough there.
         unwind: crate::unwind::UnwindMode::Fp,
         unwind_memory: 0,
+        python: false,
     })?;
     let (churn, churn_error) = match &tracer {
         Ok(t) => (t.counts(), None),

@@ -13,6 +13,7 @@ pub use user::UserSymbolizer;
 use crate::{
     collect::{Collection, UserLoc},
     profile::{Binary, Cgroup, Frame, FrameKind, Interner, Meta, Profile, Sample},
+    python::merge::is_eval_loop,
 };
 
 /// The module of frames named by a perf map (JIT code has no file).
@@ -115,7 +116,8 @@ pub fn build_profile_cached(
             })
         })
         .collect();
-    let ustacks: Vec<Vec<u32>> = collection
+    // Each frame with whether it is the eval loop (where Python frames go).
+    let ustacks: Vec<Vec<(u32, bool)>> = collection
         .ustacks
         .stacks
         .iter()
@@ -124,18 +126,19 @@ pub fn build_profile_cached(
             for &addr in addrs.iter().rev() {
                 if let Some(name) = crate::collect::truncation_name(addr) {
                     let name = out.string(&name);
-                    frames.push(out.frame(Frame {
+                    let frame = out.frame(Frame {
                         name,
                         module: 0,
                         kind: FrameKind::User,
                         addr: 0,
                         binary: 0,
-                    }));
+                    });
+                    frames.push((frame, false));
                     continue;
                 }
                 let loc = collection.processes.locs.get(&(*pid, addr)).copied();
                 // Outermost first: the function, then what `--inline` found inlined in it.
-                let names: Vec<(u32, u32)> = match loc {
+                let names: Vec<(u32, u32, bool)> = match loc {
                     Some(UserLoc::File { file, offset }) => {
                         let path = &collection.processes.files[file as usize].path;
                         let base = path.file_name().map_or_else(
@@ -146,29 +149,31 @@ pub fn build_profile_cached(
                         match user_names.get(&(file, offset)) {
                             Some(names) if !names.is_empty() => names
                                 .iter()
-                                .map(|name| (out.string(name), module))
+                                .map(|name| (out.string(name), module, is_eval_loop(name)))
                                 .collect(),
-                            _ => vec![(out.string(&format!("{base}+{offset:#x}")), module)],
+                            _ => vec![(out.string(&format!("{base}+{offset:#x}")), module, false)],
                         }
                     }
                     Some(UserLoc::Named(id)) => vec![(
                         out.string(&collection.processes.names[id as usize]),
                         out.string(JIT_MODULE),
+                        false,
                     )],
-                    _ => vec![(out.string("[unknown]"), 0)],
+                    _ => vec![(out.string("[unknown]"), 0, false)],
                 };
                 let (addr, binary) = match loc {
                     Some(UserLoc::File { file, offset }) => (offset, user_binaries[file as usize]),
                     _ => (0, 0),
                 };
-                for (name, module) in names {
-                    frames.push(out.frame(Frame {
+                for (name, module, eval) in names {
+                    let frame = out.frame(Frame {
                         name,
                         module,
                         kind: FrameKind::User,
                         addr,
                         binary,
-                    }));
+                    });
+                    frames.push((frame, eval));
                 }
             }
             frames
@@ -176,12 +181,24 @@ pub fn build_profile_cached(
         .collect();
 
     let comms: Vec<u32> = collection.comms.iter().map(|c| out.string(c)).collect();
-    let mut joined: HashMap<(u32, u32), u32> = HashMap::new();
+    let pystacks = python_stacks(collection, &mut out);
+    let mut joined: HashMap<(u32, u32, u32), u32> = HashMap::new();
     let mut samples = collection.samples.clone();
     samples.sort_by_key(|s| s.time_ns);
     for s in &samples {
-        let stack = *joined.entry((s.ustack, s.kstack)).or_insert_with(|| {
-            let mut frames = ustacks[s.ustack as usize].clone();
+        let key = (s.ustack, s.pystack, s.kstack);
+        let stack = *joined.entry(key).or_insert_with(|| {
+            let native = &ustacks[s.ustack as usize];
+            let python = pystacks
+                .get(s.pystack as usize)
+                .map_or(&[][..], Vec::as_slice);
+            let mut frames = if python.is_empty() {
+                native.iter().map(|f| f.0).collect()
+            } else {
+                let ids: Vec<u32> = native.iter().map(|f| f.0).collect();
+                let eval: Vec<bool> = native.iter().map(|f| f.1).collect();
+                crate::python::merge::merge(&ids, &eval, python)
+            };
             frames.extend_from_slice(&kstacks[s.kstack as usize]);
             out.stack(frames)
         });
@@ -211,6 +228,41 @@ pub fn build_profile_cached(
         out.cgroup(c);
     }
     out.finish()
+}
+
+/// The Python frames of each of the collection's Python stacks, innermost first, each with
+/// whether it is the outermost of its eval-loop call (`python::merge`). A frame that could
+/// not be read is `[unknown python]` rather than dropped, so stacks keep their shape.
+fn python_stacks(collection: &Collection, out: &mut Interner) -> Vec<Vec<(u32, bool)>> {
+    use profiler_common::python::ENTRY_BIT;
+    let Some(tracker) = &collection.python else {
+        return Vec::new();
+    };
+    collection
+        .pystacks
+        .stacks
+        .iter()
+        .map(|(pid, frames)| {
+            frames
+                .iter()
+                .map(|f| {
+                    let named = tracker.names.get(&(*pid, f.code, f.instr & !ENTRY_BIT));
+                    let (name, module) = match named {
+                        Some(Some(n)) => (n.display(), n.file.clone()),
+                        _ => ("[unknown python]".to_owned(), String::new()),
+                    };
+                    let frame = Frame {
+                        name: out.string(&name),
+                        module: out.string(&module),
+                        kind: FrameKind::User,
+                        addr: 0,
+                        binary: 0,
+                    };
+                    (out.frame(frame), f.instr & ENTRY_BIT != 0)
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Names for every (file, offset) the collection holds and `names` lacks, one blazesym batch

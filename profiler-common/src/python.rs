@@ -1,0 +1,97 @@
+//! Python frames (issue 17): what userspace registers per Python process (`PyProc`) so the
+//! sampler can walk the sampled thread's own interpreter frames, and what it appends to the
+//! sample record per frame (`PyFrame`). Names and lines are resolved in userspace.
+
+/// Deepest Python stack walked per sample; deeper ones are cut (counted, `flags::TRUNCATED`).
+pub const MAX_PY_FRAMES: usize = 128;
+
+/// HashMap<u32 tgid, PyProc>: the Python processes the sampler walks.
+pub const MAP_PY_PROCS: &str = "PY_PROCS";
+/// Capacity of `MAP_PY_PROCS`.
+pub const MAX_PY_PROCS: u32 = 4096;
+/// Per-CPU array of `counter::COUNT` u64s.
+pub const MAP_PY_COUNTERS: &str = "PY_COUNTERS";
+/// Load-time global (u32): offset of `thread.fsbase` in the kernel's `task_struct` (from
+/// BTF); 0 turns the Python walk off.
+pub const GLOBAL_FSBASE_OFFSET: &str = "PY_FSBASE_OFFSET";
+
+/// Bytes of an interpreter frame read at once: every field the walk needs lies in the first
+/// 72 bytes on 3.11-3.13.
+pub const FRAME_HEAD_BYTES: usize = 72;
+
+/// `PyProc::entry_mode` values: how the end of one C-level eval-loop call shows in the frames.
+pub mod entry {
+    /// 3.11: the byte at `entry_byte` is `is_entry`, set on the call's first (outermost) frame.
+    pub const IS_ENTRY_BYTE: u32 = 0;
+    /// 3.12+: the byte at `entry_byte` is `owner`; a frame owned by the C stack (3) is a shim
+    /// pushed by the eval loop below its outermost frame (not a Python function: skipped).
+    pub const CSTACK_SHIM: u32 = 1;
+}
+
+/// `SampleHeader::py_flags` bits.
+pub mod flags {
+    /// The walk stopped at `MAX_PY_FRAMES` with frames left.
+    pub const TRUNCATED: u32 = 1 << 0;
+    /// A read of the process's memory failed mid-walk (the frames so far are kept).
+    pub const READ_FAILED: u32 = 1 << 1;
+}
+
+/// Indexes into `MAP_PY_COUNTERS`.
+pub mod counter {
+    /// Samples of registered processes whose thread had Python frames.
+    pub const WALKED: u32 = 0;
+    /// Walks cut at `MAX_PY_FRAMES`.
+    pub const TRUNCATED: u32 = 1;
+    /// Walks that hit an unreadable address (the thread state or a frame).
+    pub const READ_FAILED: u32 = 2;
+    /// Threads of registered processes without a Python thread state (none bound, or a pthread
+    /// key outside the first block the walk reads).
+    pub const NO_THREAD_STATE: u32 = 3;
+    pub const COUNT: u32 = 4;
+}
+
+/// A Python process as the sampler needs it; byte offsets are into the named struct.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyProc {
+    /// Address of `_PyRuntime.autoTSSkey._key` (a pthread key) in the process.
+    pub tss_key_addr: u64,
+    /// glibc: `specific_1stblock[0].data` from the thread pointer (fsbase); key k's value is
+    /// at fsbase + `tsd_base` + 16 k.
+    pub tsd_base: u32,
+    /// PyThreadState -> `_PyCFrame *cframe` (3.11, 3.12); `u32::MAX` when the current frame
+    /// is in the thread state itself (3.13).
+    pub cframe: u32,
+    /// `current_frame` in the cframe (3.11, 3.12) or in the thread state (3.13).
+    pub current_frame: u32,
+    /// `_PyInterpreterFrame`: the code object (`f_code` / `f_executable`), 8-aligned, < 64.
+    pub frame_code: u32,
+    /// `_PyInterpreterFrame.previous`, 8-aligned, < 64.
+    pub frame_previous: u32,
+    /// `_PyInterpreterFrame.prev_instr` / `instr_ptr`, 8-aligned, < 64.
+    pub frame_instr: u32,
+    /// The byte `entry_mode` reads, 64..72.
+    pub entry_byte: u32,
+    /// `entry::*`.
+    pub entry_mode: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<PyProc>() == 40);
+
+#[cfg(feature = "user")]
+// SAFETY: repr(C), integers only, no padding (size asserted above).
+unsafe impl aya::Pod for PyProc {}
+
+/// One Python frame in a sample record (innermost first).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PyFrame {
+    /// Address of the code object in the process.
+    pub code: u64,
+    /// Address of the frame's current instruction, with bit 0 set when this frame is the
+    /// outermost of its C-level eval-loop call (instructions are 2-byte aligned).
+    pub instr: u64,
+}
+
+/// Bit 0 of `PyFrame::instr`: this frame is the outermost of its eval-loop call.
+pub const ENTRY_BIT: u64 = 1;

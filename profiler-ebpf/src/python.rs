@@ -1,0 +1,231 @@
+//! Python frames for the sampler (issue 17): for a sample of a process userspace registered in
+//! PY_PROCS, find the sampled thread's own PyThreadState through its pthread-specific slot
+//! (`_PyRuntime.autoTSSkey`, read at the task's fsbase), then walk that thread's interpreter
+//! frames and append (code object, instruction) per frame to the record. Names come later,
+//! in userspace (profiler::python).
+use aya_ebpf::{
+    helpers::generated::{
+        bpf_get_current_task, bpf_loop, bpf_probe_read_kernel, bpf_probe_read_user,
+    },
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use profiler_common::python::{
+    ENTRY_BIT, FRAME_HEAD_BYTES, MAX_PY_FRAMES, MAX_PY_PROCS, PyProc, counter, entry, flags,
+};
+
+#[map(name = "PY_PROCS")]
+static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(MAX_PY_PROCS, 0);
+
+#[map(name = "PY_COUNTERS")]
+static PY_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// One frame head, read with one helper call. In a map value rather than on the stack so
+/// the fields can be picked at offsets known only at run time.
+#[map(name = "PY_FRAME_HEAD")]
+static PY_FRAME_HEAD: PerCpuArray<[u64; FRAME_HEAD_BYTES / 8]> =
+    PerCpuArray::with_max_entries(1, 0);
+
+/// The frames of the walk in progress, copied into the record at the end.
+#[map(name = "PY_FRAMES")]
+static PY_FRAMES: PerCpuArray<[u64; 2 * MAX_PY_FRAMES]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Set at load time: offset of `thread.fsbase` in `task_struct` (BTF); 0 = no Python walk.
+#[unsafe(no_mangle)]
+static PY_FSBASE_OFFSET: u32 = 0;
+
+/// State of one walk, shared with `walk_step` through bpf_loop's context pointer.
+#[repr(C)]
+struct Walk {
+    frame: u64,
+    n: u64,
+    flags: u64,
+    code_i: u64,
+    prev_i: u64,
+    instr_i: u64,
+    entry_shift: u64,
+    entry_mode: u64,
+}
+
+/// Appends the Python frames of the current thread to `out` at u64 slot `base` (two slots
+/// per frame). Returns (frames written, `flags::*`); (0, 0) for anything not Python.
+#[inline(always)]
+pub fn python_frames(pid: u32, out: *mut u64, base: usize, limit: usize) -> (u32, u32) {
+    // SAFETY: a read of a load-time constant.
+    let fsbase_offset = unsafe { core::ptr::read_volatile(&PY_FSBASE_OFFSET) };
+    if fsbase_offset == 0 {
+        return (0, 0);
+    }
+    // SAFETY: the value is plain data, copied out.
+    let Some(p) = (unsafe { PY_PROCS.get(&pid) }).copied() else {
+        return (0, 0);
+    };
+    let Some(tstate) = thread_state(&p, fsbase_offset) else {
+        count(counter::NO_THREAD_STATE);
+        return (0, 0);
+    };
+    let frame = if p.cframe == u32::MAX {
+        user_u64(tstate + u64::from(p.current_frame))
+    } else {
+        user_u64(tstate + u64::from(p.cframe))
+            .and_then(|c| user_u64(c + u64::from(p.current_frame)))
+    };
+    let Some(frame) = frame else {
+        count(counter::READ_FAILED);
+        return (0, flags::READ_FAILED);
+    };
+    let mut w = Walk {
+        frame,
+        n: 0,
+        flags: 0,
+        code_i: u64::from(p.frame_code / 8),
+        prev_i: u64::from(p.frame_previous / 8),
+        instr_i: u64::from(p.frame_instr / 8),
+        entry_shift: u64::from(p.entry_byte.wrapping_sub(64) & 7) * 8,
+        entry_mode: u64::from(p.entry_mode),
+    };
+    // bpf_loop, not a loop: the verifier checks the step once instead of every iteration.
+    // Shim frames take a turn too, so a stack of MAX_PY_FRAMES functions with shims between
+    // is cut early (and counted as truncated).
+    // SAFETY: walk_step only touches `w` (the context) and this program's maps.
+    unsafe {
+        bpf_loop(
+            MAX_PY_FRAMES as u32,
+            walk_step as *mut core::ffi::c_void,
+            (&raw mut w).cast(),
+            0,
+        );
+    }
+    if w.frame != 0 && w.flags & u64::from(flags::READ_FAILED) == 0 {
+        w.flags |= u64::from(flags::TRUNCATED);
+    }
+    let n = (w.n as usize).min(MAX_PY_FRAMES);
+    let f = w.flags as u32;
+    if f & flags::TRUNCATED != 0 {
+        count(counter::TRUNCATED);
+    }
+    if f & flags::READ_FAILED != 0 {
+        count(counter::READ_FAILED);
+    }
+    if n == 0 {
+        return (0, f);
+    }
+    count(counter::WALKED);
+    let Some(frames) = PY_FRAMES.get_ptr(0) else {
+        return (0, f);
+    };
+    // Bounds for the verifier: the user stack ends at most 2 * 127 slots in, and the record
+    // has room for MAX_PY_FRAMES after that.
+    if base > limit - 2 * MAX_PY_FRAMES {
+        return (0, f);
+    }
+    let bytes = (n * 16) as u32 & (16 * MAX_PY_FRAMES as u32 * 2 - 1);
+    let bytes = if bytes > 16 * MAX_PY_FRAMES as u32 {
+        16 * MAX_PY_FRAMES as u32
+    } else {
+        bytes
+    };
+    // SAFETY: `base` slots plus `bytes` stay inside the scratch buffer (checked above); the
+    // source is this CPU's PY_FRAMES value.
+    let r = unsafe { bpf_probe_read_kernel(out.add(base).cast(), bytes, frames.cast()) };
+    if r != 0 {
+        return (0, f);
+    }
+    (n as u32, f)
+}
+
+/// One frame of the walk: 0 = go on, 1 = stop.
+#[inline(never)]
+extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the context pointer python_frames gave it.
+    let w = unsafe { &mut *ctx.cast::<Walk>() };
+    if w.frame == 0 {
+        return 1;
+    }
+    let (Some(head), Some(frames)) = (PY_FRAME_HEAD.get_ptr_mut(0), PY_FRAMES.get_ptr_mut(0))
+    else {
+        return 1;
+    };
+    // SAFETY: head is this CPU's FRAME_HEAD_BYTES-long map value.
+    let r = unsafe {
+        bpf_probe_read_user(
+            head.cast(),
+            FRAME_HEAD_BYTES as u32,
+            w.frame as *const core::ffi::c_void,
+        )
+    };
+    if r != 0 {
+        w.flags |= u64::from(flags::READ_FAILED);
+        return 1;
+    }
+    // SAFETY: this CPU's map values; indexes masked to the arrays' sizes.
+    let (h, out) = unsafe { (&*head, &mut *frames) };
+    let code = h[(w.code_i & 7) as usize];
+    let instr = h[(w.instr_i & 7) as usize];
+    w.frame = h[(w.prev_i & 7) as usize];
+    let byte = (h[8] >> (w.entry_shift & 63)) & 0xff;
+    let n = w.n as usize;
+    if w.entry_mode == u64::from(entry::CSTACK_SHIM) && byte == 3 {
+        // The shim below an eval-loop call's outermost frame: mark that frame.
+        if n > 0 && n <= MAX_PY_FRAMES {
+            out[(2 * n - 1) & (2 * MAX_PY_FRAMES - 1)] |= ENTRY_BIT;
+        }
+        return 0;
+    }
+    if n >= MAX_PY_FRAMES {
+        w.flags |= u64::from(flags::TRUNCATED);
+        return 1;
+    }
+    let entry_bit = if w.entry_mode == u64::from(entry::IS_ENTRY_BYTE) && byte != 0 {
+        ENTRY_BIT
+    } else {
+        0
+    };
+    out[(2 * n) & (2 * MAX_PY_FRAMES - 1)] = code;
+    out[(2 * n + 1) & (2 * MAX_PY_FRAMES - 1)] = (instr & !ENTRY_BIT) | entry_bit;
+    w.n += 1;
+    0
+}
+
+/// The current thread's PyThreadState: glibc keeps pthread key k's value at fsbase +
+/// tsd_base + 16 k for keys below 32 (its first block), and CPython binds each thread's own
+/// state to `autoTSSkey`. None when the thread has none (not a Python thread).
+#[inline(always)]
+fn thread_state(p: &PyProc, fsbase_offset: u32) -> Option<u64> {
+    // SAFETY: returns the current task pointer, only read through bpf_probe_read_kernel.
+    let task = unsafe { bpf_get_current_task() };
+    let mut fsbase = 0u64;
+    // SAFETY: reads 8 bytes of the current task into a local.
+    let r = unsafe {
+        bpf_probe_read_kernel(
+            (&raw mut fsbase).cast(),
+            8,
+            (task + u64::from(fsbase_offset)) as *const core::ffi::c_void,
+        )
+    };
+    if r != 0 || fsbase == 0 {
+        return None;
+    }
+    // SAFETY: the key is a plain u32 read from the process's memory.
+    let key =
+        unsafe { aya_ebpf::helpers::bpf_probe_read_user(p.tss_key_addr as *const u32) }.ok()?;
+    if key >= 32 {
+        return None;
+    }
+    let tstate = user_u64(fsbase + u64::from(p.tsd_base) + 16 * u64::from(key))?;
+    (tstate != 0).then_some(tstate)
+}
+
+#[inline(always)]
+fn user_u64(addr: u64) -> Option<u64> {
+    // SAFETY: a copy of 8 bytes of user memory; a bad address is an error, not a fault.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_user(addr as *const u64) }.ok()
+}
+
+#[inline(always)]
+fn count(index: u32) {
+    if let Some(slot) = PY_COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, and perf_event programs do not nest on one CPU.
+        unsafe { *slot += 1 };
+    }
+}
