@@ -15,7 +15,7 @@ pub use agent::{Agent, free_port, get};
 pub use folded::{Stack, has_chain, head, is_kernel, parse_folded, read_folded, samples};
 pub use privilege::{missing_privilege, require_bpf};
 pub use process::{
-    Fixture, expect_success, profiler_bin, record, report, run_profiler, spawn_fixture,
+    Fixture, Running, expect_success, profiler_bin, record, report, run_profiler, spawn_fixture,
     spawn_fixture_args, wait_timeout,
 };
 pub use tempdir::TempDir;

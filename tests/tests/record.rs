@@ -2,12 +2,11 @@
 //! reason outside CI), starts its fixture first, then records a few seconds of it.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use profiler_tests::{
-    Fixture, Stack, TempDir, exclusive, expect_success, has_chain, head, is_kernel, read_folded,
-    record, report, require_bpf, samples, spawn_fixture, wait_timeout,
+    Fixture, Running, Stack, TempDir, exclusive, expect_success, has_chain, head, is_kernel,
+    read_folded, record, report, require_bpf, samples, spawn_fixture,
 };
 
 /// Fixture lifetime: longer than any recording here plus the profiler's start-up.
@@ -249,31 +248,27 @@ fn ctrl_c_stops_recording_and_writes_outputs() {
     let dir = TempDir::new("ctrl-c");
     let _fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
     let (folded, capture) = (dir.file("x.folded"), dir.file("x.capture"));
-    let mut profiler = Command::new(profiler_tests::profiler_bin())
-        .args([
-            "record", "--comm", "fx-chain", "-d", "60s", "-o", &folded, "-o", &capture,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("starting profiler record");
-    // Long enough for BPF to be loaded and some samples taken; there is no readiness signal.
-    std::thread::sleep(Duration::from_secs(3));
-    // SAFETY: kill(2) on the pid of our own child, which has not been reaped yet.
-    let rc = unsafe { libc::kill(profiler.id() as libc::pid_t, libc::SIGINT) };
-    assert_eq!(rc, 0, "kill(SIGINT): {}", std::io::Error::last_os_error());
-    // A bound to catch a hang, not a timing assertion.
-    let status = wait_timeout(&mut profiler, Duration::from_secs(10))
-        .expect("profiler record did not exit within 10 s of SIGINT");
+    let mut profiler = Running::start(&[
+        "record", "--comm", "fx-chain", "-F", "999", "-d", "60s", "-o", &folded, "-o", &capture,
+    ]);
+    profiler.wait_for("sampling");
+    // Sampling runs: give the busy fixture time to be sampled (~1,000 samples at 999 Hz), so
+    // the outputs have something to compare. Not a readiness wait: that is the line above.
+    std::thread::sleep(Duration::from_secs(1));
+    profiler.signal("INT");
+    let (status, stderr) = profiler.finish();
     assert!(
         status.success(),
-        "profiler record exited with {status} after SIGINT"
+        "profiler record exited with {status} after SIGINT:\n{stderr}"
     );
+    assert!(stderr.contains("interrupted"), "{stderr}");
 
-    let capture_len = std::fs::metadata(&capture).map(|m| m.len()).unwrap_or(0);
+    let (text, stacks) = read_folded(Path::new(&folded));
+    let total = samples(&stacks, |f| f[0] == "fx-chain");
     assert!(
-        capture_len > 0,
-        "{capture} is missing or empty after SIGINT"
+        total > 0,
+        "no fx-chain samples after SIGINT; {}",
+        head(&text, 10)
     );
     let again = dir.file("again.folded");
     expect_success(
@@ -281,4 +276,50 @@ fn ctrl_c_stops_recording_and_writes_outputs() {
         "profiler report x.capture",
     );
     assert_same_folded(&folded, &again);
+}
+
+/// Ctrl-C or SIGTERM while the sampler is still loading (the profiler says it is loading,
+/// loading takes a few hundred ms) ends in an orderly exit with every output written; an
+/// empty profile is said to be one.
+#[test]
+fn signal_during_start_up_still_writes_outputs() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let _fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
+    for (signal, said) in [("INT", "interrupted"), ("TERM", "terminated")] {
+        let dir = TempDir::new("start-signal");
+        let (folded, capture) = (dir.file("x.folded"), dir.file("x.capture"));
+        let mut profiler = Running::start(&[
+            "record", "--comm", "fx-chain", "-d", "60s", "-o", &folded, "-o", &capture,
+        ]);
+        profiler.wait_for("loading the sampler");
+        profiler.signal(signal);
+        let (status, stderr) = profiler.finish();
+        assert!(
+            status.success(),
+            "SIG{signal} at start-up: record exited with {status}:\n{stderr}"
+        );
+        assert!(stderr.contains(said), "SIG{signal}: no {said:?}:\n{stderr}");
+        assert!(
+            Path::new(&folded).is_file(),
+            "SIG{signal}: {folded} not written:\n{stderr}"
+        );
+        let stats = report(&[&capture, "--stats"]);
+        expect_success(&stats, "profiler report x.capture --stats");
+        let stats = String::from_utf8_lossy(&stats.stdout);
+        let sampled = stats
+            .lines()
+            .find_map(|line| line.strip_prefix("samples:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("--stats has no `samples:` line:\n{stats}"));
+        eprintln!("SIG{signal} at start-up: {sampled} samples");
+        if sampled == 0 {
+            assert!(
+                stderr.contains("no samples were recorded"),
+                "SIG{signal}: an empty profile written without a word:\n{stderr}"
+            );
+        }
+    }
 }
