@@ -10,6 +10,7 @@ mod folded;
 mod privilege;
 mod process;
 mod tempdir;
+mod tools;
 
 pub use agent::{Agent, free_port, get};
 pub use folded::{Stack, has_chain, head, is_kernel, parse_folded, read_folded, samples};
@@ -19,6 +20,7 @@ pub use process::{
     spawn_fixture_args, wait_timeout,
 };
 pub use tempdir::TempDir;
+pub use tools::{cannot_run, go_tool_pprof, in_ci, pprof_raw_counts, tool};
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

@@ -16,8 +16,9 @@ fn fixture() -> Fixture {
     spawn_fixture(Path::new(env!("FIXTURE_FX_CHAIN")), 30)
 }
 
-/// `profiler query` of the last minute into folded stacks: most fx-chain samples show main;a;b;c.
-fn assert_query_has_fixture(dir: &TempDir, data_dir: &str) {
+/// `profiler query` of the last minute into folded stacks: most fx-chain samples show
+/// main;a;b;c. Returns how many fx-chain samples the store holds.
+fn assert_query_has_fixture(dir: &TempDir, data_dir: &str) -> u64 {
     let out = dir.file("q.folded");
     let q = run_profiler(
         &[
@@ -49,6 +50,7 @@ fn assert_query_has_fixture(dir: &TempDir, data_dir: &str) {
         "{chained} of {total} samples have main;a;b;c; {}",
         head(&text, 20)
     );
+    total
 }
 
 #[test]
@@ -134,12 +136,17 @@ fn sigterm_stores_the_partial_window() {
     let mut agent = Agent::start(&data, &["--window", "10m", "-F", "49"]);
     std::thread::sleep(Duration::from_secs(3));
     assert!(agent.stop().success());
-    assert_query_has_fixture(&dir, &data);
-    // A restart continues with the same store.
+    let first = assert_query_has_fixture(&dir, &data);
+    // A restart continues with the same store: the second run's window is added to the
+    // first's (the fixture is sampled at 49 Hz all along, ~100 samples in 2 s of a busy CPU).
     let mut again = Agent::start(&data, &["--window", "10m", "-F", "49"]);
-    std::thread::sleep(Duration::from_secs(1));
+    std::thread::sleep(Duration::from_secs(2));
     assert!(again.stop().success());
-    assert_query_has_fixture(&dir, &data);
+    let both = assert_query_has_fixture(&dir, &data);
+    assert!(
+        both > first,
+        "the restarted agent stored no fx-chain samples: {first} before, {both} after"
+    );
 }
 
 /// One line on stderr, failing, containing `want`.

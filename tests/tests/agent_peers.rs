@@ -7,25 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use profiler_tests::{Agent, TempDir, exclusive, free_port, get, head, require_bpf, spawn_fixture};
-
-/// `name` on PATH, or None (after saying why) when it is missing outside CI.
-fn tool(name: &str, package: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        let why = format!(
-            "`{name}` is not on PATH (install {package}, or run `cargo xtask setup --tests`)"
-        );
-        let ci = std::env::var("CI").is_ok_and(|ci| ci == "true");
-        assert!(!ci, "{why}; CI=true forbids skipping");
-        eprintln!("skipped: {why}");
-    }
-    found
-}
+use profiler_tests::{
+    Agent, TempDir, exclusive, free_port, get, head, require_bpf, spawn_fixture, tool,
+};
 
 /// Prometheus, killed on drop.
 struct Prometheus(Child);

@@ -110,6 +110,14 @@ fn cgroup_attribution_and_group_by() {
     }
     let (text, stacks) = folded_by("none");
     let total = samples(&stacks, |_| true);
+    // As many samples as under the comm root, none rooted at it: an empty output fails.
+    let (_, by_comm) = folded_by("comm");
+    let comm_total = samples(&by_comm, |_| true);
+    assert!(
+        total > 20 && total == comm_total,
+        "--group-by none has {total} samples, --group-by comm {comm_total}: {}",
+        head(&text, 5)
+    );
     assert!(
         samples(&stacks, |f| f[0] != "fx-chain"
             && f.iter().any(|x| x == "c"))
