@@ -51,6 +51,10 @@ impl Agent {
         agent
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn get(&self, path: &str) -> (u16, Vec<u8>) {
         get(self.port, path).unwrap_or_else(|| panic!("GET {path}: no answer"))
     }

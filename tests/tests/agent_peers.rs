@@ -3,7 +3,7 @@
 //! `go tool pprof -top` (Debian golang-go) reads the live /debug/pprof/profile endpoint. A
 //! missing peer is a skip on a laptop and a failure under CI=true.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 

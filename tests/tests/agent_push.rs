@@ -148,6 +148,19 @@ fn push_survives_a_receiver_restart() {
     std::thread::sleep(Duration::from_secs(3));
     let _receiver = Receiver::start(port, got.clone());
     wait_for(&got, before + 5, "after the restart");
+    // The agent counts what the receiver acknowledged: some, never more than it got.
+    let (_, metrics) = agent.get("/metrics");
+    let metrics = String::from_utf8_lossy(&metrics);
+    let sent: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("profiler_push_windows_total{outcome=\"sent\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no push counter in /metrics:\n{metrics}"));
+    let received = got.lock().unwrap().len() as u64;
+    assert!(
+        sent >= 2 && sent <= received,
+        "profiler_push_windows_total{{outcome=\"sent\"}} is {sent}, the receiver got {received}"
+    );
     assert!(agent.stop().success());
     let mut all = got.lock().unwrap().clone();
     all.sort_by_key(|p| p.from);
