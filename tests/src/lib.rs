@@ -6,6 +6,7 @@
 //! target `fixture-rust` (env `CARGO_BIN_EXE_fixture-rust` in integration tests).
 
 mod agent;
+mod cpu;
 mod folded;
 mod privilege;
 mod process;
@@ -13,6 +14,7 @@ mod tempdir;
 mod tools;
 
 pub use agent::{Agent, free_port, get};
+pub use cpu::{CpuUsage, cpu_seconds};
 pub use folded::{Stack, has_chain, head, is_kernel, parse_folded, read_folded, samples};
 pub use privilege::{missing_privilege, require_bpf};
 pub use process::{

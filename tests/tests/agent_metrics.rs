@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use profiler_tests::{Agent, TempDir, cannot_run, exclusive, require_bpf};
+use profiler_tests::{Agent, TempDir, cannot_run, cpu_seconds, exclusive, require_bpf};
 
 const HZ: f64 = 49.0;
 const WINDOW_S: f64 = 2.0;
@@ -23,17 +23,6 @@ fn parse(text: &str) -> BTreeMap<String, f64> {
             Some((series.to_owned(), value.parse().ok()?))
         })
         .collect()
-}
-
-/// utime + stime of `pid` in seconds (/proc/PID/stat, clock ticks of 1/100 s on Linux).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("reading stat");
-    let after = stat.rsplit_once(')').expect("comm in parentheses").1;
-    let f: Vec<f64> = after
-        .split_whitespace()
-        .map(|v| v.parse().unwrap_or(0.0))
-        .collect();
-    (f[11] + f[12]) / 100.0
 }
 
 fn rss_bytes(pid: u32) -> f64 {

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use profiler_tests::{
-    Fixture, Running, Stack, TempDir, exclusive, expect_success, has_chain, head, is_kernel,
-    read_folded, record, report, require_bpf, samples, spawn_fixture,
+    CpuUsage, Fixture, Running, Stack, TempDir, cpu_seconds, exclusive, expect_success, has_chain,
+    head, is_kernel, read_folded, record, report, require_bpf, samples, spawn_fixture,
 };
 
 /// Fixture lifetime: longer than any recording here plus the profiler's start-up.
@@ -33,9 +33,16 @@ fn record_folded(dir: &TempDir, args: &[&str]) -> (String, Vec<Stack>) {
     read_folded(Path::new(&out))
 }
 
-/// Among the samples whose root is `comm`: at least `min` in total, and at least 80% with
-/// `chain` as an ordered subsequence of their frames.
-fn assert_chain(text: &str, stacks: &[Stack], comm: &str, chain: &[&str], ends_with: bool) {
+/// Among the samples whose root is `comm`: at least `min` (and 50) in total, and at least 80%
+/// with `chain` as an ordered subsequence of their frames.
+fn assert_chain(
+    text: &str,
+    stacks: &[Stack],
+    comm: &str,
+    chain: &[&str],
+    ends_with: bool,
+    min: f64,
+) {
     let matches = |frame: &str, want: &str| {
         if ends_with {
             frame.ends_with(want)
@@ -47,8 +54,8 @@ fn assert_chain(text: &str, stacks: &[Stack], comm: &str, chain: &[&str], ends_w
     let chained = samples(stacks, |f| f[0] == comm && has_chain(f, chain, matches));
     eprintln!("{comm}: {chained} of {total} samples have {chain:?}");
     assert!(
-        total >= 50,
-        "only {total} samples of {comm}; {}",
+        total >= 50 && total as f64 >= min,
+        "only {total} samples of {comm}, expected {min:.0} from the CPU it used; {}",
         head(text, 40)
     );
     assert!(
@@ -65,9 +72,13 @@ fn c_chain_main_a_b_c() {
     }
     let _serial = exclusive();
     let dir = TempDir::new("c-chain");
-    let _fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
+    let fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
+    let usage = CpuUsage::start(fixture.pid());
     let (text, stacks) = record_folded(&dir, &["--comm", "fx-chain", "-F", "499"]);
-    assert_chain(&text, &stacks, "fx-chain", &["main", "a", "b", "c"], false);
+    // Lower bound only: another fx-chain on the machine would add samples under this comm.
+    let (min, _) = usage.sample_band(499.0, 3.0);
+    let chain = ["main", "a", "b", "c"];
+    assert_chain(&text, &stacks, "fx-chain", &chain, false, min);
 }
 
 #[test]
@@ -77,10 +88,12 @@ fn rust_chain_outer_middle_inner() {
     }
     let _serial = exclusive();
     let dir = TempDir::new("rust-chain");
-    let _fixture = rust_fixture();
+    let fixture = rust_fixture();
+    let usage = CpuUsage::start(fixture.pid());
     let (text, stacks) = record_folded(&dir, &["--comm", "fixture-rust", "-F", "499"]);
+    let (min, _) = usage.sample_band(499.0, 3.0);
     let chain = ["rust_outer", "rust_middle", "rust_inner"];
-    assert_chain(&text, &stacks, "fixture-rust", &chain, true);
+    assert_chain(&text, &stacks, "fixture-rust", &chain, true, min);
 }
 
 #[test]
@@ -90,8 +103,11 @@ fn syscall_stacks_have_kernel_frames() {
     }
     let _serial = exclusive();
     let dir = TempDir::new("syscall");
-    let _fixture = c_fixture(env!("FIXTURE_FX_SYSCALL"));
+    let fixture = c_fixture(env!("FIXTURE_FX_SYSCALL"));
+    let usage = CpuUsage::start(fixture.pid());
     let (text, stacks) = record_folded(&dir, &["--comm", "fx-syscall"]);
+    // The default -F 99 for 3 s; a lower bound only (the comm is not unique on the machine).
+    let (min, _) = usage.sample_band(99.0, 3.0);
     let entry = |f: &String| f.starts_with("entry_SYSCALL") && is_kernel(f);
     let read = |f: &String| f == "__x64_sys_read_[k]" || f == "ksys_read_[k]";
     let mine: Vec<&Stack> = stacks
@@ -111,8 +127,8 @@ fn syscall_stacks_have_kernel_frames() {
     });
     eprintln!("fx-syscall: {kernel} of {total} samples have kernel frames");
     assert!(
-        total >= 50,
-        "only {total} samples of fx-syscall; {}",
+        total >= 50 && total as f64 >= min,
+        "only {total} samples of fx-syscall, expected {min:.0} from the CPU it used; {}",
         head(&text, 40)
     );
     assert!(
@@ -129,8 +145,24 @@ fn cpu_split_matches_work_done() {
     }
     let _serial = exclusive();
     let dir = TempDir::new("ratio");
-    let _fixture = c_fixture(env!("FIXTURE_FX_RATIO"));
-    let (text, stacks) = record_folded(&dir, &["--comm", "fx-ratio", "-F", "999", "-d", "4s"]);
+    // Alive as long as the recording may last.
+    let fixture = spawn_fixture(Path::new(env!("FIXTURE_FX_RATIO")), 120);
+    // The split needs ~1,000 samples, i.e. the fixture's CPU time, not a fixed duration: on a
+    // busy machine 4 s gave it 0.8 s of CPU (807 samples). Stop once it used 1.3 s of CPU
+    // while sampled (1,300 samples at 999 Hz).
+    let out = dir.file("out.folded");
+    let mut profiler = Running::start(&[
+        "record", "--comm", "fx-ratio", "-F", "999", "-d", "120s", "-o", &out,
+    ]);
+    profiler.wait_for("sampling");
+    let start = cpu_seconds(fixture.pid());
+    while cpu_seconds(fixture.pid()) - start < 1.3 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    profiler.signal("INT");
+    let (status, stderr) = profiler.finish();
+    assert!(status.success(), "record failed with {status}:\n{stderr}");
+    let (text, stacks) = read_folded(Path::new(&out));
     let within = |name: &str| {
         samples(&stacks, |f| {
             f[0] == "fx-ratio" && f.iter().any(|x| x == name)
@@ -162,7 +194,9 @@ fn pid_filter_keeps_only_that_process() {
     let _other = c_fixture(env!("FIXTURE_FX_CHAIN"));
     let target = rust_fixture();
     let pid = target.pid().to_string();
+    let usage = CpuUsage::start(target.pid());
     let (text, stacks) = record_folded(&dir, &["--pid", &pid, "-F", "499"]);
+    let (min, max) = usage.sample_band(499.0, 3.0);
     let strangers: Vec<&str> = stacks
         .iter()
         .map(|(f, _)| f[0].as_str())
@@ -174,11 +208,61 @@ fn pid_filter_keeps_only_that_process() {
         head(&text, 40)
     );
     let total = samples(&stacks, |_| true);
+    eprintln!("--pid {pid}: {total} samples, {min:.0}..{max:.0} expected from its CPU time");
     assert!(
-        total >= 50,
-        "only {total} samples of --pid {pid}; {}",
+        total >= 50 && total as f64 >= min && total as f64 <= max,
+        "{total} samples of --pid {pid}; at -F 499 for 3 s its CPU time says {min:.0}..{max:.0}; {}",
         head(&text, 40)
     );
+}
+
+/// `-F` and `-d` against the sample count: every CPU is sampled F times a second for d
+/// seconds (idle included; samples of other processes count as filtered), and the fixture,
+/// filtered by pid, gets F samples per second of CPU it used.
+#[test]
+fn sample_count_follows_frequency_and_duration() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("frequency");
+    let fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
+    let pid = fixture.pid().to_string();
+    let cpus = std::thread::available_parallelism().unwrap().get() as f64;
+    for (hz, secs, duration) in [(199.0, 2.0, "2s"), (997.0, 1.0, "1000ms")] {
+        let capture = dir.file(&format!("{hz}.capture"));
+        let usage = CpuUsage::start(fixture.pid());
+        let hz_arg = hz.to_string();
+        let args = ["--pid", &pid, "-F", &hz_arg, "-d", duration, "-o", &capture];
+        expect_success(&record(&args), &format!("profiler record {args:?}"));
+        let (min, max) = usage.sample_band(hz, secs);
+        let stats = report(&[&capture, "--stats"]);
+        expect_success(&stats, "report --stats");
+        let stats = String::from_utf8_lossy(&stats.stdout).into_owned();
+        let field = |key: &str| -> f64 {
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {key} in --stats:\n{stats}"))
+        };
+        let fixture_samples = field("recorded");
+        let all = fixture_samples + field("filtered") + field("lost_ringbuf_full");
+        let want = hz * secs * cpus;
+        eprintln!(
+            "-F {hz} -d {duration}: {all} samples on {cpus} CPUs (F x d x CPUs = {want}); \
+             fx-chain {fixture_samples}, {min:.0}..{max:.0} from its CPU time"
+        );
+        assert!(
+            all >= 0.9 * want && all <= 1.1 * want,
+            "-F {hz} -d {duration}: {all} samples in all, F x d x CPUs = {want}:\n{stats}"
+        );
+        assert!(
+            fixture_samples >= min && fixture_samples <= max,
+            "-F {hz} -d {duration}: {fixture_samples} fx-chain samples, its CPU time says \
+             {min:.0}..{max:.0}:\n{stats}"
+        );
+    }
 }
 
 #[test]
