@@ -8,6 +8,7 @@
 mod agent;
 mod cpu;
 mod folded;
+mod image;
 mod privilege;
 mod process;
 mod tempdir;
@@ -16,6 +17,7 @@ mod tools;
 pub use agent::{Agent, free_port, get};
 pub use cpu::{CpuUsage, cpu_seconds};
 pub use folded::{Stack, has_chain, head, is_kernel, parse_folded, read_folded, samples};
+pub use image::{PngSummary, png_summary, svg_frames, svg_titles};
 pub use privilege::{missing_privilege, require_bpf};
 pub use process::{
     Fixture, Running, expect_success, profiler_bin, record, report, run_profiler, spawn_fixture,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use profiler_tests::{
     Agent, Fixture, TempDir, exclusive, expect_success, has_chain, head, read_folded, require_bpf,
-    run_profiler, samples, spawn_fixture,
+    run_profiler, samples, spawn_fixture, svg_frames,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -108,11 +108,14 @@ fn agent_windows_http_and_query() {
     let (status, svg) = agent.get("/api/flamegraph?since=5m&comm=fx-chain");
     let svg = String::from_utf8_lossy(&svg);
     assert_eq!(status, 200, "{svg}");
-    assert!(
-        svg.contains("<svg") && svg.contains("fx-chain"),
-        "{}",
-        head(&svg, 10)
-    );
+    let frames = svg_frames(&svg)
+        .unwrap_or_else(|e| panic!("/api/flamegraph is not an SVG: {e}; {}", head(&svg, 10)));
+    for want in ["fx-chain", "main", "a", "b", "c"] {
+        assert!(
+            frames.iter().any(|f| f == want),
+            "no frame {want:?} in {frames:?}"
+        );
+    }
     let (status, html) = agent.get("/api/heatmap?since=5m");
     assert_eq!(status, 200);
     assert!(String::from_utf8_lossy(&html).contains("<html"));

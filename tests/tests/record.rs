@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use profiler_tests::{
     CpuUsage, Fixture, Running, Stack, TempDir, cpu_seconds, exclusive, expect_success, has_chain,
-    head, is_kernel, read_folded, record, report, require_bpf, samples, spawn_fixture,
+    head, is_kernel, read_folded, record, report, require_bpf, samples, spawn_fixture, svg_frames,
+    tool,
 };
 
 /// Fixture lifetime: longer than any recording here plus the profiler's start-up.
@@ -273,13 +274,15 @@ fn capture_round_trip_gives_identical_folded() {
     let _serial = exclusive();
     let dir = TempDir::new("round-trip");
     let _fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
-    let (a_folded, a_capture, a_svg) = (
+    let (a_folded, a_capture, a_svg, a_perf) = (
         dir.file("a.folded"),
         dir.file("a.capture"),
         dir.file("a.svg"),
+        dir.file("a.perf.txt"),
     );
     let args = [
-        "--comm", "fx-chain", "-d", "3s", "-o", &a_folded, "-o", &a_capture, "-o", &a_svg,
+        "--comm", "fx-chain", "-d", "3s", "-o", &a_folded, "-o", &a_capture, "-o", &a_svg, "-o",
+        &a_perf,
     ];
     expect_success(&record(&args), &format!("profiler record {args:?}"));
 
@@ -290,12 +293,49 @@ fn capture_round_trip_gives_identical_folded() {
     );
     assert_same_folded(&a_folded, &b_folded);
 
+    // The SVG is well-formed XML whose frames include the fixture's chain.
     let svg = std::fs::read_to_string(&a_svg).expect("reading a.svg");
-    assert!(
-        svg.starts_with("<?xml") || svg.contains("<svg"),
-        "a.svg is not an SVG; it starts with {:?}",
-        svg.chars().take(200).collect::<String>()
-    );
+    let frames = svg_frames(&svg).unwrap_or_else(|e| {
+        panic!(
+            "a.svg does not parse: {e}; it starts with {}",
+            head(&svg, 5)
+        )
+    });
+    for want in ["fx-chain", "main", "a", "b", "c"] {
+        assert!(
+            frames.iter().any(|f| f == want),
+            "a.svg has no frame {want:?}: {frames:?}"
+        );
+    }
+
+    // perf script text read by a real consumer: inferno-collapse-perf folds it into exactly
+    // our folded stacks (--all: kernel frames marked _[k] as ours are).
+    if let Some(collapse) = tool("inferno-collapse-perf", "inferno (cargo install inferno)") {
+        let out = std::process::Command::new(collapse)
+            .args(["--all", &a_perf])
+            .output()
+            .expect("running inferno-collapse-perf");
+        assert!(
+            out.status.success(),
+            "inferno-collapse-perf failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut theirs: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        let (ours, _) = read_folded(Path::new(&a_folded));
+        let mut ours: Vec<String> = ours.lines().map(str::to_owned).collect();
+        theirs.sort();
+        ours.sort();
+        assert!(!ours.is_empty(), "no samples recorded");
+        assert!(
+            theirs == ours,
+            "inferno-collapse-perf of a.perf.txt differs from a.folded.\ninferno: {}\nours: {}",
+            theirs.join("\n"),
+            ours.join("\n")
+        );
+    }
 
     let stats = report(&[&a_capture, "--stats"]);
     expect_success(&stats, "profiler report a.capture --stats");

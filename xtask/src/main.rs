@@ -35,7 +35,7 @@ enum Task {
     /// Install the eBPF toolchain (when missing) and check that this host can profile.
     Setup {
         /// Also what `cargo xtask test` needs: gcc, chromium, nodejs + npm (Playwright),
-        /// golang-go (go tool pprof), prometheus.
+        /// golang-go (go tool pprof), prometheus, inferno (inferno-collapse-perf).
         #[arg(long)]
         tests: bool,
         /// Also the peers the benchmarks compare with (bpftrace, perf).
