@@ -13,7 +13,7 @@ use profiler_tests::{
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn fixture() -> Fixture {
-    spawn_fixture(Path::new(env!("FIXTURE_FX_CHAIN")), 30)
+    spawn_fixture(Path::new(env!("FIXTURE_FX_CHAIN")), 120)
 }
 
 /// `profiler query` of the last minute into folded stacks: most fx-chain samples show

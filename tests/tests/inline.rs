@@ -11,7 +11,7 @@ use profiler_tests::{
 const INLINED: &str = "inner_spin (inlined)";
 
 fn record_fixture(dir: &TempDir, name: &str, extra: &[&str]) -> (String, Vec<(Vec<String>, u64)>) {
-    let fixture: Fixture = spawn_fixture(Path::new(env!("FIXTURE_FX_INLINE")), 20);
+    let fixture: Fixture = spawn_fixture(Path::new(env!("FIXTURE_FX_INLINE")), 120);
     let out = dir.file(name);
     let mut args = vec!["--comm", "fx-inline", "-d", "3s", "-o", &out];
     args.extend_from_slice(extra);

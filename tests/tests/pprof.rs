@@ -50,7 +50,7 @@ fn go_tool_pprof_reads_record_and_report_output() {
     };
     let _serial = exclusive();
     let dir = TempDir::new("pprof");
-    let _fixture = spawn_fixture(Path::new(env!("FIXTURE_FX_CHAIN")), 20);
+    let _fixture = spawn_fixture(Path::new(env!("FIXTURE_FX_CHAIN")), 120);
     let (pb, capture) = (dir.file("x.pb.gz"), dir.file("x.capture"));
     let args = [
         "--comm", "fx-chain", "-F", "499", "-d", "3s", "-o", &pb, "-o", &capture,

@@ -10,8 +10,9 @@ use profiler_tests::{
     tool,
 };
 
-/// Fixture lifetime: longer than any recording here plus the profiler's start-up.
-const FIXTURE_SECS: u64 = 20;
+/// Fixture lifetime: a backstop (each is killed when its test is done), far longer than a
+/// test takes on a slow, busy machine.
+const FIXTURE_SECS: u64 = 120;
 
 fn c_fixture(path: &str) -> Fixture {
     spawn_fixture(Path::new(path), FIXTURE_SECS)
