@@ -22,29 +22,41 @@ enum Stream {
 }
 
 /// What one run of `cargo test` said, line by line.
+///
+/// Test lines are tied to their target by order, not by arrival: cargo announces each test
+/// binary on stderr (`Running tests/x.rs`, `Doc-tests x`) and each binary starts its stdout with
+/// `running N tests`, so the k-th `running` block belongs to the k-th announced binary. The two
+/// pipes are read by two threads, so a block's lines may arrive before its announcement.
 #[derive(Default, Debug)]
 struct Run {
-    /// The test target whose binary is running now (`record` for tests/record.rs).
-    target: String,
-    /// `target::test` names that passed and failed in this run.
-    passed: Vec<String>,
-    failed: Vec<String>,
+    /// Announced test targets, in order (`record` for tests/record.rs).
+    targets: Vec<String>,
+    /// `running N tests` blocks seen so far.
+    blocks: usize,
+    /// (block, test name, passed).
+    outcomes: Vec<(usize, String, bool)>,
 }
 
 impl Run {
     fn line(&mut self, stream: Stream, line: &str) {
         let line = line.trim();
         if stream == Stream::Err {
-            // `Running tests/record.rs (target/debug/deps/record-0123abcd)`,
-            // `Running unittests src/lib.rs (...)`.
             if let Some(rest) = line.strip_prefix("Running ") {
+                // `Running tests/record.rs (target/debug/deps/record-0123abcd)`,
+                // `Running unittests src/lib.rs (...)`.
                 let path = rest
                     .split_whitespace()
                     .find(|w| w.ends_with(".rs"))
                     .unwrap_or(rest);
                 let file = path.rsplit('/').next().unwrap_or(path);
-                self.target = file.trim_end_matches(".rs").to_owned();
+                self.targets.push(file.trim_end_matches(".rs").to_owned());
+            } else if let Some(krate) = line.strip_prefix("Doc-tests ") {
+                self.targets.push(format!("doc {krate}"));
             }
+            return;
+        }
+        if line.starts_with("running ") && (line.ends_with(" tests") || line.ends_with(" test")) {
+            self.blocks += 1;
             return;
         }
         // `test name ... ok`, `test name ... FAILED`; a test printing to stdout without
@@ -55,12 +67,29 @@ impl Run {
         let Some((name, outcome)) = rest.rsplit_once(" ... ") else {
             return;
         };
-        let name = format!("{}::{name}", self.target);
         match outcome {
-            "ok" => self.passed.push(name),
-            "FAILED" => self.failed.push(name),
+            "ok" => self.outcomes.push((self.blocks, name.to_owned(), true)),
+            "FAILED" => self.outcomes.push((self.blocks, name.to_owned(), false)),
             _ => {}
         }
+    }
+
+    /// `target::test` of every test that passed, and of every one that failed.
+    fn results(&self) -> (Vec<String>, Vec<String>) {
+        let (mut passed, mut failed) = (Vec::new(), Vec::new());
+        for (block, name, ok) in &self.outcomes {
+            let target = block
+                .checked_sub(1)
+                .and_then(|i| self.targets.get(i))
+                .map_or("?", String::as_str);
+            let full = format!("{target}::{name}");
+            if *ok {
+                passed.push(full);
+            } else {
+                failed.push(full);
+            }
+        }
+        (passed, failed)
     }
 }
 
@@ -86,21 +115,22 @@ pub fn repeat(
             .env("PROFILER_BIN", bin);
         println!("==> run {i}/{repeat}: {}", util::display(&cmd));
         let (run, success) = run_cargo_test(&mut cmd)?;
-        for name in &run.passed {
+        let (passed, failed) = run.results();
+        for name in &passed {
             seen.insert(name.clone(), ());
         }
-        for name in &run.failed {
+        for name in &failed {
             seen.insert(name.clone(), ());
             *failures.entry(name.clone()).or_default() += 1;
         }
-        if !success && run.failed.is_empty() {
+        if !success && failed.is_empty() {
             // A build error or a test binary that crashed: no test line says FAILED.
             broken_runs.push(i);
         }
         println!(
             "==> run {i}/{repeat}: {} passed, {} failed",
-            run.passed.len(),
-            run.failed.len()
+            passed.len(),
+            failed.len()
         );
     }
     println!("==> {repeat} runs of {} tests", seen.len());
@@ -211,14 +241,35 @@ mod tests {
                 Stream::Err,
                 "     Running tests/jit.rs (target/debug/deps/jit-0123abcd)",
             ),
+            (Stream::Out, "running 2 tests"),
             (Stream::Out, "test perf_map_names_jit_code ... ok"),
             (Stream::Out, "test ignored_one ... ignored"),
         ]);
+        let (passed, failed) = run.results();
         assert_eq!(
-            run.passed,
+            passed,
             ["record::c_chain_main_a_b_c", "jit::perf_map_names_jit_code"]
         );
-        assert_eq!(run.failed, ["record::ctrl_c_stops_recording"]);
+        assert_eq!(failed, ["record::ctrl_c_stops_recording"]);
+    }
+
+    #[test]
+    fn a_block_read_before_its_announcement_still_gets_its_target() {
+        // Both binaries' stdout overtook cargo's stderr lines announcing them.
+        let run = parse(&[
+            (Stream::Out, "running 1 test"),
+            (Stream::Out, "test diff_top ... ok"),
+            (Stream::Out, "running 1 test"),
+            (Stream::Out, "test doctor_json ... FAILED"),
+            (Stream::Err, "     Running tests/diff.rs (x)"),
+            (Stream::Err, "     Running tests/doctor.rs (y)"),
+            (Stream::Err, "   Doc-tests profiler_tests"),
+            (Stream::Out, "running 0 tests"),
+        ]);
+        let (passed, failed) = run.results();
+        assert_eq!(passed, ["diff::diff_top"]);
+        assert_eq!(failed, ["doctor::doctor_json"]);
+        assert_eq!(run.targets, ["diff", "doctor", "doc profiler_tests"]);
     }
 
     #[test]
@@ -228,7 +279,7 @@ mod tests {
             (Stream::Out, "test y ... skipped: needs CAP_BPF"),
             (Stream::Out, "test z ..."),
         ]);
-        assert!(run.passed.is_empty() && run.failed.is_empty(), "{run:?}");
+        assert!(run.outcomes.is_empty(), "{run:?}");
     }
 
     #[test]
