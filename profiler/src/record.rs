@@ -3,7 +3,10 @@
 //! that needs a short profile (the doctor), call this.
 use std::{future::Future, sync::Arc, time::Duration};
 
-use tokio::io::{Interest, unix::AsyncFd};
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    signal::unix::{Signal, SignalKind, signal},
+};
 
 use crate::{
     bpf::{BpfError, Event, Sampler, SamplerConfig},
@@ -51,12 +54,21 @@ pub enum RecordError {
     Kallsyms(std::io::Error),
 }
 
-/// Records on a runtime of its own; blocks until done.
+/// Records on a runtime of its own; blocks until done. Ctrl-C and SIGTERM are caught from the
+/// start, before the BPF programs load: a signal then still ends in written outputs.
 pub fn record_blocking(config: &RecordConfig) -> Result<Profile, RecordError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(record(config, stop_signal(config.duration)))
+    runtime.block_on(async {
+        let signals = StopSignals::install();
+        if config.verbose {
+            // Loading and attaching take a while (the verifier); say that we are alive and
+            // that Ctrl-C is safe already. Tests wait for this line to signal at start-up.
+            eprintln!("loading the sampler; Ctrl-C stops and writes what was collected");
+        }
+        record(config, signals.until(config.duration)).await
+    })
 }
 
 /// Records until `stop` completes.
@@ -159,6 +171,11 @@ pub async fn record(
     if tty {
         eprintln!();
     }
+    if collection.samples.is_empty() {
+        // Stopped before the first sample (a signal while the sampler loaded, or nothing
+        // matched the filters): the outputs are written, and empty, so say it here.
+        eprintln!("warning: no samples were recorded; the outputs hold an empty profile");
+    }
     let duration_ns = util::monotonic_ns() - start_mono_ns;
     sampler.detach();
     collection.drain(ring.get_mut());
@@ -231,20 +248,43 @@ pub async fn record(
 
 /// Completes after `duration`, or at Ctrl-C / SIGTERM.
 pub async fn stop_signal(duration: Duration) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).ok();
-    let term = async {
-        match term.as_mut() {
-            Some(t) => {
-                t.recv().await;
-            }
-            None => std::future::pending().await,
+    StopSignals::install().until(duration).await;
+}
+
+/// SIGINT and SIGTERM handlers, installed when this is made: a signal that arrives before
+/// anyone waits (while BPF loads) is kept and ends the wait at once.
+pub struct StopSignals {
+    interrupt: Option<Signal>,
+    terminate: Option<Signal>,
+}
+
+impl StopSignals {
+    /// Installs the handlers; needs a tokio runtime. A handler that cannot be installed
+    /// (never seen on Linux) leaves that signal's default action.
+    pub fn install() -> Self {
+        Self {
+            interrupt: signal(SignalKind::interrupt()).ok(),
+            terminate: signal(SignalKind::terminate()).ok(),
         }
-    };
-    tokio::select! {
-        () = tokio::time::sleep(duration) => {}
-        _ = tokio::signal::ctrl_c() => eprintln!("\ninterrupted: writing what was collected"),
-        () = term => eprintln!("terminated: writing what was collected"),
+    }
+
+    /// Completes `duration` after its first poll (when sampling starts), or at a signal
+    /// received since `install`.
+    pub async fn until(mut self, duration: Duration) {
+        tokio::select! {
+            () = tokio::time::sleep(duration) => {}
+            () = recv(self.interrupt.as_mut()) => eprintln!("\ninterrupted: writing what was collected"),
+            () = recv(self.terminate.as_mut()) => eprintln!("terminated: writing what was collected"),
+        }
+    }
+}
+
+async fn recv(signal: Option<&mut Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

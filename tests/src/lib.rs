@@ -6,19 +6,25 @@
 //! target `fixture-rust` (env `CARGO_BIN_EXE_fixture-rust` in integration tests).
 
 mod agent;
+mod cpu;
 mod folded;
+mod image;
 mod privilege;
 mod process;
 mod tempdir;
+mod tools;
 
 pub use agent::{Agent, free_port, get};
+pub use cpu::{CpuUsage, cpu_seconds};
 pub use folded::{Stack, has_chain, head, is_kernel, parse_folded, read_folded, samples};
+pub use image::{PngSummary, png_summary, svg_frames, svg_titles};
 pub use privilege::{missing_privilege, require_bpf};
 pub use process::{
-    Fixture, expect_success, profiler_bin, record, report, run_profiler, spawn_fixture,
-    spawn_fixture_args, tool, wait_timeout,
+    Fixture, Running, expect_success, profiler_bin, record, report, run_profiler, spawn_fixture,
+    spawn_fixture_args, wait_timeout,
 };
 pub use tempdir::TempDir;
+pub use tools::{cannot_run, go_tool_pprof, in_ci, pprof_raw_counts, tool};
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

@@ -172,20 +172,98 @@ pub fn spawn_fixture_args(path: &Path, args: &[&str]) -> Fixture {
     }
 }
 
-/// `name` on PATH, or None (after saying why) when it is missing outside CI.
-pub fn tool(name: &str, package: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        let why = format!(
-            "`{name}` is not on PATH (install {package}, or run `cargo xtask setup --tests`)"
-        );
-        let ci = std::env::var("CI").is_ok_and(|ci| ci == "true");
-        assert!(!ci, "{why}; CI=true forbids skipping");
-        eprintln!("skipped: {why}");
+/// A `profiler record` (or other long-running profiler command) whose stderr the test reads
+/// line by line, to act at a known moment: once the sampler loads, once sampling started.
+pub struct Running {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// Every stderr line read so far.
+    pub stderr: Vec<String>,
+}
+
+impl Running {
+    /// Starts the profiler with `args`, stdout discarded, stderr read by the test.
+    pub fn start(args: &[&str]) -> Running {
+        let mut child = Command::new(profiler_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting profiler {args:?}: {e}"));
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running {
+            child,
+            lines,
+            stderr: Vec::new(),
+        }
     }
-    found
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Reads stderr until a line starting with `prefix`; panics (with what was read) if the
+    /// profiler ends or says nothing of the kind within PROFILER_TIMEOUT.
+    pub fn wait_for(&mut self, prefix: &str) {
+        let deadline = Instant::now() + PROFILER_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.starts_with(prefix);
+                    self.stderr.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(e) => panic!(
+                    "no stderr line starting with {prefix:?} ({e}); stderr so far:\n{}",
+                    self.stderr.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Sends `signal` (a name for kill(1): INT, TERM) to the profiler.
+    pub fn signal(&self, signal: &str) {
+        // kill(1): the helper library has no libc dependency (only the tests do).
+        let sent = Command::new("kill")
+            .args(["-s", signal, &self.pid().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(sent.success(), "kill -s {signal} {} failed", self.pid());
+    }
+
+    /// Waits for the exit (at most PROFILER_TIMEOUT: a hang fails, this is no timing
+    /// assertion) and returns the status with all of stderr.
+    pub fn finish(mut self) -> (ExitStatus, String) {
+        let status = wait_timeout(&mut self.child, PROFILER_TIMEOUT);
+        // The reader ends at EOF once the profiler is gone.
+        self.stderr.extend(self.lines.iter());
+        let stderr = self.stderr.join("\n");
+        let status = status.unwrap_or_else(|| {
+            panic!("profiler did not exit within {PROFILER_TIMEOUT:?}:\n{stderr}")
+        });
+        (status, stderr)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

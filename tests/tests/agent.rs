@@ -7,17 +7,24 @@ use std::time::{Duration, Instant};
 
 use profiler_tests::{
     Agent, Fixture, TempDir, exclusive, expect_success, has_chain, head, read_folded, require_bpf,
-    run_profiler, samples, spawn_fixture,
+    run_profiler, samples, spawn_fixture, svg_frames,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-fn fixture() -> Fixture {
-    spawn_fixture(Path::new(env!("FIXTURE_FX_CHAIN")), 30)
+/// fx-chain under a comm of its own (`fxa-<pid>`, a copy of the binary): the store keeps
+/// every process of the machine, and other runs of fx-chain (short-lived ones, unsymbolized)
+/// would otherwise be queried along with ours.
+fn fixture(dir: &TempDir) -> (Fixture, String) {
+    let comm = format!("fxa-{}", std::process::id());
+    let path = dir.path().join(&comm);
+    std::fs::copy(env!("FIXTURE_FX_CHAIN"), &path).expect("copying fx-chain");
+    (spawn_fixture(&path, 120), comm)
 }
 
-/// `profiler query` of the last minute into folded stacks: most fx-chain samples show main;a;b;c.
-fn assert_query_has_fixture(dir: &TempDir, data_dir: &str) {
+/// `profiler query` of the last minute into folded stacks: most samples of `comm` show
+/// main;a;b;c. Returns how many samples of `comm` the store holds.
+fn assert_query_has_fixture(dir: &TempDir, data_dir: &str, comm: &str) -> u64 {
     let out = dir.file("q.folded");
     let q = run_profiler(
         &[
@@ -27,7 +34,7 @@ fn assert_query_has_fixture(dir: &TempDir, data_dir: &str) {
             "--since",
             "5m",
             "--comm",
-            "fx-chain",
+            comm,
             "-o",
             &out,
         ],
@@ -35,13 +42,13 @@ fn assert_query_has_fixture(dir: &TempDir, data_dir: &str) {
     );
     expect_success(&q, "profiler query");
     let (text, stacks) = read_folded(Path::new(&out));
-    let total = samples(&stacks, |f| f[0] == "fx-chain");
+    let total = samples(&stacks, |f| f[0] == comm);
     let chained = samples(&stacks, |f| {
-        f[0] == "fx-chain" && has_chain(f, &["main", "a", "b", "c"], |a, b| a == b)
+        f[0] == comm && has_chain(f, &["main", "a", "b", "c"], |a, b| a == b)
     });
     assert!(
         total >= 10,
-        "only {total} fx-chain samples in the store; {}",
+        "only {total} {comm} samples in the store; {}",
         head(&text, 20)
     );
     assert!(
@@ -49,6 +56,7 @@ fn assert_query_has_fixture(dir: &TempDir, data_dir: &str) {
         "{chained} of {total} samples have main;a;b;c; {}",
         head(&text, 20)
     );
+    total
 }
 
 #[test]
@@ -59,7 +67,7 @@ fn agent_windows_http_and_query() {
     let _serial = exclusive();
     let dir = TempDir::new("agent");
     let data = dir.file("data");
-    let _fx = fixture();
+    let (_fx, comm) = fixture(&dir);
     let mut agent = Agent::start(&data, &["--window", "2s", "-F", "49"]);
     // Three windows or more.
     let start = Instant::now();
@@ -73,7 +81,9 @@ fn agent_windows_http_and_query() {
             .unwrap_or(0);
         if stored >= 3 {
             assert!(
-                m.contains("profiler_process_cpu_seconds_total{comm=\"fx-chain\"}"),
+                m.contains(&format!(
+                    "profiler_process_cpu_seconds_total{{comm=\"{comm}\"}}"
+                )),
                 "{m}"
             );
             assert!(m.contains("profiler_agent_resident_memory_bytes "), "{m}");
@@ -103,14 +113,17 @@ fn agent_windows_http_and_query() {
         assert_eq!(String::from_utf8_lossy(&body).trim().lines().count(), 1);
     }
     assert_eq!(agent.get("/nope").0, 404);
-    let (status, svg) = agent.get("/api/flamegraph?since=5m&comm=fx-chain");
+    let (status, svg) = agent.get(&format!("/api/flamegraph?since=5m&comm={comm}"));
     let svg = String::from_utf8_lossy(&svg);
     assert_eq!(status, 200, "{svg}");
-    assert!(
-        svg.contains("<svg") && svg.contains("fx-chain"),
-        "{}",
-        head(&svg, 10)
-    );
+    let frames = svg_frames(&svg)
+        .unwrap_or_else(|e| panic!("/api/flamegraph is not an SVG: {e}; {}", head(&svg, 10)));
+    for want in [comm.as_str(), "main", "a", "b", "c"] {
+        assert!(
+            frames.iter().any(|f| f == want),
+            "no frame {want:?} in {frames:?}"
+        );
+    }
     let (status, html) = agent.get("/api/heatmap?since=5m");
     assert_eq!(status, 200);
     assert!(String::from_utf8_lossy(&html).contains("<html"));
@@ -118,7 +131,7 @@ fn agent_windows_http_and_query() {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&pb));
     assert_eq!(&pb[..2], &[0x1f, 0x8b], "pprof is gzipped");
     assert!(agent.stop().success());
-    assert_query_has_fixture(&dir, &data);
+    assert_query_has_fixture(&dir, &data, &comm);
 }
 
 #[test]
@@ -129,17 +142,22 @@ fn sigterm_stores_the_partial_window() {
     let _serial = exclusive();
     let dir = TempDir::new("agent-term");
     let data = dir.file("data");
-    let _fx = fixture();
+    let (_fx, comm) = fixture(&dir);
     // A window far longer than the run: only the flush on SIGTERM can store anything.
     let mut agent = Agent::start(&data, &["--window", "10m", "-F", "49"]);
     std::thread::sleep(Duration::from_secs(3));
     assert!(agent.stop().success());
-    assert_query_has_fixture(&dir, &data);
-    // A restart continues with the same store.
+    let first = assert_query_has_fixture(&dir, &data, &comm);
+    // A restart continues with the same store: the second run's window is added to the
+    // first's (the fixture is sampled at 49 Hz all along, ~100 samples in 2 s of a busy CPU).
     let mut again = Agent::start(&data, &["--window", "10m", "-F", "49"]);
-    std::thread::sleep(Duration::from_secs(1));
+    std::thread::sleep(Duration::from_secs(2));
     assert!(again.stop().success());
-    assert_query_has_fixture(&dir, &data);
+    let both = assert_query_has_fixture(&dir, &data, &comm);
+    assert!(
+        both > first,
+        "the restarted agent stored no {comm} samples: {first} before, {both} after"
+    );
 }
 
 /// One line on stderr, failing, containing `want`.

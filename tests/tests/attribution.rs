@@ -7,8 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use profiler_tests::{
-    TempDir, exclusive, expect_success, head, profiler_bin, read_folded, record, report,
-    require_bpf, samples, wait_timeout,
+    TempDir, cannot_run, exclusive, expect_success, head, profiler_bin, read_folded, record,
+    report, require_bpf, samples, wait_timeout,
 };
 
 /// A cgroup made for one test in every hierarchy where the test can make one (v1 memory, and
@@ -34,6 +34,18 @@ impl TestCgroup {
             }
         }
         assert!(!dirs.is_empty(), "could not create a test cgroup anywhere");
+        // The fixture runs in both hierarchies where both exist; a missing one narrows what
+        // `--group-by cgroup` is tested with: say so, and fail under CI=true.
+        if !dirs.iter().any(|d| !d.starts_with("/sys/fs/cgroup/memory")) {
+            cannot_run(
+                "--group-by cgroup with a cgroup2 path: no cgroup2 mount where a test cgroup could be made",
+            );
+        }
+        if !dirs.iter().any(|d| d.starts_with("/sys/fs/cgroup/memory")) {
+            cannot_run(
+                "a process in a v1 memory cgroup as well: no v1 memory hierarchy at /sys/fs/cgroup/memory",
+            );
+        }
         Self { dirs, name }
     }
 
@@ -70,7 +82,7 @@ fn cgroup_attribution_and_group_by() {
     let dir = TempDir::new("attribution");
     let cg = TestCgroup::new();
     let mut child = cg
-        .command(env!("FIXTURE_FX_CHAIN"), &["15"])
+        .command(env!("FIXTURE_FX_CHAIN"), &["120"])
         .stdout(Stdio::null())
         .spawn()
         .expect("start fx-chain in the test cgroup");
@@ -79,7 +91,8 @@ fn cgroup_attribution_and_group_by() {
     let fixture = spawn_guard(&mut child);
     let capture = dir.file("x.capture");
     expect_success(
-        &record(&["--comm", "fx-chain", "-d", "2s", "-o", &capture]),
+        // By pid: another fx-chain on the machine (another test run) is in another cgroup.
+        &record(&["--pid", &pid, "-d", "2s", "-o", &capture]),
         "record",
     );
 
@@ -110,6 +123,14 @@ fn cgroup_attribution_and_group_by() {
     }
     let (text, stacks) = folded_by("none");
     let total = samples(&stacks, |_| true);
+    // As many samples as under the comm root, none rooted at it: an empty output fails.
+    let (_, by_comm) = folded_by("comm");
+    let comm_total = samples(&by_comm, |_| true);
+    assert!(
+        total > 20 && total == comm_total,
+        "--group-by none has {total} samples, --group-by comm {comm_total}: {}",
+        head(&text, 5)
+    );
     assert!(
         samples(&stacks, |f| f[0] != "fx-chain"
             && f.iter().any(|x| x == "c"))

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use profiler_tests::{
-    TempDir, exclusive, expect_success, head, read_folded, record, require_bpf, samples,
+    TempDir, cannot_run, exclusive, expect_success, head, read_folded, record, require_bpf, samples,
 };
 
 /// A cgroup made for this test in the v1 memory hierarchy and in cgroup2, where each exists
@@ -53,7 +53,7 @@ impl TestCgroup {
             .arg("-c")
             .arg(format!("{moves}exec \"$0\" \"$@\""))
             .arg(env!("FIXTURE_FX_CHAIN"))
-            .arg("20")
+            .arg("120")
             .stdout(Stdio::null())
             .spawn()
             .expect("start fx-chain in the test cgroup");
@@ -107,7 +107,7 @@ fn cgroup_filter_keeps_only_the_cgroup() {
     let inside = cg.spawn_inside();
     let outside = Running::new(
         Command::new(env!("FIXTURE_FX_CHAIN"))
-            .arg("20")
+            .arg("120")
             .stdout(Stdio::null())
             .spawn()
             .expect("start fx-chain outside"),
@@ -121,6 +121,10 @@ fn cgroup_filter_keeps_only_the_cgroup() {
             &[
                 "--comm",
                 "fx-chain",
+                // ~1,000 samples of a fixture with a CPU to itself: enough for the > 20 below
+                // when other work leaves it a tenth of a CPU.
+                "-F",
+                "499",
                 "--group-by",
                 "pid",
                 "-d",
@@ -150,6 +154,17 @@ fn cgroup_filter_keeps_only_the_cgroup() {
         "unfiltered: inside {i}, outside {o}; {why}"
     );
 
+    // A hierarchy this host lacks drops its cases: say which, and fail under CI=true.
+    if cg.v2.is_none() {
+        cannot_run(
+            "the cgroup2 cases (filtered in the kernel, and v1+v2 mixed): no cgroup2 mount where a test cgroup could be made",
+        );
+    }
+    if cg.memory.is_none() {
+        cannot_run(
+            "the cgroup v1 cases (filtered in userspace, and v1+v2 mixed): no v1 memory hierarchy at /sys/fs/cgroup/memory where a test cgroup could be made",
+        );
+    }
     let mut cases: Vec<(String, &str)> = Vec::new();
     if let Some(v2) = &cg.v2 {
         cases.push((v2.clone(), "filtered in the kernel"));

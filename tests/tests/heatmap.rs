@@ -283,9 +283,112 @@ fn page_renders_a_selection_in_chromium() {
         &[&shot, "--window-size=1200,900"],
         &format!("file://{html}#select=0.0-1.2"),
     );
+    // The picture of the 1200x900 window: the heat map and flame graph in many colours, not one blank
+    // background (a page that failed to draw is white or black).
+    let bytes =
+        std::fs::read(&png).unwrap_or_else(|e| panic!("no screenshot at {}: {e}", png.display()));
+    let s = profiler_tests::png_summary(&bytes)
+        .unwrap_or_else(|e| panic!("{} does not decode: {e}", png.display()));
+    eprintln!("screenshot {}: {s:?}", png.display());
     assert!(
-        png.metadata().is_ok_and(|m| m.len() > 1000),
-        "no screenshot at {}",
+        s.width == 1200 && s.height == 900 && s.colors >= 16 && s.non_background >= 0.05,
+        "{}: {s:?}",
         png.display()
+    );
+}
+
+/// Wall-clock times when clock time is not the offset: a capture starting at
+/// 2026-12-01T16:59:58.750Z, so seconds, minutes and the hour roll over inside it and every
+/// offset is 0.75 s away from a whole clock second.
+#[test]
+fn wall_clock_times_from_a_start_that_is_not_midnight() {
+    let dir = TempDir::new("wall-clock");
+    let capture = dir.file("x.capture");
+    let start_s = 1_796_083_200 + 16 * 3600 + 59 * 60 + 58;
+    pattern::write_pattern_capture_at(
+        &capture,
+        "late",
+        true,
+        start_s * 1_000_000_000 + 750_000_000,
+    );
+
+    // Clock-second rows labelled with the second each offset second starts in.
+    let stdout = report(&["report", &capture, "--cpus"]);
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .filter(|l| l.starts_with("16:") || l.starts_with("17:"))
+        .map(|l| l.split_whitespace().take(2).collect())
+        .collect();
+    assert_eq!(
+        rows,
+        [["16:59:58", "0s"], ["16:59:59", "1s"], ["17:00:00", "2s"]],
+        "{stdout}"
+    );
+
+    // 16:59:59.750..16:59:59.850 is offset 1.0 s..1.1 s: the same cut both ways.
+    let cut = |from: &str, to: &str, name: &str| {
+        let (folded, perf) = (
+            dir.file(&format!("{name}.folded")),
+            dir.file(&format!("{name}.perf.txt")),
+        );
+        report(&[
+            "report", &capture, "--from", from, "--to", to, "-o", &folded, "-o", &perf,
+        ]);
+        let folded = std::fs::read_to_string(&folded).unwrap();
+        let perf = std::fs::read_to_string(&perf).unwrap();
+        (folded, perf)
+    };
+    let (by_offset, _) = cut("1s", "1100ms", "offset");
+    let (by_clock, perf) = cut("16:59:59.750", "2026-12-01T16:59:59.850Z", "clock");
+    let total: u64 = by_clock
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(total, 20, "{by_clock}");
+    assert_eq!(by_clock, by_offset, "clock and offset cuts differ");
+    // perf script times are seconds since the epoch: the first sample of the cut at
+    // start + 1.0 s.
+    let first = perf.lines().find(|l| l.ends_with(" cpu-clock:")).unwrap();
+    assert!(
+        first.starts_with(&format!("swapper/0 0/0 [000] {}.750000: ", start_s + 1)),
+        "{first}"
+    );
+    // A clock time 0.5 s before the capture's first sample is refused, not read as offset 0.
+    let out = run_profiler(
+        &[
+            "report",
+            &capture,
+            "--from",
+            "16:59:58.250",
+            "-o",
+            &dir.file("early.folded"),
+        ],
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("before the capture started"),
+        "--from 0.5 s before the start: {stderr}"
+    );
+
+    let out = run_profiler(
+        &[
+            "report",
+            &capture,
+            "--from",
+            "5s",
+            "-o",
+            &dir.file("late.folded"),
+        ],
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "--from 5s on a 3 s capture succeeded"
+    );
+    assert!(
+        stderr.contains("16:59:58") && stderr.contains("17:00:01"),
+        "the error names the capture's span in clock time: {stderr}"
     );
 }

@@ -136,9 +136,16 @@ fn dragging_over_the_heat_map_renders_the_flame_graph() {
         serde_json::json!([["busy", "20", "100.0"]]),
         "{result:#}"
     );
+    // The picture of the 1200-wide viewport, the full page tall: the heat map and flame graph in many colours, not one blank
+    // background (a page that failed to draw is white or black).
+    let bytes =
+        std::fs::read(&png).unwrap_or_else(|e| panic!("no screenshot at {}: {e}", png.display()));
+    let s = profiler_tests::png_summary(&bytes)
+        .unwrap_or_else(|e| panic!("{} does not decode: {e}", png.display()));
+    eprintln!("screenshot {}: {s:?}", png.display());
     assert!(
-        png.metadata().is_ok_and(|m| m.len() > 1000),
-        "no screenshot at {}",
+        s.width == 1200 && s.height >= 900 && s.colors >= 16 && s.non_background >= 0.05,
+        "{}: {s:?}",
         png.display()
     );
 }

@@ -6,7 +6,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use profiler_tests::{
-    TempDir, exclusive, expect_success, has_chain, head, read_folded, record, require_bpf, samples,
+    CpuUsage, TempDir, exclusive, expect_success, has_chain, head, read_folded, record,
+    require_bpf, samples,
 };
 
 #[test]
@@ -46,7 +47,9 @@ fn binary_only_in_a_private_mount_namespace_resolves() {
         "the binary must not be visible from the host's mount namespace"
     );
     let out = dir.file("mntns.folded");
-    let result = record(&["--comm", "fx-mntns", "-d", "3s", "-o", &out]);
+    let usage = CpuUsage::start(child.id());
+    let result = record(&["--comm", "fx-mntns", "-F", "499", "-d", "3s", "-o", &out]);
+    let (min, _) = usage.sample_band(499.0, 3.0);
     let _ = child.kill();
     let _ = child.wait();
     expect_success(&result, "record");
@@ -57,7 +60,11 @@ fn binary_only_in_a_private_mount_namespace_resolves() {
         f[0] == "fx-mntns" && has_chain(f, &["main", "a", "b", "c"], |x, w| x == w)
     });
     eprintln!("fx-mntns: {chained} of {total} samples have main;a;b;c");
-    assert!(total >= 50, "only {total} samples; {}", head(&text, 20));
+    assert!(
+        total >= 50 && total as f64 >= min,
+        "only {total} samples, {min:.0} expected from its CPU time; {}",
+        head(&text, 20)
+    );
     assert!(
         chained * 100 >= total * 80,
         "only {chained} of {total} samples resolve to main;a;b;c; {}",

@@ -3,45 +3,20 @@
 //! labels. go missing is a skip on a laptop and a failure under CI=true.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use profiler_tests::{
-    TempDir, exclusive, expect_success, head, record, report, require_bpf, spawn_fixture,
+    TempDir, exclusive, expect_success, go_tool_pprof, head, record, report, require_bpf,
+    spawn_fixture, tool,
 };
 
 /// The `go` command, or None (after saying why) when it is missing outside CI.
 fn go() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("go"))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        let why = "`go` is not on PATH (install golang-go, or run `cargo xtask setup --tests`)";
-        let ci = std::env::var("CI").is_ok_and(|ci| ci == "true");
-        assert!(!ci, "{why}; CI=true forbids skipping");
-        eprintln!("skipped: {why}");
-    }
-    found
+    tool("go", "golang-go")
 }
 
-/// `go tool pprof <args>`, which must succeed; its stdout.
+/// `go tool pprof <args>` with its state in the scratch directory.
 fn pprof(go: &Path, dir: &TempDir, args: &[&str]) -> String {
-    let out = Command::new(go)
-        .args(["tool", "pprof"])
-        .args(args)
-        // pprof keeps state under $HOME/pprof; keep it in the scratch directory.
-        .env("PPROF_TMPDIR", dir.path())
-        .env("HOME", dir.path())
-        .output()
-        .expect("running go tool pprof");
-    assert!(
-        out.status.success(),
-        "go tool pprof {args:?} failed with {}:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    go_tool_pprof(go, dir.path(), args)
 }
 
 /// The function names of each `-traces` sample, leaf first. Samples are separated by
@@ -75,7 +50,7 @@ fn go_tool_pprof_reads_record_and_report_output() {
     };
     let _serial = exclusive();
     let dir = TempDir::new("pprof");
-    let _fixture = spawn_fixture(Path::new(env!("FIXTURE_FX_CHAIN")), 20);
+    let _fixture = spawn_fixture(Path::new(env!("FIXTURE_FX_CHAIN")), 120);
     let (pb, capture) = (dir.file("x.pb.gz"), dir.file("x.capture"));
     let args = [
         "--comm", "fx-chain", "-F", "499", "-d", "3s", "-o", &pb, "-o", &capture,

@@ -2,16 +2,17 @@
 //! reason outside CI), starts its fixture first, then records a few seconds of it.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use profiler_tests::{
-    Fixture, Stack, TempDir, exclusive, expect_success, has_chain, head, is_kernel, read_folded,
-    record, report, require_bpf, samples, spawn_fixture, wait_timeout,
+    CpuUsage, Fixture, Running, Stack, TempDir, cpu_seconds, exclusive, expect_success, has_chain,
+    head, is_kernel, read_folded, record, report, require_bpf, samples, spawn_fixture, svg_frames,
+    tool,
 };
 
-/// Fixture lifetime: longer than any recording here plus the profiler's start-up.
-const FIXTURE_SECS: u64 = 20;
+/// Fixture lifetime: a backstop (each is killed when its test is done), far longer than a
+/// test takes on a slow, busy machine.
+const FIXTURE_SECS: u64 = 120;
 
 fn c_fixture(path: &str) -> Fixture {
     spawn_fixture(Path::new(path), FIXTURE_SECS)
@@ -34,9 +35,16 @@ fn record_folded(dir: &TempDir, args: &[&str]) -> (String, Vec<Stack>) {
     read_folded(Path::new(&out))
 }
 
-/// Among the samples whose root is `comm`: at least `min` in total, and at least 80% with
-/// `chain` as an ordered subsequence of their frames.
-fn assert_chain(text: &str, stacks: &[Stack], comm: &str, chain: &[&str], ends_with: bool) {
+/// Among the samples whose root is `comm`: at least `min` (and 50) in total, and at least 80%
+/// with `chain` as an ordered subsequence of their frames.
+fn assert_chain(
+    text: &str,
+    stacks: &[Stack],
+    comm: &str,
+    chain: &[&str],
+    ends_with: bool,
+    min: f64,
+) {
     let matches = |frame: &str, want: &str| {
         if ends_with {
             frame.ends_with(want)
@@ -48,8 +56,8 @@ fn assert_chain(text: &str, stacks: &[Stack], comm: &str, chain: &[&str], ends_w
     let chained = samples(stacks, |f| f[0] == comm && has_chain(f, chain, matches));
     eprintln!("{comm}: {chained} of {total} samples have {chain:?}");
     assert!(
-        total >= 50,
-        "only {total} samples of {comm}; {}",
+        total >= 50 && total as f64 >= min,
+        "only {total} samples of {comm}, expected {min:.0} from the CPU it used; {}",
         head(text, 40)
     );
     assert!(
@@ -66,9 +74,13 @@ fn c_chain_main_a_b_c() {
     }
     let _serial = exclusive();
     let dir = TempDir::new("c-chain");
-    let _fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
+    let fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
+    let usage = CpuUsage::start(fixture.pid());
     let (text, stacks) = record_folded(&dir, &["--comm", "fx-chain", "-F", "499"]);
-    assert_chain(&text, &stacks, "fx-chain", &["main", "a", "b", "c"], false);
+    // Lower bound only: another fx-chain on the machine would add samples under this comm.
+    let (min, _) = usage.sample_band(499.0, 3.0);
+    let chain = ["main", "a", "b", "c"];
+    assert_chain(&text, &stacks, "fx-chain", &chain, false, min);
 }
 
 #[test]
@@ -78,10 +90,12 @@ fn rust_chain_outer_middle_inner() {
     }
     let _serial = exclusive();
     let dir = TempDir::new("rust-chain");
-    let _fixture = rust_fixture();
+    let fixture = rust_fixture();
+    let usage = CpuUsage::start(fixture.pid());
     let (text, stacks) = record_folded(&dir, &["--comm", "fixture-rust", "-F", "499"]);
+    let (min, _) = usage.sample_band(499.0, 3.0);
     let chain = ["rust_outer", "rust_middle", "rust_inner"];
-    assert_chain(&text, &stacks, "fixture-rust", &chain, true);
+    assert_chain(&text, &stacks, "fixture-rust", &chain, true, min);
 }
 
 #[test]
@@ -91,8 +105,11 @@ fn syscall_stacks_have_kernel_frames() {
     }
     let _serial = exclusive();
     let dir = TempDir::new("syscall");
-    let _fixture = c_fixture(env!("FIXTURE_FX_SYSCALL"));
+    let fixture = c_fixture(env!("FIXTURE_FX_SYSCALL"));
+    let usage = CpuUsage::start(fixture.pid());
     let (text, stacks) = record_folded(&dir, &["--comm", "fx-syscall"]);
+    // The default -F 99 for 3 s; a lower bound only (the comm is not unique on the machine).
+    let (min, _) = usage.sample_band(99.0, 3.0);
     let entry = |f: &String| f.starts_with("entry_SYSCALL") && is_kernel(f);
     let read = |f: &String| f == "__x64_sys_read_[k]" || f == "ksys_read_[k]";
     let mine: Vec<&Stack> = stacks
@@ -112,8 +129,8 @@ fn syscall_stacks_have_kernel_frames() {
     });
     eprintln!("fx-syscall: {kernel} of {total} samples have kernel frames");
     assert!(
-        total >= 50,
-        "only {total} samples of fx-syscall; {}",
+        total >= 50 && total as f64 >= min,
+        "only {total} samples of fx-syscall, expected {min:.0} from the CPU it used; {}",
         head(&text, 40)
     );
     assert!(
@@ -130,8 +147,24 @@ fn cpu_split_matches_work_done() {
     }
     let _serial = exclusive();
     let dir = TempDir::new("ratio");
-    let _fixture = c_fixture(env!("FIXTURE_FX_RATIO"));
-    let (text, stacks) = record_folded(&dir, &["--comm", "fx-ratio", "-F", "999", "-d", "4s"]);
+    // Alive as long as the recording may last.
+    let fixture = spawn_fixture(Path::new(env!("FIXTURE_FX_RATIO")), 120);
+    // The split needs ~1,000 samples, i.e. the fixture's CPU time, not a fixed duration: on a
+    // busy machine 4 s gave it 0.8 s of CPU (807 samples). Stop once it used 1.3 s of CPU
+    // while sampled (1,300 samples at 999 Hz).
+    let out = dir.file("out.folded");
+    let mut profiler = Running::start(&[
+        "record", "--comm", "fx-ratio", "-F", "999", "-d", "120s", "-o", &out,
+    ]);
+    profiler.wait_for("sampling");
+    let start = cpu_seconds(fixture.pid());
+    while cpu_seconds(fixture.pid()) - start < 1.3 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    profiler.signal("INT");
+    let (status, stderr) = profiler.finish();
+    assert!(status.success(), "record failed with {status}:\n{stderr}");
+    let (text, stacks) = read_folded(Path::new(&out));
     let within = |name: &str| {
         samples(&stacks, |f| {
             f[0] == "fx-ratio" && f.iter().any(|x| x == name)
@@ -163,7 +196,9 @@ fn pid_filter_keeps_only_that_process() {
     let _other = c_fixture(env!("FIXTURE_FX_CHAIN"));
     let target = rust_fixture();
     let pid = target.pid().to_string();
+    let usage = CpuUsage::start(target.pid());
     let (text, stacks) = record_folded(&dir, &["--pid", &pid, "-F", "499"]);
+    let (min, max) = usage.sample_band(499.0, 3.0);
     let strangers: Vec<&str> = stacks
         .iter()
         .map(|(f, _)| f[0].as_str())
@@ -175,11 +210,61 @@ fn pid_filter_keeps_only_that_process() {
         head(&text, 40)
     );
     let total = samples(&stacks, |_| true);
+    eprintln!("--pid {pid}: {total} samples, {min:.0}..{max:.0} expected from its CPU time");
     assert!(
-        total >= 50,
-        "only {total} samples of --pid {pid}; {}",
+        total >= 50 && total as f64 >= min && total as f64 <= max,
+        "{total} samples of --pid {pid}; at -F 499 for 3 s its CPU time says {min:.0}..{max:.0}; {}",
         head(&text, 40)
     );
+}
+
+/// `-F` and `-d` against the sample count: every CPU is sampled F times a second for d
+/// seconds (idle included; samples of other processes count as filtered), and the fixture,
+/// filtered by pid, gets F samples per second of CPU it used.
+#[test]
+fn sample_count_follows_frequency_and_duration() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("frequency");
+    let fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
+    let pid = fixture.pid().to_string();
+    let cpus = std::thread::available_parallelism().unwrap().get() as f64;
+    for (hz, secs, duration) in [(199.0, 2.0, "2s"), (997.0, 1.0, "1000ms")] {
+        let capture = dir.file(&format!("{hz}.capture"));
+        let usage = CpuUsage::start(fixture.pid());
+        let hz_arg = hz.to_string();
+        let args = ["--pid", &pid, "-F", &hz_arg, "-d", duration, "-o", &capture];
+        expect_success(&record(&args), &format!("profiler record {args:?}"));
+        let (min, max) = usage.sample_band(hz, secs);
+        let stats = report(&[&capture, "--stats"]);
+        expect_success(&stats, "report --stats");
+        let stats = String::from_utf8_lossy(&stats.stdout).into_owned();
+        let field = |key: &str| -> f64 {
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {key} in --stats:\n{stats}"))
+        };
+        let fixture_samples = field("recorded");
+        let all = fixture_samples + field("filtered") + field("lost_ringbuf_full");
+        let want = hz * secs * cpus;
+        eprintln!(
+            "-F {hz} -d {duration}: {all} samples on {cpus} CPUs (F x d x CPUs = {want}); \
+             fx-chain {fixture_samples}, {min:.0}..{max:.0} from its CPU time"
+        );
+        assert!(
+            all >= 0.9 * want && all <= 1.1 * want,
+            "-F {hz} -d {duration}: {all} samples in all, F x d x CPUs = {want}:\n{stats}"
+        );
+        assert!(
+            fixture_samples >= min && fixture_samples <= max,
+            "-F {hz} -d {duration}: {fixture_samples} fx-chain samples, its CPU time says \
+             {min:.0}..{max:.0}:\n{stats}"
+        );
+    }
 }
 
 #[test]
@@ -190,13 +275,15 @@ fn capture_round_trip_gives_identical_folded() {
     let _serial = exclusive();
     let dir = TempDir::new("round-trip");
     let _fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
-    let (a_folded, a_capture, a_svg) = (
+    let (a_folded, a_capture, a_svg, a_perf) = (
         dir.file("a.folded"),
         dir.file("a.capture"),
         dir.file("a.svg"),
+        dir.file("a.perf.txt"),
     );
     let args = [
-        "--comm", "fx-chain", "-d", "3s", "-o", &a_folded, "-o", &a_capture, "-o", &a_svg,
+        "--comm", "fx-chain", "-d", "3s", "-o", &a_folded, "-o", &a_capture, "-o", &a_svg, "-o",
+        &a_perf,
     ];
     expect_success(&record(&args), &format!("profiler record {args:?}"));
 
@@ -207,12 +294,49 @@ fn capture_round_trip_gives_identical_folded() {
     );
     assert_same_folded(&a_folded, &b_folded);
 
+    // The SVG is well-formed XML whose frames include the fixture's chain.
     let svg = std::fs::read_to_string(&a_svg).expect("reading a.svg");
-    assert!(
-        svg.starts_with("<?xml") || svg.contains("<svg"),
-        "a.svg is not an SVG; it starts with {:?}",
-        svg.chars().take(200).collect::<String>()
-    );
+    let frames = svg_frames(&svg).unwrap_or_else(|e| {
+        panic!(
+            "a.svg does not parse: {e}; it starts with {}",
+            head(&svg, 5)
+        )
+    });
+    for want in ["fx-chain", "main", "a", "b", "c"] {
+        assert!(
+            frames.iter().any(|f| f == want),
+            "a.svg has no frame {want:?}: {frames:?}"
+        );
+    }
+
+    // perf script text read by a real consumer: inferno-collapse-perf folds it into exactly
+    // our folded stacks (--all: kernel frames marked _[k] as ours are).
+    if let Some(collapse) = tool("inferno-collapse-perf", "inferno (cargo install inferno)") {
+        let out = std::process::Command::new(collapse)
+            .args(["--all", &a_perf])
+            .output()
+            .expect("running inferno-collapse-perf");
+        assert!(
+            out.status.success(),
+            "inferno-collapse-perf failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut theirs: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        let (ours, _) = read_folded(Path::new(&a_folded));
+        let mut ours: Vec<String> = ours.lines().map(str::to_owned).collect();
+        theirs.sort();
+        ours.sort();
+        assert!(!ours.is_empty(), "no samples recorded");
+        assert!(
+            theirs == ours,
+            "inferno-collapse-perf of a.perf.txt differs from a.folded.\ninferno: {}\nours: {}",
+            theirs.join("\n"),
+            ours.join("\n")
+        );
+    }
 
     let stats = report(&[&a_capture, "--stats"]);
     expect_success(&stats, "profiler report a.capture --stats");
@@ -249,31 +373,27 @@ fn ctrl_c_stops_recording_and_writes_outputs() {
     let dir = TempDir::new("ctrl-c");
     let _fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
     let (folded, capture) = (dir.file("x.folded"), dir.file("x.capture"));
-    let mut profiler = Command::new(profiler_tests::profiler_bin())
-        .args([
-            "record", "--comm", "fx-chain", "-d", "60s", "-o", &folded, "-o", &capture,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("starting profiler record");
-    // Long enough for BPF to be loaded and some samples taken; there is no readiness signal.
-    std::thread::sleep(Duration::from_secs(3));
-    // SAFETY: kill(2) on the pid of our own child, which has not been reaped yet.
-    let rc = unsafe { libc::kill(profiler.id() as libc::pid_t, libc::SIGINT) };
-    assert_eq!(rc, 0, "kill(SIGINT): {}", std::io::Error::last_os_error());
-    // A bound to catch a hang, not a timing assertion.
-    let status = wait_timeout(&mut profiler, Duration::from_secs(10))
-        .expect("profiler record did not exit within 10 s of SIGINT");
+    let mut profiler = Running::start(&[
+        "record", "--comm", "fx-chain", "-F", "999", "-d", "60s", "-o", &folded, "-o", &capture,
+    ]);
+    profiler.wait_for("sampling");
+    // Sampling runs: give the busy fixture time to be sampled (~1,000 samples at 999 Hz), so
+    // the outputs have something to compare. Not a readiness wait: that is the line above.
+    std::thread::sleep(Duration::from_secs(1));
+    profiler.signal("INT");
+    let (status, stderr) = profiler.finish();
     assert!(
         status.success(),
-        "profiler record exited with {status} after SIGINT"
+        "profiler record exited with {status} after SIGINT:\n{stderr}"
     );
+    assert!(stderr.contains("interrupted"), "{stderr}");
 
-    let capture_len = std::fs::metadata(&capture).map(|m| m.len()).unwrap_or(0);
+    let (text, stacks) = read_folded(Path::new(&folded));
+    let total = samples(&stacks, |f| f[0] == "fx-chain");
     assert!(
-        capture_len > 0,
-        "{capture} is missing or empty after SIGINT"
+        total > 0,
+        "no fx-chain samples after SIGINT; {}",
+        head(&text, 10)
     );
     let again = dir.file("again.folded");
     expect_success(
@@ -281,4 +401,50 @@ fn ctrl_c_stops_recording_and_writes_outputs() {
         "profiler report x.capture",
     );
     assert_same_folded(&folded, &again);
+}
+
+/// Ctrl-C or SIGTERM while the sampler is still loading (the profiler says it is loading,
+/// loading takes a few hundred ms) ends in an orderly exit with every output written; an
+/// empty profile is said to be one.
+#[test]
+fn signal_during_start_up_still_writes_outputs() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let _fixture = c_fixture(env!("FIXTURE_FX_CHAIN"));
+    for (signal, said) in [("INT", "interrupted"), ("TERM", "terminated")] {
+        let dir = TempDir::new("start-signal");
+        let (folded, capture) = (dir.file("x.folded"), dir.file("x.capture"));
+        let mut profiler = Running::start(&[
+            "record", "--comm", "fx-chain", "-d", "60s", "-o", &folded, "-o", &capture,
+        ]);
+        profiler.wait_for("loading the sampler");
+        profiler.signal(signal);
+        let (status, stderr) = profiler.finish();
+        assert!(
+            status.success(),
+            "SIG{signal} at start-up: record exited with {status}:\n{stderr}"
+        );
+        assert!(stderr.contains(said), "SIG{signal}: no {said:?}:\n{stderr}");
+        assert!(
+            Path::new(&folded).is_file(),
+            "SIG{signal}: {folded} not written:\n{stderr}"
+        );
+        let stats = report(&[&capture, "--stats"]);
+        expect_success(&stats, "profiler report x.capture --stats");
+        let stats = String::from_utf8_lossy(&stats.stdout);
+        let sampled = stats
+            .lines()
+            .find_map(|line| line.strip_prefix("samples:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("--stats has no `samples:` line:\n{stats}"));
+        eprintln!("SIG{signal} at start-up: {sampled} samples");
+        if sampled == 0 {
+            assert!(
+                stderr.contains("no samples were recorded"),
+                "SIG{signal}: an empty profile written without a word:\n{stderr}"
+            );
+        }
+    }
 }

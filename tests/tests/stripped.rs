@@ -62,7 +62,7 @@ impl Drop for Installed {
 
 /// Records the stripped fixture (or a copy at `bin`) into a capture and reads it back.
 fn record_capture(dir: &TempDir, bin: &Path, name: &str) -> Profile {
-    let _fixture = spawn_fixture(bin, 20);
+    let _fixture = spawn_fixture(bin, 120);
     let capture = dir.file(name);
     let comm = bin.file_name().unwrap().to_str().unwrap();
     let args = ["--comm", comm, "-F", "499", "-d", "3s", "-o", &capture];

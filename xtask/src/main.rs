@@ -11,6 +11,7 @@ mod lab;
 mod run;
 mod setup;
 mod test;
+mod test_repeat;
 mod util;
 
 use std::process::ExitCode;
@@ -34,7 +35,7 @@ enum Task {
     /// Install the eBPF toolchain (when missing) and check that this host can profile.
     Setup {
         /// Also what `cargo xtask test` needs: gcc, chromium, nodejs + npm (Playwright),
-        /// golang-go (go tool pprof), prometheus.
+        /// golang-go (go tool pprof), prometheus, inferno (inferno-collapse-perf).
         #[arg(long)]
         tests: bool,
         /// Also the peers the benchmarks compare with (bpftrace, perf).
@@ -52,6 +53,10 @@ enum Task {
     },
     /// fmt check, clippy, debug build, then all tests (`cargo xtask test -- FILTER`).
     Test {
+        /// Instead of all tests once, the privileged integration tests N times, each run to
+        /// its end; lists every test that failed in any run (failures/N) and fails if any did.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        repeat: Option<u32>,
         /// Arguments for `cargo test`; after a further `--`, for the test binaries.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -145,7 +150,7 @@ fn dispatch(task: Task) -> Result<ExitCode> {
             }
         }
         Task::Run { debug, args } => return run::run(debug, &args),
-        Task::Test { args } => test::test(&args)?,
+        Task::Test { args, repeat } => test::test(&args, repeat)?,
         Task::Lab(Lab::Zombie { count, cleanup }) => return lab::zombie(count, cleanup),
         Task::Bench(Bench::Agent { seconds }) => bench_agent::agent(seconds)?,
         Task::Bench(Bench::Heatmap {
@@ -191,9 +196,21 @@ mod tests {
 
     #[test]
     fn test_keeps_a_second_separator_for_the_test_binaries() {
-        let Task::Test { args } = parse(&["test", "--", "fixture", "--", "--nocapture"]) else {
+        let Task::Test { args, repeat } = parse(&["test", "--", "fixture", "--", "--nocapture"])
+        else {
             panic!("not test");
         };
         assert_eq!(args, ["fixture", "--", "--nocapture"]);
+        assert_eq!(repeat, None);
+    }
+
+    #[test]
+    fn test_repeat_takes_a_count_before_the_filter() {
+        let Task::Test { args, repeat } = parse(&["test", "--repeat", "5", "--", "record"]) else {
+            panic!("not test");
+        };
+        assert_eq!(repeat, Some(5));
+        assert_eq!(args, ["record"]);
+        assert!(Cli::try_parse_from(["xtask", "test", "--repeat", "0"]).is_err());
     }
 }

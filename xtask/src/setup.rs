@@ -17,7 +17,7 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Optional tool sets on top of the toolchain.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Extras {
-    /// gcc (C fixtures), rustfmt and clippy.
+    /// gcc (C fixtures), rustfmt and clippy, and the peers the tests feed outputs to.
     pub tests: bool,
     /// bpftrace and perf, the peers the benchmarks compare with.
     pub bench: bool,
@@ -52,7 +52,9 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
         tools.extend([("bpftrace", "bpftrace"), ("perf", "linux-perf")]);
     }
     ensure_apt(&tools)?;
-    if extras.bench {
+    // The benchmarks compare with perf script | inferno; the tests feed our .perf.txt to
+    // inferno-collapse-perf (tests/tests/record.rs).
+    if extras.bench || extras.tests {
         ensure_inferno()?;
     }
     if extras.tests {
@@ -62,7 +64,8 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
     Ok(host::checks())
 }
 
-/// inferno's CLI, the perf-script pipeline `cargo xtask bench symbolize` compares with.
+/// inferno's CLI: the perf-script pipeline `cargo xtask bench symbolize` compares with, and
+/// the `.perf.txt` consumer of the tests.
 fn ensure_inferno() -> Result<()> {
     if let Some(path) = util::which("inferno-flamegraph") {
         println!("ok: inferno ({})", path.display());

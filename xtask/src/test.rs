@@ -3,11 +3,12 @@
 use anyhow::{Context, Result};
 
 use crate::setup::{self, Extras};
-use crate::{run, util};
+use crate::{run, test_repeat, util};
 
 /// Runs the steps in order and stops at the first failure. `args` go to `cargo test`; after a
-/// `--` among them, to the test binaries.
-pub fn test(args: &[String]) -> Result<()> {
+/// `--` among them, to the test binaries. With `repeat`, the last step runs the privileged
+/// integration tests that many times instead (see test_repeat.rs).
+pub fn test(args: &[String], repeat: Option<u32>) -> Result<()> {
     setup::require(Extras {
         tests: true,
         ..Extras::default()
@@ -48,10 +49,17 @@ pub fn test(args: &[String]) -> Result<()> {
         ),
         ("test", tests, "see the failing tests above"),
     ];
+    let steps = match repeat {
+        Some(_) => &mut steps[..3],
+        None => &mut steps[..],
+    };
     let total = steps.len();
     for (i, (name, cmd, fix)) in steps.iter_mut().enumerate() {
         println!("==> [{}/{total}] {name}: {}", i + 1, util::display(cmd));
         util::run(cmd).with_context(|| format!("step `{name}` failed ({fix})"))?;
+    }
+    if let Some(n) = repeat {
+        return test_repeat::repeat(n, cargo_args, test_args, &run::profiler_bin(false));
     }
     println!("==> all {total} steps passed");
     Ok(())

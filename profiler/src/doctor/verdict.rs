@@ -265,4 +265,141 @@ mod tests {
     fn a_few_hundred_zombies_alone_warn() {
         assert_eq!(judge(&findings(150, 0, 0)).level, Level::Warning);
     }
+
+    // Boundaries of every documented threshold (docs/doctor.md): just below, at, just above.
+    // `findings(dying, kubelet_memcg, mkdirs)`: 10 s at 100 Hz, kubelet has 1000 samples, so
+    // its memcg share and its share of one CPU are both kubelet_memcg / 10 percent.
+
+    #[test]
+    fn dying_cgroups_alone_warn_from_100_and_alarm_from_400() {
+        for (dying, want) in [
+            (DYING_WARN - 1, Level::Healthy),
+            (DYING_WARN, Level::Warning),
+            (DYING_WARN + 1, Level::Warning),
+            (DYING_ALARM - 1, Level::Warning),
+            (DYING_ALARM, Level::Alarm),
+            (DYING_ALARM + 1, Level::Alarm),
+        ] {
+            // Nothing hot, nobody churning: the dying count alone decides.
+            let v = judge(&findings(dying, 0, 0));
+            assert_eq!(v.level, want, "{dying} dying: {v:?}");
+            assert_eq!(
+                v.problems.len(),
+                usize::from(want != Level::Healthy),
+                "{v:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn alarm_from_dying_cgroups_alone_names_the_holder_and_the_host_wide_remedy() {
+        let v = judge(&findings(DYING_ALARM, 0, 0));
+        assert_eq!(v.level, Level::Alarm);
+        assert_eq!(
+            v.problems,
+            ["400 dying memory cgroups (403 counted, 3 live)"]
+        );
+        assert_eq!(v.holder.as_deref(), Some("/sys/fs/cgroup/memory/lab"));
+        assert!(
+            v.remedies[0].contains("/sys/fs/cgroup/memory/lab/memory.force_empty"),
+            "{v:?}"
+        );
+        assert!(
+            v.remedies.iter().any(|r| r.contains("drop_caches")),
+            "{v:?}"
+        );
+        // No creator seen: the verdict says so rather than blaming nobody.
+        assert!(
+            v.remedies.iter().any(|r| r.contains("--duration 60s")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn memcg_share_is_hot_from_20_percent() {
+        // 199, 200, 201 of 1000 samples: 19.9%, 20%, 20.1% of its CPU (and of one CPU).
+        for (memcg, hot) in [(199, false), (200, true), (201, true)] {
+            let f = findings(0, memcg, 0);
+            assert_eq!(f.hot_memcg().len(), usize::from(hot), "{memcg}/1000");
+            let want = if hot { Level::Warning } else { Level::Healthy };
+            assert_eq!(judge(&f).level, want, "{memcg}/1000 alone");
+        }
+    }
+
+    #[test]
+    fn memcg_hot_needs_10_percent_of_one_cpu() {
+        // 400 samples of the process: its share is >= 24.75% in every case; of one CPU
+        // (1000 samples in the window) 9.9%, 10%, 10.1%.
+        for (memcg, hot) in [(99, false), (100, true), (101, true)] {
+            let mut f = findings(0, memcg, 0);
+            f.memcg[0].samples = 400;
+            assert!(f.memcg[0].percent() >= MEMCG_SHARE_HOT);
+            assert_eq!(
+                f.hot_memcg().len(),
+                usize::from(hot),
+                "{memcg} memcg samples"
+            );
+        }
+    }
+
+    #[test]
+    fn a_hot_process_is_an_alarm_only_with_dying_cgroups_from_100() {
+        for (dying, want) in [
+            (DYING_WARN - 1, Level::Warning),
+            (DYING_WARN, Level::Alarm),
+            (DYING_WARN + 1, Level::Alarm),
+        ] {
+            let v = judge(&findings(dying, 300, 0));
+            assert_eq!(v.level, want, "{dying} dying and a hot kubelet: {v:?}");
+        }
+    }
+
+    #[test]
+    fn churn_warns_from_one_cgroup_per_second() {
+        // 9, 10, 11 mkdirs in 10 s.
+        for (mkdirs, want) in [
+            (9, Level::Healthy),
+            (10, Level::Warning),
+            (11, Level::Warning),
+        ] {
+            let f = findings(0, 0, mkdirs);
+            assert_eq!(f.churners().len(), usize::from(want == Level::Warning));
+            assert_eq!(judge(&f).level, want, "{mkdirs} mkdirs in 10 s");
+        }
+        // A churner with dying cgroups below the alarm stays a warning, and is named.
+        let v = judge(&findings(DYING_WARN, 0, 10));
+        assert_eq!(v.level, Level::Warning, "{v:?}");
+        assert!(
+            v.remedies
+                .iter()
+                .any(|r| r.contains("stop or fix agent (pid 9)"))
+        );
+    }
+
+    #[test]
+    fn a_cpu_is_saturated_from_90_percent() {
+        let mut f = findings(0, 0, 0);
+        f.cpus = vec![(0, 89.9), (1, 90.0), (2, 90.1)];
+        let v = judge(&f);
+        let json = super::super::report::json(&f, &v);
+        for (cpu, saturated) in [(0, false), (1, true), (2, true)] {
+            let want = format!(r#""cpu":{cpu},"busy_percent":"#);
+            let at = json
+                .find(&want)
+                .unwrap_or_else(|| panic!("cpu {cpu} in {json}"));
+            let rest = &json[at..];
+            let flag = &rest[..rest.find('}').unwrap()];
+            assert!(
+                flag.ends_with(&format!(r#""saturated":{saturated}"#)),
+                "cpu {cpu}: {flag}"
+            );
+        }
+        let text = super::super::report::text(&f, &v);
+        assert!(
+            text.contains("cpu0: 90% busy\n"),
+            "89.9% rounds to 90 but is not saturated:\n{text}"
+        );
+        assert!(text.contains("cpu1: 90% busy  SATURATED"), "{text}");
+        assert!(text.contains("cpu2: 90% busy  SATURATED"), "{text}");
+    }
 }

@@ -1,0 +1,339 @@
+//! The agent's /metrics values, not just their names: every one of the 11 metrics documented
+//! in docs/agent.md is read and checked against what the kernel says about the same things
+//! (a fixture's CPU time from /proc, the agent's own CPU and RSS, the dying-cgroup count) and
+//! against the sampling design (F x seconds x CPUs samples).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use profiler_tests::{Agent, TempDir, cannot_run, cpu_seconds, exclusive, require_bpf};
+
+const HZ: f64 = 49.0;
+const WINDOW_S: f64 = 2.0;
+const WINDOWS: f64 = 4.0;
+
+/// `name{labels}` -> value, from the Prometheus text format.
+fn parse(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+fn rss_bytes(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("reading status");
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS");
+    kb * 1024.0
+}
+
+/// The cgroup2 mount: /sys/fs/cgroup (unified) or /sys/fs/cgroup/unified (hybrid).
+fn cgroup2_root() -> Option<&'static str> {
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .find(|root| Path::new(root).join("cgroup.procs").exists() && is_cgroup2(root))
+}
+
+fn is_cgroup2(root: &str) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
+        m.lines()
+            .any(|l| l.split(' ').nth(4) == Some(root) && l.contains(" - cgroup2 "))
+    })
+}
+
+/// A fixture in a cgroup2 directory of its own, so its samples are told apart from anyone
+/// else's with the same comm (other tests on the machine run the same fixtures). Killed, and
+/// the directory removed, on drop.
+struct CgroupFixture {
+    dir: String,
+    child: Option<Child>,
+}
+
+impl CgroupFixture {
+    /// Starts `program 60` inside `<root>/<name>` once it has exec'd (its comm is `comm`).
+    fn start(root: &str, name: &str, program: &str, comm: &str) -> Self {
+        let dir = format!("{root}/{name}");
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {dir}: {e}"));
+        let mut fixture = Self { dir, child: None };
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec \"$0\" 60",
+                fixture.dir
+            ))
+            .arg(program)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting a fixture in its cgroup");
+        let pid = child.id();
+        fixture.child = Some(child);
+        let start = Instant::now();
+        while std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map_or(true, |c| c.trim_end() != comm)
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{comm} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        fixture
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// The cgroup path as the metrics label it (relative to the cgroup2 root).
+    fn path<'a>(&'a self, root: &str) -> &'a str {
+        self.dir.strip_prefix(root).unwrap()
+    }
+}
+
+impl Drop for CgroupFixture {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn metric_values_match_the_kernel_and_the_design() {
+    if !require_bpf() {
+        return;
+    }
+    let Some(root) = cgroup2_root() else {
+        cannot_run("no cgroup2 mount: the container and cgroup metrics cannot be checked");
+        return;
+    };
+    let _serial = exclusive();
+    let dir = TempDir::new("agent-metrics");
+    // Two spinning fixtures: one in a plain cgroup, one in a cgroup named like a docker
+    // container's scope.
+    let me = std::process::id();
+    let host = CgroupFixture::start(
+        root,
+        &format!("profiler-metrics-{me}"),
+        env!("FIXTURE_FX_CHAIN"),
+        "fx-chain",
+    );
+    let id = format!("{me:08x}{:056x}", 0xc0ffee);
+    let boxed = CgroupFixture::start(
+        root,
+        &format!("docker-{id}.scope"),
+        env!("CARGO_BIN_EXE_fixture-rust"),
+        "fixture-rust",
+    );
+    let fixture_start = Instant::now();
+    let spawned = Instant::now();
+    // Only the fixtures: the rest of the machine counts as filtered, and its processes (other
+    // people's tests) are never opened.
+    let mut agent = Agent::start(
+        &dir.file("data"),
+        &[
+            "--window",
+            "2s",
+            "-F",
+            "49",
+            "--comm",
+            "fx-chain",
+            "--comm",
+            "fixture-rust",
+        ],
+    );
+    let (m, text) = loop {
+        let (_, body) = agent.get("/metrics");
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let m = parse(&text);
+        if m.get("profiler_windows_total{outcome=\"stored\"}")
+            .copied()
+            .unwrap_or(0.0)
+            >= WINDOWS
+        {
+            break (m, text);
+        }
+        assert!(
+            spawned.elapsed() < Duration::from_secs(120),
+            "fewer than {WINDOWS} windows stored:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Read the kernel's figures right after the scrape.
+    let agent_cpu = cpu_seconds(agent.pid());
+    let agent_rss = rss_bytes(agent.pid());
+    let since_spawn = spawned.elapsed().as_secs_f64();
+    let (host_cpu, boxed_cpu) = (cpu_seconds(host.pid()), cpu_seconds(boxed.pid()));
+    let fixture_wall = fixture_start.elapsed().as_secs_f64();
+    let cpus = std::thread::available_parallelism().unwrap().get() as f64;
+    let get = |series: &str| -> f64 {
+        *m.get(series)
+            .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{text}"))
+    };
+    let windows = get("profiler_windows_total{outcome=\"stored\"}");
+    let covered = windows * WINDOW_S;
+    eprintln!(
+        "{windows} windows; fx-chain {host_cpu:.2} s CPU, fixture-rust {boxed_cpu:.2} s in \
+         {fixture_wall:.1} s; agent {agent_cpu:.2} s CPU, {agent_rss} B RSS\n{text}"
+    );
+
+    // Windows: all stored, none dropped. Nothing pushed without --push-url.
+    assert_eq!(
+        get("profiler_windows_total{outcome=\"dropped\"}"),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        get("profiler_push_windows_total{outcome=\"sent\"}"),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        get("profiler_push_windows_total{outcome=\"dropped\"}"),
+        0.0,
+        "{text}"
+    );
+
+    // Samples: F x seconds x CPUs, recorded or filtered (the idle task is sampled too, so
+    // every CPU counts). The windows cover at least `covered` seconds and at most the time
+    // since the agent started.
+    let recorded = get("profiler_samples_total{outcome=\"recorded\"}");
+    let filtered = get("profiler_samples_total{outcome=\"filtered\"}");
+    let (low, high) = (0.8 * HZ * cpus * covered, 1.1 * HZ * cpus * since_spawn);
+    assert!(
+        recorded + filtered >= low && recorded + filtered <= high,
+        "{recorded} samples recorded + {filtered} filtered; F x d x CPUs says {low:.0}..{high:.0}\n{text}"
+    );
+    // The rest of the machine, idle included, is filtered: there is some.
+    assert!(filtered > 0.0, "nothing filtered with --comm\n{text}");
+    // 49 Hz on 2 CPUs is far below what the ring buffer holds.
+    assert_eq!(
+        get("profiler_samples_lost_total{reason=\"ringbuf_full\"}"),
+        0.0,
+        "{text}"
+    );
+    for reason in ["kstack_failed", "ustack_failed"] {
+        let n = get(&format!(
+            "profiler_samples_lost_total{{reason=\"{reason}\"}}"
+        ));
+        assert!(
+            n <= recorded * 0.05,
+            "{n} samples {reason} of {recorded}\n{text}"
+        );
+    }
+
+    // CPU seconds (samples / F) of each fixture's own cgroup: never more than the fixture
+    // really used (plus sampling noise), and at least half of its share of the covered time.
+    // Its comm's series holds at least as much (others may run the same fixture).
+    for (comm, fixture, used) in [
+        ("fx-chain", &host, host_cpu),
+        ("fixture-rust", &boxed, boxed_cpu),
+    ] {
+        let path = fixture.path(root);
+        let seen = get(&format!(
+            "profiler_cgroup_cpu_seconds_total{{cgroup=\"{path}\"}}"
+        ));
+        let share = used / fixture_wall;
+        let (low, high) = (0.5 * share * covered, 1.1 * used + 2.0 / HZ);
+        assert!(
+            seen >= low && seen <= high,
+            "{comm} in {path}: {seen:.2} CPU s in the metric; it used {used:.2} s ({:.0}% of \
+             a CPU), so {low:.2}..{high:.2}\n{text}",
+            share * 100.0
+        );
+        let by_comm = get(&format!(
+            "profiler_process_cpu_seconds_total{{comm=\"{comm}\"}}"
+        ));
+        assert!(
+            by_comm >= seen - 1e-9,
+            "{comm}: {by_comm} < its cgroup's {seen}\n{text}"
+        );
+    }
+    // Only the two comms are recorded, so their seconds are all the recorded samples / F.
+    let comm_sum: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("profiler_process_cpu_seconds_total{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert!(
+        (comm_sum * HZ - recorded).abs() < 0.5,
+        "{comm_sum} CPU s by comm is not {recorded} samples / {HZ} Hz\n{text}"
+    );
+
+    // The fake container: its 12-digit id carries exactly its cgroup's samples.
+    let container = get(&format!(
+        "profiler_container_cpu_seconds_total{{container=\"{}\"}}",
+        &id[..12]
+    ));
+    let cgroup = get(&format!(
+        "profiler_cgroup_cpu_seconds_total{{cgroup=\"{}\"}}",
+        boxed.path(root)
+    ));
+    assert!(
+        (cgroup - container).abs() <= 1e-9 && container > 0.0,
+        "container {container} s, its cgroup {cgroup} s\n{text}"
+    );
+
+    // Memory-cgroup seconds are samples of that comm with a memcg function: at most its CPU,
+    // and the fixtures, which only compute, have next to none.
+    for (series, v) in m
+        .iter()
+        .filter(|(k, _)| k.starts_with("profiler_process_memcg_seconds_total{"))
+    {
+        let comm_series = series.replace(
+            "profiler_process_memcg_seconds_total",
+            "profiler_process_cpu_seconds_total",
+        );
+        let cpu = m.get(&comm_series).copied().unwrap_or(0.0);
+        assert!(*v <= cpu + 1e-9, "{series} {v} > its CPU {cpu}\n{text}");
+    }
+    for comm in ["fx-chain", "fixture-rust"] {
+        let memcg = m
+            .get(&format!(
+                "profiler_process_memcg_seconds_total{{comm=\"{comm}\"}}"
+            ))
+            .copied()
+            .unwrap_or(0.0);
+        assert!(
+            memcg <= 2.0 / HZ,
+            "{comm} spins in user space, yet {memcg} memcg s\n{text}"
+        );
+    }
+
+    // Dying cgroups: the v2 series is cgroup2's nr_dying_descendants (other work on the
+    // machine may create and remove cgroups meanwhile: a tenth or 20 either way).
+    let stat = std::fs::read_to_string(format!("{root}/cgroup.stat")).unwrap_or_default();
+    let dying: f64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("nr_dying_descendants "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("nr_dying_descendants in cgroup.stat");
+    let v2 = get("profiler_dying_cgroups{controller=\"v2\"}");
+    assert!(
+        (v2 - dying).abs() <= 20.0 + dying * 0.1,
+        "profiler_dying_cgroups v2 = {v2}, cgroup.stat says {dying}\n{text}"
+    );
+
+    // The agent's own CPU and RSS, as /proc shows them a moment later.
+    let cpu = get("profiler_agent_cpu_seconds_total");
+    assert!(
+        cpu > 0.0 && cpu <= agent_cpu + 0.011 && cpu >= agent_cpu - 0.5,
+        "agent CPU {cpu} s in the metric, {agent_cpu} s in /proc\n{text}"
+    );
+    let rss = get("profiler_agent_resident_memory_bytes");
+    assert!(
+        rss >= agent_rss * 0.75 && rss <= agent_rss * 1.25,
+        "agent RSS {rss} B in the metric, {agent_rss} B in /proc\n{text}"
+    );
+    assert!(agent.stop().success());
+}
