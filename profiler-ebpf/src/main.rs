@@ -10,6 +10,8 @@ fn main() {}
 #[cfg(target_arch = "bpf")]
 mod churn;
 #[cfg(target_arch = "bpf")]
+mod exits;
+#[cfg(target_arch = "bpf")]
 mod sampler;
 
 #[cfg(target_arch = "bpf")]

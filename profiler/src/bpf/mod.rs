@@ -1,6 +1,7 @@
 //! First stage on the user side: load the embedded sampler object, set its load-time globals,
 //! attach it to a perf event on every online CPU, and hand the maps to the collector.
 pub mod churn;
+mod exits;
 
 use std::path::{Path, PathBuf};
 
@@ -71,6 +72,8 @@ pub struct Sampler {
     program_id: Option<u32>,
     /// CPUs the program is attached on.
     pub cpus: Vec<u32>,
+    /// Exit statuses of processes (`exits`), until the collector takes them.
+    exits: Option<RingBuf<MapData>>,
 }
 
 /// Counters kept by the sampler (sums over CPUs); see `profiler_common::counter`.
@@ -117,10 +120,16 @@ impl Sampler {
         let cpus = aya::util::online_cpus().map_err(|(what, e)| BpfError::Cpus(what, e))?;
         let ring_bytes = ring_buffer_bytes(config.frequency_hz, cpus.len() as u64);
         let wakeup_bytes = u64::from(ring_bytes / WAKEUP_FRACTION);
+        let exit_code_offset = exits::exit_code_offset().unwrap_or(0);
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
             .override_global(GLOBAL_FILTER_CGROUPS, &cgroup_count, true)
             .override_global(GLOBAL_WAKEUP_BYTES, &wakeup_bytes, true)
+            .override_global(
+                profiler_common::exits::GLOBAL_EXIT_CODE_OFFSET,
+                &exit_code_offset,
+                true,
+            )
             .map_max_entries(MAP_SAMPLES, ring_bytes)
             .load(SAMPLER_OBJECT)?;
         if !cgroup_dirs.is_empty() {
@@ -168,6 +177,13 @@ impl Sampler {
                 false,
             )?;
         }
+        // Exit statuses are a nicety: a kernel that refuses the tracepoint still samples.
+        let exits = (exit_code_offset != 0)
+            .then(|| exits::attach(&mut ebpf))
+            .and_then(|r| {
+                r.map_err(|e| log::warn!("exit statuses are not recorded: {e}"))
+                    .ok()
+            });
         let samples = RingBuf::try_from(
             ebpf.take_map(MAP_SAMPLES)
                 .ok_or(BpfError::Missing("ring buffer"))?,
@@ -182,9 +198,16 @@ impl Sampler {
                 counters,
                 program_id,
                 cpus,
+                exits,
             },
             samples,
         ))
+    }
+
+    /// The ring buffer of process exit statuses (`profiler_common::exits`), once; None when
+    /// the kernel's BTF or the tracepoint is missing.
+    pub fn take_exits(&mut self) -> Option<RingBuf<MapData>> {
+        self.exits.take()
     }
 
     /// Stops sampling on every CPU; the ring buffer and counters stay readable.

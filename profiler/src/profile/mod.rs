@@ -8,7 +8,7 @@ mod timeline;
 pub use attribution::GroupBy;
 pub use capture::{CAPTURE_VERSION, CaptureError, MAGIC, decode, encode, read_file, write_file};
 pub use model::{
-    Binary, Cgroup, Counters, Frame, FrameKind, Interner, Meta, Process, Profile, Sample, Stack,
+    Binary, Cgroup, Counters, Frame, FrameKind, Interner, Lifetime, Meta, Process, Profile, Sample, Stack,
     StrId,
 };
 #[cfg(test)]
