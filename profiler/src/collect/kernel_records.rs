@@ -285,7 +285,7 @@ fn decode(r: &[u8]) -> Option<KernelRecord> {
             // pid, tid, addr, len, pgoff, {maj, min, ino, ino_generation | build id}, prot,
             // flags, filename.
             let (pid, start, len, pgoff) = (u32_at(8)?, u64_at(16)?, u64_at(24)?, u64_at(32)?);
-            let prot = u32_at(72)?;
+            let prot = u32_at(64)?;
             if prot & libc::PROT_EXEC as u32 == 0 {
                 return None;
             }
@@ -302,7 +302,7 @@ fn decode(r: &[u8]) -> Option<KernelRecord> {
                 start,
                 end: start.checked_add(len)?,
                 pgoff,
-                path: cstr(80)?,
+                path: cstr(72)?,
                 id,
             })
         }

@@ -91,6 +91,16 @@ impl MappingTable {
         Some((i as u32, &spaces[i]))
     }
 
+    /// `pid`'s space of generation `generation` (see `space_at`).
+    pub fn space(&self, pid: u32, generation: u32) -> Option<&AddressSpace> {
+        self.spaces.get(&pid)?.get(generation as usize)
+    }
+
+    /// How many spaces `pid` has had (0: the kernel told us nothing of it).
+    pub fn generations(&self, pid: u32) -> u32 {
+        self.spaces.get(&pid).map_or(0, |s| s.len() as u32)
+    }
+
     /// `pid` ran exec at `time_ns`: a new, empty, complete space.
     pub fn exec(&mut self, pid: u32, time_ns: u64) {
         self.push(

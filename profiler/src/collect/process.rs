@@ -1,9 +1,12 @@
 //! Facts that vanish with a process, taken while it lives: its exe and comm, and for each user
-//! address the file it maps and the offset in that file ("normalization", via blazesym). With
-//! those, symbolization can happen later, even after the process exits.
+//! address the file it maps and the offset in that file. The kernel reports every executable
+//! mapping, exec, fork and exit as it happens (`kernel_records`, kept in `MappingTable`), so
+//! a process that lived 5 ms resolves like one that lived an hour; /proc is read only for
+//! processes that existed before the recording. With those, symbolization can happen later,
+//! even after the process exits.
 use std::{
     collections::{BTreeMap, HashMap},
-    path::PathBuf,
+    path::Path,
 };
 
 use blazesym::{
@@ -11,36 +14,27 @@ use blazesym::{
     symbolize::Reason,
 };
 
+use super::{
+    files::{FileIds, UserFile},
+    kernel_records::{FileIdentity, KernelRecord},
+    lifetimes::LifetimeLog,
+    mappings::{Mapping, MappingTable},
+};
 use crate::profile::Process;
 
-/// A mapped file that user addresses fall in.
-#[derive(Debug)]
-pub struct UserFile {
-    /// Path as the process saw it (in its own mount namespace).
-    pub path: PathBuf,
-    /// GNU build id, when the file has one.
-    pub build_id: Option<Vec<u8>>,
-    /// The file itself, opened through /proc/PID/root while the process lived: it stays
-    /// readable after the process exits, in another mount namespace, or once deleted.
-    pub handle: Option<std::fs::File>,
+/// One address space of one process: its pid in the low half, in the high half which of its
+/// execs (its generation in `MappingTable`). User stacks and addresses are keyed by it, as
+/// one pid maps different binaries before and after an exec.
+pub type SpaceId = u64;
+
+/// The pid of a space.
+pub fn space_pid(space: SpaceId) -> u32 {
+    space as u32
 }
 
-impl UserFile {
-    /// A path that reads this very file now: the kept handle, else the recorded path.
-    pub fn readable_path(&self) -> PathBuf {
-        match &self.handle {
-            Some(f) => PathBuf::from(format!(
-                "/proc/self/fd/{}",
-                std::os::fd::AsRawFd::as_raw_fd(f)
-            )),
-            None => self.path.clone(),
-        }
-    }
+fn space_id(pid: u32, generation: u32) -> SpaceId {
+    u64::from(pid) | (u64::from(generation) << 32)
 }
-
-/// Open file handles kept at most, below the usual descriptor limit; beyond it files are read
-/// by path (fine for host binaries that stay on disk).
-const MAX_HANDLES: usize = 4096;
 
 /// Where a user address points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,16 +50,20 @@ pub enum UserLoc {
 pub struct ProcessTable {
     pub processes: BTreeMap<u32, Process>,
     pub files: Vec<UserFile>,
-    /// Files by identity (device, inode): one path can name different files in different
-    /// containers, and one file can have several paths. None: not an ELF file (see `file_id`).
-    file_ids: HashMap<(u64, u64), Option<u32>>,
-    /// Every (pid, address) seen, resolved or not yet.
-    pub locs: HashMap<(u32, u64), UserLoc>,
-    /// Addresses seen since the last `resolve_pending`, per pid.
-    pending: HashMap<u32, Vec<u64>>,
-    /// Addresses in anonymous memory that no perf map named yet, per pid: JIT code whose
+    file_ids: FileIds,
+    /// Executable mappings per process and exec, from the kernel's records.
+    pub mappings: MappingTable,
+    /// Fork, exec and exit of every process, from the kernel.
+    pub lifetimes: LifetimeLog,
+    /// Kernel records dropped because a ring was full: mappings may be missing.
+    pub lost_records: u64,
+    /// Every (space, address) seen, resolved or not yet.
+    pub locs: HashMap<(SpaceId, u64), UserLoc>,
+    /// Addresses seen since the last `resolve_pending`, per space.
+    pending: HashMap<SpaceId, Vec<u64>>,
+    /// Addresses in anonymous memory that no perf map named yet, per space: JIT code whose
     /// map line may come later (a JVM's perf-map-agent dumps on request). `retry_jit_names`.
-    unnamed_anon: HashMap<u32, Vec<u64>>,
+    unnamed_anon: HashMap<SpaceId, Vec<u64>>,
     /// JIT symbol names (`UserLoc::Named`), each once.
     pub names: Vec<String>,
     name_ids: HashMap<String, u32>,
@@ -77,7 +75,10 @@ impl Default for ProcessTable {
         Self {
             processes: BTreeMap::new(),
             files: Vec::new(),
-            file_ids: HashMap::new(),
+            file_ids: FileIds::default(),
+            mappings: MappingTable::default(),
+            lifetimes: LifetimeLog::default(),
+            lost_records: 0,
             locs: HashMap::new(),
             pending: HashMap::new(),
             unnamed_anon: HashMap::new(),
@@ -89,68 +90,224 @@ impl Default for ProcessTable {
 }
 
 impl ProcessTable {
-    /// Notes a sample of `pid` with these user addresses.
-    pub fn saw(&mut self, pid: u32, user_addrs: &[u64]) {
+    /// Notes a sample of `pid` at `time_ns` with these user addresses; returns the address
+    /// space they belong to. The kernel's records up to `time_ns` must be applied first.
+    pub fn saw(&mut self, pid: u32, time_ns: u64, user_addrs: &[u64]) -> SpaceId {
         if pid == 0 {
-            return; // the idle task
+            return 0; // the idle task
         }
-        self.processes
-            .entry(pid)
-            .or_insert_with(|| read_process(pid));
+        let generation = self.mappings.space_at(pid, time_ns).map_or(0, |(g, _)| g);
+        let space = space_id(pid, generation);
+        if !self.processes.contains_key(&pid) {
+            let mut p = read_process(pid);
+            // Gone before we looked: the kernel told us what it ran.
+            if p.comm.is_empty() {
+                p.comm = self.lifetimes.comm(pid).unwrap_or_default().to_owned();
+            }
+            if p.exe.is_empty() {
+                p.exe = self.lifetimes.exe(pid).unwrap_or_default().to_owned();
+            }
+            self.processes.insert(pid, p);
+        }
         for &addr in user_addrs {
-            self.locs.entry((pid, addr)).or_insert_with(|| {
-                self.pending.entry(pid).or_default().push(addr);
+            self.locs.entry((space, addr)).or_insert_with(|| {
+                self.pending.entry(space).or_default().push(addr);
                 UserLoc::Unknown
             });
         }
+        space
     }
 
-    /// Maps every pending address to (file, offset), reading /proc/PID/maps of live processes.
-    pub fn resolve_pending(&mut self) {
-        for (pid, addrs) in std::mem::take(&mut self.pending) {
-            let normalized = match self.normalizer.normalize_user_addrs(pid.into(), &addrs) {
-                Ok(n) => n,
-                Err(e) => {
-                    log::debug!("pid {pid}: cannot read its mappings: {e}");
-                    self.name_jit_code(pid, &addrs);
-                    continue; // the rest stay Unknown
-                }
-            };
-            let metas: Vec<Option<u32>> = normalized
-                .meta
-                .iter()
-                .map(|meta| match meta {
-                    UserMeta::Elf(elf) => file_id(
+    /// Applies the kernel's records (in time order): mappings, execs, forks, exits.
+    pub fn apply(&mut self, records: &[KernelRecord]) {
+        for r in records {
+            match r {
+                KernelRecord::Map {
+                    pid,
+                    time_ns,
+                    start,
+                    end,
+                    pgoff,
+                    path,
+                    id,
+                } => {
+                    // "//anon", "[vdso]", "[uprobes]": no file to read.
+                    if !path.starts_with('/') || path.starts_with("//") {
+                        continue;
+                    }
+                    self.lifetimes.mapped(*pid, path);
+                    let Some(file) = self.file_ids.by_identity(
                         &mut self.files,
-                        &mut self.file_ids,
-                        pid,
-                        &elf.path,
-                        elf.build_id.as_deref(),
-                    ),
-                    _ => None,
-                })
-                .collect();
-            let mut anon = Vec::new();
-            for (&addr, &(offset, meta)) in addrs.iter().zip(&normalized.outputs) {
-                if let Some(Some(file)) = metas.get(meta) {
-                    self.locs.insert(
-                        (pid, addr),
-                        UserLoc::File {
-                            file: *file,
-                            offset,
-                        },
-                    );
-                } else if let Some(UserMeta::Unknown(u)) = normalized.meta.get(meta)
-                    && u.reason == Reason::MissingComponent
-                {
-                    anon.push(addr);
+                        *pid,
+                        (*start, *end),
+                        Path::new(path),
+                        id,
+                    ) else {
+                        continue;
+                    };
+                    let m = Mapping {
+                        start: *start,
+                        end: *end,
+                        file_offset: *pgoff,
+                        file,
+                    };
+                    self.mappings.map(*pid, *time_ns, m);
+                }
+                KernelRecord::Exec { pid, time_ns, comm } => {
+                    self.mappings.exec(*pid, *time_ns);
+                    self.lifetimes.exec(*pid, *time_ns, comm);
+                }
+                KernelRecord::Fork { pid, ppid, time_ns } => {
+                    // A parent from before the recording: its mappings from /proc, once (it
+                    // surely lives: it just forked).
+                    let seed = if self.mappings.generations(*ppid) == 0 {
+                        self.read_maps(*ppid)
+                    } else {
+                        None
+                    };
+                    self.mappings.fork(*pid, *ppid, *time_ns, || seed);
+                    let comm = self
+                        .lifetimes
+                        .comm(*ppid)
+                        .map(str::to_owned)
+                        .or_else(|| read_comm(*ppid));
+                    self.lifetimes.fork(*pid, *ppid, *time_ns, comm);
+                }
+                KernelRecord::Exit { pid, time_ns } => self.lifetimes.exit(*pid, *time_ns),
+                KernelRecord::Lost(n) => self.lost_records += n,
+            }
+        }
+    }
+
+    /// A process's exit status (from the exit tracepoint).
+    pub fn exited(&mut self, pid: u32, time_ns: u64, status: u32) {
+        self.lifetimes.status(pid, time_ns, status);
+    }
+
+    /// The executable file mappings of a live process, from /proc/PID/maps.
+    fn read_maps(&mut self, pid: u32) -> Option<Vec<Mapping>> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        let mut maps = Vec::new();
+        for line in text.lines() {
+            // start-end perms offset major:minor inode path
+            let mut f = line.split_ascii_whitespace();
+            let (Some(range), Some(perms), Some(off), Some(dev), Some(ino)) =
+                (f.next(), f.next(), f.next(), f.next(), f.next())
+            else {
+                continue;
+            };
+            let path = f.collect::<Vec<_>>().join(" ");
+            if perms.as_bytes().get(2) != Some(&b'x') || !path.starts_with('/') {
+                continue;
+            }
+            let hex = |s: &str| u64::from_str_radix(s, 16).ok();
+            let (Some((start, end)), Some(off), Some((maj, min)), Ok(ino)) = (
+                range.split_once('-').and_then(|(a, b)| Some((hex(a)?, hex(b)?))),
+                hex(off),
+                dev.split_once(':').and_then(|(a, b)| Some((hex(a)?, hex(b)?))),
+                ino.parse::<u64>(),
+            ) else {
+                continue;
+            };
+            let identity = FileIdentity::Inode(libc::makedev(maj as u32, min as u32), ino);
+            if let Some(file) =
+                self.file_ids
+                    .by_identity(&mut self.files, pid, (start, end), Path::new(&path), &identity)
+            {
+                maps.push(Mapping {
+                    start,
+                    end,
+                    file_offset: off,
+                    file,
+                });
+            }
+        }
+        Some(maps)
+    }
+
+    /// Maps every pending address to (file, offset): from the kernel's mappings, else (a
+    /// process from before the recording) from /proc/PID/maps of the live process.
+    pub fn resolve_pending(&mut self) {
+        for (space, addrs) in std::mem::take(&mut self.pending) {
+            let pid = space_pid(space);
+            let generation = (space >> 32) as u32;
+            let known = self.mappings.space(pid, generation);
+            let mut rest = Vec::new();
+            for &addr in &addrs {
+                match known.and_then(|s| s.lookup(addr)) {
+                    Some(m) => {
+                        let offset = addr - m.start + m.file_offset;
+                        self.locs
+                            .insert((space, addr), UserLoc::File { file: m.file, offset });
+                    }
+                    None => rest.push(addr),
                 }
             }
-            self.name_jit_code(pid, &addrs);
-            anon.retain(|a| self.locs.get(&(pid, *a)) == Some(&UserLoc::Unknown));
-            if !anon.is_empty() {
-                self.unnamed_anon.entry(pid).or_default().extend(anon);
+            if rest.is_empty() {
+                continue;
             }
+            // /proc shows only the current space, and a complete one has all its files:
+            // what is left is anonymous memory (JIT code, perhaps).
+            let current = generation + 1 >= self.mappings.generations(pid);
+            if known.is_some_and(|s| s.complete) || !current {
+                self.name_jit_code(space, &rest);
+                let anon: Vec<u64> = rest
+                    .into_iter()
+                    .filter(|a| self.locs.get(&(space, *a)) == Some(&UserLoc::Unknown))
+                    .collect();
+                if !anon.is_empty() {
+                    self.unnamed_anon.entry(space).or_default().extend(anon);
+                }
+                continue;
+            }
+            self.resolve_from_proc(space, &rest);
+        }
+    }
+
+    /// Today's way for processes from before the recording: blazesym reads their mappings.
+    fn resolve_from_proc(&mut self, space: SpaceId, addrs: &[u64]) {
+        let pid = space_pid(space);
+        let normalized = match self.normalizer.normalize_user_addrs(pid.into(), addrs) {
+            Ok(n) => n,
+            Err(e) => {
+                log::debug!("pid {pid}: cannot read its mappings: {e}");
+                self.name_jit_code(space, addrs);
+                return; // the rest stay Unknown
+            }
+        };
+        let metas: Vec<Option<u32>> = normalized
+            .meta
+            .iter()
+            .map(|meta| match meta {
+                UserMeta::Elf(elf) => self.file_ids.by_path(
+                    &mut self.files,
+                    pid,
+                    &elf.path,
+                    elf.build_id.as_deref(),
+                ),
+                _ => None,
+            })
+            .collect();
+        let mut anon = Vec::new();
+        for (&addr, &(offset, meta)) in addrs.iter().zip(&normalized.outputs) {
+            if let Some(Some(file)) = metas.get(meta) {
+                self.locs.insert(
+                    (space, addr),
+                    UserLoc::File {
+                        file: *file,
+                        offset,
+                    },
+                );
+            } else if let Some(UserMeta::Unknown(u)) = normalized.meta.get(meta)
+                && u.reason == Reason::MissingComponent
+            {
+                anon.push(addr);
+            }
+        }
+        self.name_jit_code(space, addrs);
+        anon.retain(|a| self.locs.get(&(space, *a)) == Some(&UserLoc::Unknown));
+        if !anon.is_empty() {
+            self.unnamed_anon.entry(space).or_default().extend(anon);
         }
     }
 
@@ -158,27 +315,30 @@ impl ProcessTable {
     /// have been written after they were first seen. One read per such live process; the
     /// agent calls this once per window, `record` once before symbolizing.
     pub fn retry_jit_names(&mut self) {
-        for (pid, mut addrs) in std::mem::take(&mut self.unnamed_anon) {
+        for (space, mut addrs) in std::mem::take(&mut self.unnamed_anon) {
+            let pid = space_pid(space);
             if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
                 continue; // exited: its map is of no use now, and it will not grow
             }
-            self.name_jit_code(pid, &addrs);
-            addrs.retain(|a| self.locs.get(&(pid, *a)) == Some(&UserLoc::Unknown));
+            self.name_jit_code(space, &addrs);
+            addrs.retain(|a| self.locs.get(&(space, *a)) == Some(&UserLoc::Unknown));
             if !addrs.is_empty() {
-                self.unnamed_anon.insert(pid, addrs);
+                self.unnamed_anon.insert(space, addrs);
             }
         }
     }
 
-    /// Names `addrs` still unknown from `pid`'s perf map, read at most once per call: a JIT
-    /// appends to it as it compiles, so a later pass sees newer code.
-    fn name_jit_code(&mut self, pid: u32, addrs: &[u64]) {
+    /// Names `addrs` still unknown from the space's process's perf map, read at most once per
+    /// call: a JIT appends to it as it compiles, so a later pass sees newer code.
+    fn name_jit_code(&mut self, space: SpaceId, addrs: &[u64]) {
         let mut map = None;
         for &addr in addrs {
-            if self.locs.get(&(pid, addr)) != Some(&UserLoc::Unknown) {
+            if self.locs.get(&(space, addr)) != Some(&UserLoc::Unknown) {
                 continue;
             }
-            let map = map.get_or_insert_with(|| super::perfmap::read(pid).unwrap_or_default());
+            let map = map.get_or_insert_with(|| {
+                super::perfmap::read(space_pid(space)).unwrap_or_default()
+            });
             let Some(name) = map.lookup(addr) else {
                 continue;
             };
@@ -187,52 +347,9 @@ impl ProcessTable {
                 self.names.push(name.to_owned());
                 next
             });
-            self.locs.insert((pid, addr), UserLoc::Named(id));
+            self.locs.insert((space, addr), UserLoc::Named(id));
         }
     }
-}
-
-/// The id of the file `path` names in `pid`'s mount namespace, opening it on first sight.
-/// None for a file that is not ELF: a return address that lands in a mapped data file (the
-/// locale archive, say) comes from a frame-pointer walk through code built without them,
-/// and `LC_CTYPE+0xc6b` would be a made-up frame; such addresses stay unknown.
-fn file_id(
-    files: &mut Vec<UserFile>,
-    ids: &mut HashMap<(u64, u64), Option<u32>>,
-    pid: u32,
-    path: &std::path::Path,
-    build_id: Option<&[u8]>,
-) -> Option<u32> {
-    use std::os::unix::fs::{FileExt as _, MetadataExt as _};
-    let in_ns =
-        PathBuf::from(format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path));
-    let handle = std::fs::File::open(&in_ns)
-        .or_else(|_| std::fs::File::open(path))
-        .ok();
-    let key = handle
-        .as_ref()
-        .and_then(|f| f.metadata().ok())
-        .map_or((u64::MAX, files.len() as u64), |m| (m.dev(), m.ino()));
-    if let Some(&id) = ids.get(&key) {
-        return id;
-    }
-    let mut magic = [0u8; 4];
-    if let Some(f) = &handle
-        && f.read_exact_at(&mut magic, 0).is_ok()
-        && magic != *b"\x7fELF"
-    {
-        ids.insert(key, None);
-        return None;
-    }
-    let handle = handle.filter(|_| files.len() < MAX_HANDLES);
-    files.push(UserFile {
-        path: path.to_owned(),
-        build_id: build_id.map(<[u8]>::to_vec),
-        handle,
-    });
-    let id = files.len() as u32 - 1;
-    ids.insert(key, Some(id));
-    Some(id)
 }
 
 /// A normalizer that looks up only the mappings it needs: with the PROCMAP_QUERY ioctl (Linux
@@ -260,13 +377,17 @@ fn new_normalizer() -> Normalizer {
     }
 }
 
+fn read_comm(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|c| c.trim_end().to_owned())
+}
+
 fn read_process(pid: u32) -> Process {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
         .map(|p| p.display().to_string())
         .unwrap_or_default();
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|c| c.trim_end().to_owned())
-        .unwrap_or_default();
+    let comm = read_comm(pid).unwrap_or_default();
     let cgroups = super::cgroup::read_process_cgroups(pid);
     Process {
         pid,
@@ -275,27 +396,5 @@ fn read_process(pid: u32) -> Process {
         cgroup: cgroups.v2,
         memory_cgroup: cgroups.memory,
         cpu_cgroup: cgroups.cpu,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_elf_files_get_an_id() {
-        let (mut files, mut ids) = (Vec::new(), HashMap::new());
-        let me = std::process::id();
-        let data = std::env::temp_dir().join(format!("profiler-not-elf-{me}"));
-        std::fs::write(&data, b"LC_CTYPE data, not code").unwrap();
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        assert_eq!(file_id(&mut files, &mut ids, me, &data, None), None);
-        let id = file_id(&mut files, &mut ids, me, &exe, None);
-        assert_eq!(id, Some(0));
-        // Known files keep their answer.
-        assert_eq!(file_id(&mut files, &mut ids, me, &data, None), None);
-        assert_eq!(file_id(&mut files, &mut ids, me, &exe, None), id);
-        assert_eq!(files.len(), 1);
-        std::fs::remove_file(&data).unwrap();
     }
 }

@@ -76,6 +76,11 @@ fn debuglink(path: &Path) -> Option<PathBuf> {
     elf_facts(path)?.0
 }
 
+/// The GNU build id of the ELF file at `path`.
+pub fn file_build_id(path: &Path) -> Option<Vec<u8>> {
+    elf_facts(path)?.1
+}
+
 /// (`.gnu_debuglink` name, build id) of the ELF file at `path`, reading only the parts needed.
 fn elf_facts(path: &Path) -> Option<(Option<PathBuf>, Option<Vec<u8>>)> {
     use object::Object as _;

@@ -7,6 +7,7 @@ mod user;
 
 use std::collections::HashMap;
 
+pub use debuginfo::file_build_id;
 pub use kernel::{KernelSym, KernelSymbols};
 pub use user::UserSymbolizer;
 
@@ -119,10 +120,10 @@ pub fn build_profile_cached(
         .ustacks
         .stacks
         .iter()
-        .map(|(pid, addrs)| {
+        .map(|(space, addrs)| {
             let mut frames = Vec::with_capacity(addrs.len());
             for &addr in addrs.iter().rev() {
-                let loc = collection.processes.locs.get(&(*pid, addr)).copied();
+                let loc = collection.processes.locs.get(&(*space, addr)).copied();
                 // Outermost first: the function, then what `--inline` found inlined in it.
                 let names: Vec<(u32, u32)> = match loc {
                     Some(UserLoc::File { file, offset }) => {
@@ -186,6 +187,9 @@ pub fn build_profile_cached(
     }
     for p in collection.processes.processes.values() {
         out.process(p.clone());
+    }
+    for l in collection.lifetimes(start) {
+        out.lifetime(l);
     }
     let mut cgroups: Vec<Cgroup> = collection
         .cgroup_paths

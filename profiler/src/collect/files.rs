@@ -1,0 +1,214 @@
+//! The binaries processes map, each opened once and kept open while its process lives, so
+//! that it symbolizes after the process has exited, in another mount namespace, or once
+//! deleted. Files are known by identity (device and inode, or GNU build id), never by path
+//! alone: one path names different files in different containers.
+use std::{
+    collections::HashMap,
+    fs::File,
+    os::unix::fs::{FileExt as _, MetadataExt as _},
+    path::{Path, PathBuf},
+};
+
+use super::kernel_records::FileIdentity;
+
+/// A mapped file that user addresses fall in.
+#[derive(Debug)]
+pub struct UserFile {
+    /// Path as the process saw it (in its own mount namespace).
+    pub path: PathBuf,
+    /// GNU build id, when the file has one.
+    pub build_id: Option<Vec<u8>>,
+    /// The file itself, opened while the process lived: it stays readable after the process
+    /// exits, in another mount namespace, or once deleted.
+    pub handle: Option<File>,
+}
+
+impl UserFile {
+    /// A path that reads this very file now: the kept handle, else the recorded path.
+    pub fn readable_path(&self) -> PathBuf {
+        match &self.handle {
+            Some(f) => PathBuf::from(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(f)
+            )),
+            None => self.path.clone(),
+        }
+    }
+}
+
+/// Open file handles kept at most, below the usual descriptor limit; beyond it files are read
+/// by path (fine for host binaries that stay on disk).
+const MAX_HANDLES: usize = 4096;
+
+/// Ids of the files in a `Vec<UserFile>`, by identity. None: not an ELF file.
+#[derive(Default)]
+pub struct FileIds {
+    by_inode: HashMap<(u64, u64), Option<u32>>,
+    by_build_id: HashMap<Vec<u8>, Option<u32>>,
+}
+
+impl FileIds {
+    /// The id of the file `path` names in `pid`'s mount namespace (from /proc/PID/maps),
+    /// opening it on first sight. None for a file that is not ELF (see `intern`).
+    pub fn by_path(
+        &mut self,
+        files: &mut Vec<UserFile>,
+        pid: u32,
+        path: &Path,
+        build_id: Option<&[u8]>,
+    ) -> Option<u32> {
+        let handle = open_in_process(pid, path, None);
+        let key = handle
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .map_or((u64::MAX, files.len() as u64), |m| (m.dev(), m.ino()));
+        if let Some(&id) = self.by_inode.get(&key) {
+            return id;
+        }
+        let id = intern(files, handle, path, build_id.map(<[u8]>::to_vec));
+        self.by_inode.insert(key, id);
+        if let (Some(b), Some(id)) = (build_id, id) {
+            self.by_build_id.entry(b.to_vec()).or_insert(Some(id));
+        }
+        id
+    }
+
+    /// The id of the file an MMAP2 record names (`identity` as the kernel gave it), opening
+    /// it on first sight through `pid`'s own view of it. None when it is not ELF, or when no
+    /// file with that identity can be opened any more (its addresses then stay unknown
+    /// rather than being named from another file).
+    pub fn by_identity(
+        &mut self,
+        files: &mut Vec<UserFile>,
+        pid: u32,
+        range: (u64, u64),
+        path: &Path,
+        identity: &FileIdentity,
+    ) -> Option<u32> {
+        let known = match identity {
+            FileIdentity::BuildId(b) => self.by_build_id.get(b),
+            FileIdentity::Inode(dev, ino) => self.by_inode.get(&(*dev, *ino)),
+        };
+        if let Some(&id) = known {
+            return id;
+        }
+        let handle = open_in_process(pid, path, Some(range))
+            .filter(|f| same_file(f, identity));
+        let Some(handle) = handle else {
+            log::debug!(
+                "pid {pid}: {} is gone or is another file now: its addresses stay unknown",
+                path.display()
+            );
+            return None;
+        };
+        let inode = handle.metadata().ok().map(|m| (m.dev(), m.ino()));
+        let build_id = match identity {
+            FileIdentity::BuildId(b) => Some(b.clone()),
+            FileIdentity::Inode(..) => None,
+        };
+        let id = intern(files, Some(handle), path, build_id.clone());
+        if let Some(key) = inode {
+            self.by_inode.entry(key).or_insert(id);
+        }
+        if let Some(b) = build_id {
+            self.by_build_id.entry(b).or_insert(id);
+        }
+        id
+    }
+}
+
+/// Opens the file `pid` maps at `path` (and, when known, at `range` of its address space):
+/// the mapping itself through /proc/PID/map_files while the mapping exists (exactly the mapped
+/// file, even deleted or in another mount namespace), else the path in the process's root,
+/// else in ours. Every open on behalf of a process is here, so that how it is done (without
+/// following links out of the process's root, regular files only) is decided in one place.
+pub fn open_in_process(pid: u32, path: &Path, range: Option<(u64, u64)>) -> Option<File> {
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    range
+        .and_then(|(start, end)| {
+            File::open(format!("/proc/{pid}/map_files/{start:x}-{end:x}")).ok()
+        })
+        .or_else(|| File::open(PathBuf::from(format!("/proc/{pid}/root")).join(rel)).ok())
+        .or_else(|| File::open(path).ok())
+        .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+}
+
+/// Whether `f` is the file the kernel identified: same device and inode, or same build id.
+fn same_file(f: &File, identity: &FileIdentity) -> bool {
+    match identity {
+        FileIdentity::Inode(dev, ino) => f
+            .metadata()
+            .is_ok_and(|m| m.dev() == *dev && m.ino() == *ino),
+        FileIdentity::BuildId(b) => {
+            let path = PathBuf::from(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(f)
+            ));
+            crate::symbolize::file_build_id(&path).as_deref() == Some(b.as_slice())
+        }
+    }
+}
+
+/// Adds a file; None for a file that is not ELF: a return address that lands in a mapped
+/// data file (the locale archive, say) comes from a frame-pointer walk through code built
+/// without them, and `LC_CTYPE+0xc6b` would be a made-up frame; such addresses stay unknown.
+fn intern(
+    files: &mut Vec<UserFile>,
+    handle: Option<File>,
+    path: &Path,
+    build_id: Option<Vec<u8>>,
+) -> Option<u32> {
+    let mut magic = [0u8; 4];
+    if let Some(f) = &handle
+        && f.read_exact_at(&mut magic, 0).is_ok()
+        && magic != *b"\x7fELF"
+    {
+        return None;
+    }
+    let handle = handle.filter(|_| files.len() < MAX_HANDLES);
+    files.push(UserFile {
+        path: path.to_owned(),
+        build_id,
+        handle,
+    });
+    Some(files.len() as u32 - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_elf_files_get_an_id() {
+        let (mut files, mut ids) = (Vec::new(), FileIds::default());
+        let me = std::process::id();
+        let data = std::env::temp_dir().join(format!("profiler-not-elf-{me}"));
+        std::fs::write(&data, b"LC_CTYPE data, not code").unwrap();
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        assert_eq!(ids.by_path(&mut files, me, &data, None), None);
+        let id = ids.by_path(&mut files, me, &exe, None);
+        assert_eq!(id, Some(0));
+        // Known files keep their answer.
+        assert_eq!(ids.by_path(&mut files, me, &data, None), None);
+        assert_eq!(ids.by_path(&mut files, me, &exe, None), id);
+        assert_eq!(files.len(), 1);
+        std::fs::remove_file(&data).unwrap();
+    }
+
+    #[test]
+    fn a_file_with_another_identity_is_not_used() {
+        let (mut files, mut ids) = (Vec::new(), FileIds::default());
+        let me = std::process::id();
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let m = std::fs::metadata(&exe).unwrap();
+        let wrong = FileIdentity::Inode(m.dev(), m.ino() + 1);
+        assert_eq!(ids.by_identity(&mut files, me, (0, 0), &exe, &wrong), None);
+        let right = FileIdentity::Inode(m.dev(), m.ino());
+        let id = ids.by_identity(&mut files, me, (0, 0), &exe, &right);
+        assert_eq!(id, Some(0));
+        // The same file found by path later has the same id.
+        assert_eq!(ids.by_path(&mut files, me, &exe, None), id);
+        let bogus = FileIdentity::BuildId(vec![1, 2, 3]);
+        assert_eq!(ids.by_identity(&mut files, me, (0, 0), &exe, &bogus), None);
+    }
+}
