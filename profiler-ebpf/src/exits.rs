@@ -37,7 +37,8 @@ fn exited(ctx: &RawTracePointContext) {
     // TP_PROTO(struct task_struct *p, ...): the exiting task, current.
     let task: *const u8 = ctx.arg(0);
     // SAFETY: a kernel pointer from the tracepoint; the helper checks the read.
-    let Ok(status) = (unsafe { bpf_probe_read_kernel(task.wrapping_add(offset as usize).cast::<i32>()) })
+    let Ok(status) =
+        (unsafe { bpf_probe_read_kernel(task.wrapping_add(offset as usize).cast::<i32>()) })
     else {
         return;
     };

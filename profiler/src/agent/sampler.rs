@@ -206,7 +206,8 @@ fn prune(live: &mut ProcessTable) -> bool {
             .or_insert_with(|| std::path::Path::new(&format!("/proc/{pid}")).exists())
     };
     live.processes.retain(|pid, _| is_alive(*pid));
-    live.locs.retain(|(space, _), _| is_alive(space_pid(*space)));
+    live.locs
+        .retain(|(space, _), _| is_alive(space_pid(*space)));
     let dead: Vec<u32> = live.mappings.pids().filter(|&p| !is_alive(p)).collect();
     for pid in dead {
         live.mappings.remove(pid);

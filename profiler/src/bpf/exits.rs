@@ -63,11 +63,11 @@ fn member_offset(btf: &[u8], name: &str, member: &str) -> Option<u64> {
         let (kind, vlen, kind_flag) = ((info >> 24) & 0x1f, (info & 0xffff) as usize, info >> 31);
         // Bytes that follow the 12-byte common header, per kind (linux/btf.h).
         let extra = match kind {
-            1 | 14 | 17 => 4,        // INT, VAR, DECL_TAG
-            3 => 12,                 // ARRAY
-            4 | 5 => vlen * 12,      // STRUCT, UNION: name_off, type, offset
-            6 | 13 => vlen * 8,      // ENUM, FUNC_PROTO
-            15 | 19 => vlen * 12,    // DATASEC, ENUM64
+            1 | 14 | 17 => 4,     // INT, VAR, DECL_TAG
+            3 => 12,              // ARRAY
+            4 | 5 => vlen * 12,   // STRUCT, UNION: name_off, type, offset
+            6 | 13 => vlen * 8,   // ENUM, FUNC_PROTO
+            15 | 19 => vlen * 12, // DATASEC, ENUM64
             _ => 0,
         };
         if kind == 4 && name_at(name_off)? == name.as_bytes() {
@@ -97,7 +97,13 @@ mod tests {
         let off = super::member_offset(&btf, "task_struct", "exit_code").expect("exit_code");
         // task_struct starts with thread_info/state and much else: exit_code is far in.
         assert!(off > 64 && off < 16384, "implausible offset {off}");
-        assert_eq!(super::member_offset(&btf, "task_struct", "no_such_field"), None);
-        assert_eq!(super::member_offset(b"not btf", "task_struct", "exit_code"), None);
+        assert_eq!(
+            super::member_offset(&btf, "task_struct", "no_such_field"),
+            None
+        );
+        assert_eq!(
+            super::member_offset(b"not btf", "task_struct", "exit_code"),
+            None
+        );
     }
 }

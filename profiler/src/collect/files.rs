@@ -92,8 +92,7 @@ impl FileIds {
         if let Some(&id) = known {
             return id;
         }
-        let handle = open_in_process(pid, path, Some(range))
-            .filter(|f| same_file(f, identity));
+        let handle = open_in_process(pid, path, Some(range)).filter(|f| same_file(f, identity));
         let Some(handle) = handle else {
             log::debug!(
                 "pid {pid}: {} is gone or is another file now: its addresses stay unknown",

@@ -21,7 +21,11 @@ pub enum KernelRecord {
         id: FileIdentity,
     },
     /// `pid` ran execve: its mappings are replaced (the new ones follow).
-    Exec { pid: u32, time_ns: u64, comm: String },
+    Exec {
+        pid: u32,
+        time_ns: u64,
+        comm: String,
+    },
     /// A new process `pid` forked from `ppid` (threads are not reported).
     Fork { pid: u32, ppid: u32, time_ns: u64 },
     /// Process `pid` exited (its last... its leader thread).
@@ -245,7 +249,10 @@ impl CpuRing {
         let mask = self.data_len as u64 - 1;
         while end.saturating_sub(pos) >= 8 {
             let at = (pos & mask) as usize;
-            let size = u16::from_ne_bytes([data[(at + 6) & mask as usize], data[(at + 7) & mask as usize]]) as usize;
+            let size = u16::from_ne_bytes([
+                data[(at + 6) & mask as usize],
+                data[(at + 7) & mask as usize],
+            ]) as usize;
             if size < 8 || end - pos < size as u64 {
                 break; // cannot happen with a sane kernel; never trust a length blindly
             }

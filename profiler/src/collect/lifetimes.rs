@@ -15,6 +15,20 @@ pub struct LifetimeLog {
 
 impl LifetimeLog {
     pub fn fork(&mut self, pid: u32, ppid: u32, time_ns: u64, parent_comm: Option<String>) {
+        // Each CPU has its own ring, read one after the other: a process that lives between
+        // two reads has its exec or exit read before its fork. Those belong to this fork.
+        if let Some(&i) = self.current.get(&pid) {
+            let e = &mut self.entries[i];
+            let first = [e.exec_ns, e.exit_ns].into_iter().flatten().min();
+            if e.fork_ns.is_none() && first.is_some_and(|t| t >= time_ns) {
+                e.fork_ns = Some(time_ns);
+                e.ppid = ppid;
+                if e.comm.is_empty() {
+                    e.comm = parent_comm.unwrap_or_default();
+                }
+                return;
+            }
+        }
         self.current.insert(pid, self.entries.len());
         self.entries.push(Lifetime {
             pid,
@@ -65,6 +79,11 @@ impl LifetimeLog {
         (!e.exe.is_empty()).then_some(e.exe.as_str())
     }
 
+    #[cfg(test)]
+    fn entries(&self) -> &[Lifetime] {
+        &self.entries
+    }
+
     /// Every lifetime, times made offsets from `start_mono_ns` (events before it, read late,
     /// count as at the start).
     pub fn to_profile(&self, start_mono_ns: u64) -> Vec<Lifetime> {
@@ -113,5 +132,35 @@ impl LifetimeLog {
             self.entries.len() - 1
         });
         &mut self.entries[i]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fork_read_after_its_exit_joins_it() {
+        let mut log = LifetimeLog::default();
+        // Read in this order from two CPUs' rings: exit status, exec, exit, then the fork.
+        log.status(7, 300, 3 << 8);
+        log.exec(7, 200, "fx-burn");
+        log.exit(7, 301);
+        log.fork(7, 1, 100, Some("sh".into()));
+        let all = log.entries();
+        assert_eq!(all.len(), 1, "{all:?}");
+        let e = &all[0];
+        assert_eq!(
+            (e.fork_ns, e.exec_ns, e.exit_ns),
+            (Some(100), Some(200), Some(300))
+        );
+        assert_eq!(
+            (e.ppid, e.comm.as_str(), e.exit_code()),
+            (1, "fx-burn", Some(3))
+        );
+        // The pid used again by a later process: a new entry.
+        log.fork(7, 1, 400, Some("sh".into()));
+        assert_eq!(log.entries().len(), 2);
+        assert_eq!(log.to_profile(100)[1].fork_ns, Some(300));
     }
 }

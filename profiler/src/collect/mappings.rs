@@ -199,7 +199,11 @@ mod tests {
         let (g0, before) = t.space_at(10, 150).unwrap();
         let (g1, after) = t.space_at(10, 250).unwrap();
         assert_eq!((g0, g1), (0, 1));
-        assert_eq!(before.lookup(0x1800).unwrap().file, 7, "the parent's binary");
+        assert_eq!(
+            before.lookup(0x1800).unwrap().file,
+            7,
+            "the parent's binary"
+        );
         assert_eq!(after.lookup(0x1800).unwrap().file, 8, "the exec'd binary");
         assert!(before.complete && after.complete);
         // The parent was seeded from "/proc" and is complete as well.
@@ -215,7 +219,10 @@ mod tests {
         t.map(20, 301, m(0x5000, 0x6000, 0, 3));
         t.fork(20, 2, 250, || None);
         assert!(!t.space_at(20, 260).unwrap().1.complete, "parent unknown");
-        assert_eq!(t.space_at(20, 400).unwrap().1.lookup(0x5000).unwrap().file, 3);
+        assert_eq!(
+            t.space_at(20, 400).unwrap().1.lookup(0x5000).unwrap().file,
+            3
+        );
     }
 
     #[test]
@@ -244,7 +251,10 @@ mod tests {
         t.map(30, 500, m(0x7000, 0x8000, 0, 4));
         let (g, s) = t.space_at(30, 10).unwrap();
         assert_eq!(g, 0);
-        assert!(!s.complete, "mappings made before the recording are in /proc only");
+        assert!(
+            !s.complete,
+            "mappings made before the recording are in /proc only"
+        );
         assert!(t.space_at(31, 10).is_none());
     }
 }

@@ -202,18 +202,24 @@ impl ProcessTable {
             }
             let hex = |s: &str| u64::from_str_radix(s, 16).ok();
             let (Some((start, end)), Some(off), Some((maj, min)), Ok(ino)) = (
-                range.split_once('-').and_then(|(a, b)| Some((hex(a)?, hex(b)?))),
+                range
+                    .split_once('-')
+                    .and_then(|(a, b)| Some((hex(a)?, hex(b)?))),
                 hex(off),
-                dev.split_once(':').and_then(|(a, b)| Some((hex(a)?, hex(b)?))),
+                dev.split_once(':')
+                    .and_then(|(a, b)| Some((hex(a)?, hex(b)?))),
                 ino.parse::<u64>(),
             ) else {
                 continue;
             };
             let identity = FileIdentity::Inode(libc::makedev(maj as u32, min as u32), ino);
-            if let Some(file) =
-                self.file_ids
-                    .by_identity(&mut self.files, pid, (start, end), Path::new(&path), &identity)
-            {
+            if let Some(file) = self.file_ids.by_identity(
+                &mut self.files,
+                pid,
+                (start, end),
+                Path::new(&path),
+                &identity,
+            ) {
                 maps.push(Mapping {
                     start,
                     end,
@@ -232,13 +238,27 @@ impl ProcessTable {
             let pid = space_pid(space);
             let generation = (space >> 32) as u32;
             let known = self.mappings.space(pid, generation);
+            // A sample taken inside execve, after the new image's exec record, still has the
+            // old image's user registers (start_thread sets the new ones last): an address
+            // the new space lacks is looked up in the one before.
+            let before = generation
+                .checked_sub(1)
+                .and_then(|g| self.mappings.space(pid, g));
             let mut rest = Vec::new();
             for &addr in &addrs {
-                match known.and_then(|s| s.lookup(addr)) {
+                let found = known
+                    .and_then(|s| s.lookup(addr))
+                    .or_else(|| before.and_then(|s| s.lookup(addr)));
+                match found {
                     Some(m) => {
                         let offset = addr - m.start + m.file_offset;
-                        self.locs
-                            .insert((space, addr), UserLoc::File { file: m.file, offset });
+                        self.locs.insert(
+                            (space, addr),
+                            UserLoc::File {
+                                file: m.file,
+                                offset,
+                            },
+                        );
                     }
                     None => rest.push(addr),
                 }
@@ -279,12 +299,10 @@ impl ProcessTable {
             .meta
             .iter()
             .map(|meta| match meta {
-                UserMeta::Elf(elf) => self.file_ids.by_path(
-                    &mut self.files,
-                    pid,
-                    &elf.path,
-                    elf.build_id.as_deref(),
-                ),
+                UserMeta::Elf(elf) => {
+                    self.file_ids
+                        .by_path(&mut self.files, pid, &elf.path, elf.build_id.as_deref())
+                }
                 _ => None,
             })
             .collect();
@@ -336,9 +354,8 @@ impl ProcessTable {
             if self.locs.get(&(space, addr)) != Some(&UserLoc::Unknown) {
                 continue;
             }
-            let map = map.get_or_insert_with(|| {
-                super::perfmap::read(space_pid(space)).unwrap_or_default()
-            });
+            let map = map
+                .get_or_insert_with(|| super::perfmap::read(space_pid(space)).unwrap_or_default());
             let Some(name) = map.lookup(addr) else {
                 continue;
             };

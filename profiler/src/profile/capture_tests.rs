@@ -168,7 +168,11 @@ fn reads_version_2() {
     encode(&p, &mut bytes).unwrap();
     let mut body = Vec::new();
     GzDecoder::new(&bytes[12..]).read_to_end(&mut body).unwrap();
-    assert_eq!(body.pop(), Some(0), "the body ends with an empty lifetime list");
+    assert_eq!(
+        body.pop(),
+        Some(0),
+        "the body ends with an empty lifetime list"
+    );
     let mut old = MAGIC.to_vec();
     old.extend(2u32.to_le_bytes());
     let mut gz = GzEncoder::new(old, Compression::new(6));

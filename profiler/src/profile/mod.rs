@@ -2,14 +2,16 @@
 //! sample with its time. Outputs render from it; `capture` stores it on disk.
 pub mod attribution;
 mod capture;
+mod lifetimes;
 mod model;
 mod timeline;
 
 pub use attribution::GroupBy;
 pub use capture::{CAPTURE_VERSION, CaptureError, MAGIC, decode, encode, read_file, write_file};
+pub use lifetimes::{LifetimeStats, lifetime_stats};
 pub use model::{
-    Binary, Cgroup, Counters, Frame, FrameKind, Interner, Lifetime, Meta, Process, Profile, Sample, Stack,
-    StrId,
+    Binary, Cgroup, Counters, Frame, FrameKind, Interner, Lifetime, Meta, Process, Profile, Sample,
+    Stack, StrId,
 };
 #[cfg(test)]
 pub(crate) use timeline::tests::pattern_profile as timeline_pattern;
