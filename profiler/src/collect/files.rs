@@ -27,10 +27,7 @@ impl UserFile {
     /// A path that reads this very file now: the kept handle, else the recorded path.
     pub fn readable_path(&self) -> PathBuf {
         match &self.handle {
-            Some(f) => PathBuf::from(format!(
-                "/proc/self/fd/{}",
-                std::os::fd::AsRawFd::as_raw_fd(f)
-            )),
+            Some(f) => fd_path(f),
             None => self.path.clone(),
         }
     }
@@ -100,12 +97,22 @@ impl FileIds {
             );
             return None;
         };
+        // One file, one id, however it was first named: the kernel gives a build id when it
+        // can read it from memory, else device and inode, and /proc gives the latter.
         let inode = handle.metadata().ok().map(|m| (m.dev(), m.ino()));
         let build_id = match identity {
             FileIdentity::BuildId(b) => Some(b.clone()),
-            FileIdentity::Inode(..) => None,
+            FileIdentity::Inode(..) => crate::symbolize::file_build_id(&fd_path(&handle)),
         };
-        let id = intern(files, Some(handle), path, build_id.clone());
+        let id = match (
+            inode.and_then(|k| self.by_inode.get(&k).copied()),
+            build_id
+                .as_ref()
+                .and_then(|b| self.by_build_id.get(b).copied()),
+        ) {
+            (Some(id), _) | (None, Some(id)) => id,
+            (None, None) => intern(files, Some(handle), path, build_id.clone()),
+        };
         if let Some(key) = inode {
             self.by_inode.entry(key).or_insert(id);
         }
@@ -114,6 +121,14 @@ impl FileIds {
         }
         id
     }
+}
+
+/// A path that opens the very file `f` is.
+fn fd_path(f: &File) -> PathBuf {
+    PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(f)
+    ))
 }
 
 /// Opens the file `pid` maps at `path` (and, when known, at `range` of its address space):
@@ -139,11 +154,7 @@ fn same_file(f: &File, identity: &FileIdentity) -> bool {
             .metadata()
             .is_ok_and(|m| m.dev() == *dev && m.ino() == *ino),
         FileIdentity::BuildId(b) => {
-            let path = PathBuf::from(format!(
-                "/proc/self/fd/{}",
-                std::os::fd::AsRawFd::as_raw_fd(f)
-            ));
-            crate::symbolize::file_build_id(&path).as_deref() == Some(b.as_slice())
+            crate::symbolize::file_build_id(&fd_path(f)).as_deref() == Some(b.as_slice())
         }
     }
 }
