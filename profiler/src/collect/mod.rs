@@ -295,8 +295,9 @@ impl Collection {
                     let mut guard = guard?;
                     self.drain(guard.get_inner_mut());
                     guard.clear_ready();
-                    // Woken early: a new process (or a full buffer). Read its mappings now,
-                    // while it surely lives.
+                    // Woken early: a new process (or a full buffer). Its mappings come from
+                    // the kernel's records now; only processes from before the recording are
+                    // read from /proc, which is best done while they surely live.
                     self.processes.resolve_pending();
                 }
                 _ = ticker.tick() => {
