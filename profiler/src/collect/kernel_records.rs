@@ -28,7 +28,7 @@ pub enum KernelRecord {
     },
     /// A new process `pid` forked from `ppid` (threads are not reported).
     Fork { pid: u32, ppid: u32, time_ns: u64 },
-    /// Process `pid` exited (its last... its leader thread).
+    /// Process `pid` exited (its leader thread did).
     Exit { pid: u32, time_ns: u64 },
     /// The kernel dropped this many records: a ring buffer was full.
     Lost(u64),
@@ -314,11 +314,9 @@ fn decode(r: &[u8]) -> Option<KernelRecord> {
             })
         }
         RECORD_COMM if misc & MISC_COMM_EXEC != 0 => {
-            let (pid, tid) = (u32_at(8)?, u32_at(12)?);
-            // A thread other than the leader that execs becomes the leader (de_thread).
-            let _ = tid;
+            // pid is the tgid: a thread other than the leader that execs takes its place.
             Some(KernelRecord::Exec {
-                pid,
+                pid: u32_at(8)?,
                 time_ns,
                 comm: cstr(16)?,
             })
@@ -330,8 +328,6 @@ fn decode(r: &[u8]) -> Option<KernelRecord> {
                 return None; // a thread, not a process
             }
             Some(if kind == RECORD_FORK {
-                // A new thread of an existing process has pid == ppid... and tid != pid,
-                // filtered above; a new process has its own pid.
                 KernelRecord::Fork { pid, ppid, time_ns }
             } else {
                 KernelRecord::Exit { pid, time_ns }
@@ -350,4 +346,124 @@ fn page_size() -> usize {
 /// `_IO('$', 0)`.
 const fn perf_ioc_enable() -> libc::Ioctl {
     0x2400 as libc::Ioctl
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record as the kernel lays it out: header, `body`, then pid, tid, time.
+    fn record(kind: u32, misc: u16, body: &[u8], time_ns: u64) -> Vec<u8> {
+        let size = 8 + body.len() + 16;
+        let mut r = Vec::with_capacity(size);
+        r.extend(kind.to_ne_bytes());
+        r.extend(misc.to_ne_bytes());
+        r.extend((size as u16).to_ne_bytes());
+        r.extend(body);
+        r.extend(7u32.to_ne_bytes());
+        r.extend(7u32.to_ne_bytes());
+        r.extend(time_ns.to_ne_bytes());
+        r
+    }
+
+    fn mmap2(prot: u32, ident: [u8; 24], path: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        for v in [7u32, 8] {
+            b.extend(v.to_ne_bytes());
+        }
+        for v in [0x1000u64, 0x2000, 0x3000] {
+            b.extend(v.to_ne_bytes()); // addr, len, pgoff
+        }
+        b.extend(ident);
+        b.extend(prot.to_ne_bytes());
+        b.extend(2u32.to_ne_bytes()); // MAP_PRIVATE
+        let mut name = path.as_bytes().to_vec();
+        name.resize(path.len().next_multiple_of(8).max(8), 0);
+        b.extend(name);
+        b
+    }
+
+    #[test]
+    fn decodes_mappings_with_build_id_or_inode() {
+        let mut with_id = [0u8; 24];
+        with_id[0] = 3;
+        with_id[4..7].copy_from_slice(&[0xde, 0xad, 0xbe]);
+        let r = record(
+            RECORD_MMAP2,
+            MISC_MMAP_BUILD_ID,
+            &mmap2(5, with_id, "/bin/x"),
+            42,
+        );
+        assert_eq!(
+            decode(&r),
+            Some(KernelRecord::Map {
+                pid: 7,
+                time_ns: 42,
+                start: 0x1000,
+                end: 0x3000,
+                pgoff: 0x3000,
+                path: "/bin/x".into(),
+                id: FileIdentity::BuildId(vec![0xde, 0xad, 0xbe]),
+            })
+        );
+        let mut inode = [0u8; 24];
+        inode[0..4].copy_from_slice(&8u32.to_ne_bytes());
+        inode[4..8].copy_from_slice(&1u32.to_ne_bytes());
+        inode[8..16].copy_from_slice(&99u64.to_ne_bytes());
+        let r = record(RECORD_MMAP2, 0, &mmap2(5, inode, "/lib/y.so"), 43);
+        let Some(KernelRecord::Map { id, path, .. }) = decode(&r) else {
+            panic!("not a mapping");
+        };
+        assert_eq!(id, FileIdentity::Inode(libc::makedev(8, 1), 99));
+        assert_eq!(path, "/lib/y.so");
+        // Not executable: not ours.
+        let r = record(RECORD_MMAP2, 0, &mmap2(3, inode, "/data"), 44);
+        assert_eq!(decode(&r), None);
+    }
+
+    #[test]
+    fn decodes_exec_fork_and_exit_of_processes_not_threads() {
+        let mut comm = Vec::new();
+        for v in [7u32, 7] {
+            comm.extend(v.to_ne_bytes());
+        }
+        comm.extend(b"fx-burn\0");
+        let exec = record(RECORD_COMM, MISC_COMM_EXEC, &comm, 5);
+        assert_eq!(
+            decode(&exec),
+            Some(KernelRecord::Exec {
+                pid: 7,
+                time_ns: 5,
+                comm: "fx-burn".into()
+            })
+        );
+        // A rename (prctl) is no exec.
+        assert_eq!(decode(&record(RECORD_COMM, 0, &comm, 5)), None);
+        let task = |pid: u32, ppid: u32, tid: u32| {
+            let mut b = Vec::new();
+            for v in [pid, ppid, tid, ppid] {
+                b.extend(v.to_ne_bytes());
+            }
+            b.extend(0u64.to_ne_bytes());
+            b
+        };
+        assert_eq!(
+            decode(&record(RECORD_FORK, 0, &task(10, 1, 10), 6)),
+            Some(KernelRecord::Fork {
+                pid: 10,
+                ppid: 1,
+                time_ns: 6
+            })
+        );
+        assert_eq!(decode(&record(RECORD_FORK, 0, &task(10, 10, 11), 6)), None);
+        assert_eq!(
+            decode(&record(RECORD_EXIT, 0, &task(10, 1, 10), 9)),
+            Some(KernelRecord::Exit {
+                pid: 10,
+                time_ns: 9
+            })
+        );
+        // Truncated records are dropped, not misread.
+        assert_eq!(decode(&exec[..12]), None);
+    }
 }
