@@ -188,6 +188,13 @@ impl Recorder {
         }
         // Lifetimes are reported in the window their events happened in.
         let _reported = live.lifetimes.take_window();
+        if live.lost_records > 0 {
+            log::warn!(
+                "the kernel dropped {} process records (mappings, exec, exit) this window: \
+                 some short-lived processes may show [unknown] frames",
+                std::mem::take(&mut live.lost_records)
+            );
+        }
         self.collection.processes = live;
         self.collection.events = std::mem::take(&mut window.events);
         // Cgroup paths are a small cache: keep the ones this window saw.
