@@ -335,3 +335,36 @@ pub mod unwind {
     // SAFETY: as above.
     unsafe impl aya::Pod for ProcMappings {}
 }
+
+/// Process exits (profiler-ebpf `exits`): the kernel's own process records (perf's
+/// PERF_RECORD_EXIT) carry no exit status, so a raw tracepoint on sched_process_exit sends it.
+pub mod exits {
+    /// BPF ring buffer of `ExitEvent`s.
+    pub const MAP_EXITS: &str = "EXITS";
+    /// Size of `MAP_EXITS`, bytes: 16 K exits between two drains (the agent drains every
+    /// second; a build that forks faster than that loses exit statuses, not samples).
+    pub const EXITS_BYTES: u32 = 256 << 10;
+    pub const PROGRAM_EXIT: &str = "process_exit";
+    /// Load-time global (u64): offset of `exit_code` in the running kernel's `task_struct`,
+    /// found in its BTF by the loader (no CO-RE in our toolchain); 0 leaves the program idle.
+    pub const GLOBAL_EXIT_CODE_OFFSET: &str = "EXIT_CODE_OFFSET";
+
+    /// One process (thread group leader) exiting.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct ExitEvent {
+        /// CLOCK_MONOTONIC time of the exit, ns (bpf_ktime_get_ns), as samples carry.
+        pub time_ns: u64,
+        /// Process id (tgid).
+        pub pid: u32,
+        /// The exit status in wait(2) form: `code << 8`, or the signal number (| 0x80 when
+        /// it dumped core).
+        pub status: u32,
+    }
+
+    const _: () = assert!(core::mem::size_of::<ExitEvent>() == 16);
+
+    #[cfg(feature = "user")]
+    // SAFETY: repr(C), integers only, no padding (size asserted above).
+    unsafe impl aya::Pod for ExitEvent {}
+}

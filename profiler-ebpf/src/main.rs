@@ -9,6 +9,7 @@ fn main() {}
 
 #[cfg(target_arch = "bpf")]
 mod churn;
+mod exits;
 #[cfg(target_arch = "bpf")]
 mod python;
 #[cfg(target_arch = "bpf")]

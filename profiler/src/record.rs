@@ -10,7 +10,9 @@ use tokio::{
 
 use crate::{
     bpf::{BpfError, Event, Sampler, SamplerConfig},
-    collect::{CgroupFilter, Collection, CommFilter, cgroup::CgroupTarget},
+    collect::{
+        CgroupFilter, Collection, CommFilter, KernelRecords, ProcessEvents, cgroup::CgroupTarget,
+    },
     profile::{Counters, Meta, Profile},
     symbolize::{self, KernelSymbols, UserSymbolizer},
     unwind::{BackgroundLoader, LoaderStats, UnwindMode},
@@ -123,7 +125,10 @@ pub async fn record(
         python,
     };
     util::raise_fd_limit();
+    // Process records first, so none a sample depends on can be missed.
+    let kernel_records = open_kernel_records(KERNEL_RECORD_BYTES);
     let (mut sampler, ring) = Sampler::start(&sampler_config)?;
+    let events = ProcessEvents::new(kernel_records, sampler.take_exits());
     // The recording starts once the sampler is attached (loading takes a while).
     let start_unix_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -134,6 +139,7 @@ pub async fn record(
         .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
     let mut collection = Collection::new(CommFilter(config.comms.clone()))
         .with_cgroup_filter(CgroupFilter::new(user_cgroups));
+    collection.events = events;
     let loader = match sampler.unwind.take() {
         Some(l) => Some(Arc::new(BackgroundLoader::spawn(l)?)),
         None => None,
@@ -219,6 +225,13 @@ pub async fn record(
     if config.verbose || counters.lost_ringbuf_full > 0 {
         report_counters(&counters, duration_ns);
     }
+    let lost_records = collection.processes.lost_records;
+    if lost_records > 0 {
+        eprintln!(
+            "warning: the kernel dropped {lost_records} process records (mappings, exec, exit): \
+             some short-lived processes may show [unknown] frames"
+        );
+    }
     if config.verbose
         && let Some(loader) = &loader
     {
@@ -244,6 +257,24 @@ pub async fn record(
         );
     }
     Ok(profile)
+}
+
+/// Bytes of ring per CPU for the kernel's process records. `record` drains every 100 ms:
+/// 512 KiB holds thousands of execs per CPU in that time.
+const KERNEL_RECORD_BYTES: usize = 512 << 10;
+
+/// The kernel's process records on every online CPU; None (with a warning) when they cannot
+/// be had: processes are then read from /proc at their first sample, which short-lived ones
+/// may not survive.
+pub(crate) fn open_kernel_records(bytes_per_cpu: usize) -> Option<KernelRecords> {
+    let cpus = aya::util::online_cpus().ok()?;
+    KernelRecords::open(&cpus, bytes_per_cpu)
+        .map_err(|e| {
+            log::warn!(
+                "cannot follow process mappings in the kernel ({e}): short-lived processes may not be symbolized"
+            );
+        })
+        .ok()
 }
 
 /// Completes after `duration`, or at Ctrl-C / SIGTERM.

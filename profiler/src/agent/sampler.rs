@@ -9,7 +9,7 @@ use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::{
     bpf::{Event, KernelCounters, Sampler, SamplerConfig},
-    collect::{Collection, CommFilter, ProcessTable},
+    collect::{Collection, CommFilter, ProcessEvents, ProcessTable, space_pid},
     profile::{Counters, Meta, Profile},
     record::RecordError,
     symbolize::{self, KernelSymbols, UserSymbolizer},
@@ -22,6 +22,9 @@ const MAX_FILES: usize = 2048;
 /// Addresses remembered across windows at most (same reset as `MAX_FILES`).
 const MAX_LOCS: usize = 1_000_000;
 
+/// Bytes of ring per CPU for the kernel's process records: a second of them between drains
+/// (new processes also wake the agent at their first sample).
+const KERNEL_RECORD_BYTES: usize = 256 << 10;
 /// How often the agent drains the ring buffer unwoken. At 19 Hz a second of samples is a few
 /// KiB, and every wake-up costs the agent CPU; new processes and a quarter-full buffer still
 /// wake it at once (see profiler-ebpf).
@@ -52,7 +55,8 @@ impl Recorder {
     /// Loads and attaches the sampler on every CPU. Needs CAP_BPF + CAP_PERFMON (or root).
     pub fn start(event: Event, frequency_hz: u32, comms: Vec<String>) -> Result<Self, RecordError> {
         util::raise_fd_limit();
-        let (sampler, ring) = Sampler::start(&SamplerConfig {
+        let kernel_records = crate::record::open_kernel_records(KERNEL_RECORD_BYTES);
+        let (mut sampler, ring) = Sampler::start(&SamplerConfig {
             event,
             frequency_hz: frequency_hz.into(),
             pids: &[],
@@ -72,11 +76,13 @@ impl Recorder {
             );
         }
         let filter = CommFilter(comms);
+        let mut collection = Collection::new(filter.clone());
+        collection.events = ProcessEvents::new(kernel_records, sampler.take_exits());
         Ok(Self {
             last_counters: sampler.counters()?,
             sampler,
             ring,
-            collection: Collection::new(filter.clone()),
+            collection,
             filter,
             kernel: Arc::new(kernel),
             names: symbolize::NameCache::new(),
@@ -174,7 +180,17 @@ impl Recorder {
             // Names of exited processes' code pile up; finding them again is cheap.
             self.names.clear();
         }
+        // Lifetimes are reported in the window their events happened in.
+        let _reported = live.lifetimes.take_window();
+        if live.lost_records > 0 {
+            log::warn!(
+                "the kernel dropped {} process records (mappings, exec, exit) this window: \
+                 some short-lived processes may show [unknown] frames",
+                std::mem::take(&mut live.lost_records)
+            );
+        }
         self.collection.processes = live;
+        self.collection.events = std::mem::take(&mut window.events);
         // Cgroup paths are a small cache: keep the ones this window saw.
         self.collection.cgroup_paths = std::mem::take(&mut window.cgroup_paths);
         Ok(profile)
@@ -191,7 +207,12 @@ fn prune(live: &mut ProcessTable) -> bool {
             .or_insert_with(|| std::path::Path::new(&format!("/proc/{pid}")).exists())
     };
     live.processes.retain(|pid, _| is_alive(*pid));
-    live.locs.retain(|(pid, _), _| is_alive(*pid));
+    live.locs
+        .retain(|(space, _), _| is_alive(space_pid(*space)));
+    let dead: Vec<u32> = live.mappings.pids().filter(|&p| !is_alive(p)).collect();
+    for pid in dead {
+        live.mappings.remove(pid);
+    }
     if live.files.len() > MAX_FILES || live.locs.len() > MAX_LOCS || live.names.len() > MAX_LOCS {
         log::info!(
             "process table reset ({} files, {} addresses): live processes are read again",

@@ -1,6 +1,7 @@
 //! First stage on the user side: load the embedded sampler object, set its load-time globals,
 //! attach it to a perf event on every online CPU, and hand the maps to the collector.
 pub mod churn;
+mod exits;
 
 use std::path::{Path, PathBuf};
 
@@ -81,6 +82,8 @@ pub struct Sampler {
     /// The Python processes map, until the collector takes it (`take_python_map`).
     python_map: Option<HashMap<MapData, u32, py::PyProc>>,
     python_counters: Option<PerCpuArray<MapData, u64>>,
+    /// Exit statuses of processes (`exits`), until the collector takes them.
+    exits: Option<RingBuf<MapData>>,
 }
 
 /// Counters kept by the sampler (sums over CPUs); see `profiler_common::counter`.
@@ -146,12 +149,18 @@ impl Sampler {
             1
         };
         let fsbase_offset: u32 = config.python.map_or(0, |p| p.fsbase_offset);
+        let exit_code_offset = exits::exit_code_offset().unwrap_or(0);
         let mut ebpf = EbpfLoader::new()
             .override_global(py::GLOBAL_FSBASE_OFFSET, &fsbase_offset, true)
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
             .override_global(GLOBAL_FILTER_CGROUPS, &cgroup_count, true)
             .override_global(GLOBAL_WAKEUP_BYTES, &wakeup_bytes, true)
             .override_global(unwind::GLOBAL_MODE, &unwind_mode, true)
+            .override_global(
+                profiler_common::exits::GLOBAL_EXIT_CODE_OFFSET,
+                &exit_code_offset,
+                true,
+            )
             .map_max_entries(MAP_SAMPLES, ring_bytes)
             .map_max_entries(unwind::MAP_ROWS, unwind_rows)
             .load(SAMPLER_OBJECT)?;
@@ -229,6 +238,13 @@ impl Sampler {
                 false,
             )?;
         }
+        // Exit statuses are a nicety: a kernel that refuses the tracepoint still samples.
+        let exits = (exit_code_offset != 0)
+            .then(|| exits::attach(&mut ebpf))
+            .and_then(|r| {
+                r.map_err(|e| log::warn!("exit statuses are not recorded: {e}"))
+                    .ok()
+            });
         let samples = RingBuf::try_from(
             ebpf.take_map(MAP_SAMPLES)
                 .ok_or(BpfError::Missing("ring buffer"))?,
@@ -259,9 +275,16 @@ impl Sampler {
                 unwind,
                 python_map,
                 python_counters,
+                exits,
             },
             samples,
         ))
+    }
+
+    /// The ring buffer of process exit statuses (`profiler_common::exits`), once; None when
+    /// the kernel's BTF or the tracepoint is missing.
+    pub fn take_exits(&mut self) -> Option<RingBuf<MapData>> {
+        self.exits.take()
     }
 
     /// Stops sampling on every CPU; the ring buffer and counters stay readable.

@@ -107,6 +107,19 @@ fn print_stats(p: &profile::Profile) {
     println!("kernel: {}", m.kernel_release);
     println!("start_unix_ns: {}", m.start_unix_ns);
     println!("processes: {}", p.processes.len());
+    let life = profile::lifetime_stats(p);
+    println!("processes_started: {}", life.started);
+    println!("processes_exited: {}", life.exited);
+    println!(
+        "processes_started_symbolized: {} of {} sampled",
+        life.started_symbolized, life.started_sampled
+    );
+    let exits: Vec<String> = life
+        .exits
+        .iter()
+        .map(|(how, n)| format!("{n} {how}"))
+        .collect();
+    println!("exits: {}", exits.join(", "));
     println!("unique_stacks: {}", p.stacks.len());
     println!("unique_frames: {}", p.frames.len());
     for (reason, n) in truncated_by_reason(p) {

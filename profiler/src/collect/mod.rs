@@ -1,7 +1,12 @@
 //! Second stage: drain the sampler's ring buffer as samples arrive (tokio), intern their raw
 //! stacks, and note what must be read while a process still lives: its exe, and where each
-//! user address falls in its mappings (`process`). Symbolization comes after, from this.
+//! user address falls in its mappings (`process`, from the kernel's own records:
+//! `kernel_records`). Symbolization comes after, from this.
 pub mod cgroup;
+mod files;
+mod kernel_records;
+mod lifetimes;
+mod mappings;
 mod perfmap;
 mod process;
 pub mod untrusted;
@@ -9,11 +14,57 @@ pub mod untrusted;
 use std::{collections::HashMap, future::Future, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
-use profiler_common::{COMM_LEN, HEADER_BYTES, SampleHeader, flags, python::PyFrame};
+use profiler_common::{
+    COMM_LEN, HEADER_BYTES, SampleHeader, exits::ExitEvent, flags, python::PyFrame,
+};
 use tokio::io::unix::AsyncFd;
 
+pub use files::UserFile;
+pub use kernel_records::{FileIdentity, KernelRecord, KernelRecords};
+pub use lifetimes::LifetimeLog;
+pub use mappings::{AddressSpace, Mapping, MappingTable};
 pub use perfmap::{PerfMap, ns_pid};
-pub use process::{ProcessTable, UserFile, UserLoc};
+pub use process::{ProcessTable, SpaceId, UserLoc, space_pid};
+
+/// Where process facts come from besides the samples: the kernel's records (mappings, exec,
+/// fork, exit) and the exit statuses the sampler's exit program sends. Either may be missing
+/// (an old kernel, no BTF): then /proc is read at a process's first sample, as before.
+#[derive(Default)]
+pub struct ProcessEvents {
+    pub kernel: Option<KernelRecords>,
+    pub exits: Option<RingBuf<MapData>>,
+    records: Vec<KernelRecord>,
+}
+
+impl ProcessEvents {
+    pub fn new(kernel: Option<KernelRecords>, exits: Option<RingBuf<MapData>>) -> Self {
+        Self {
+            kernel,
+            exits,
+            records: Vec::new(),
+        }
+    }
+
+    /// Applies everything waiting to `table`.
+    fn read_into(&mut self, table: &mut ProcessTable) {
+        if let Some(k) = &mut self.kernel {
+            self.records.clear();
+            k.read(&mut self.records);
+            table.apply(&self.records);
+        }
+        if let Some(exits) = &mut self.exits {
+            while let Some(item) = exits.next() {
+                let Some(bytes) = item.get(..std::mem::size_of::<ExitEvent>()) else {
+                    continue;
+                };
+                // SAFETY: an ExitEvent written by our program; unaligned read as the ring
+                // promises no alignment.
+                let e = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<ExitEvent>()) };
+                table.exited(e.pid, e.time_ns, e.status);
+            }
+        }
+    }
+}
 
 /// A sample as received, with its stacks interned but not yet symbolized.
 #[derive(Clone, Copy, Debug)]
@@ -103,15 +154,20 @@ pub struct Collection {
     pub comms: Vec<String>,
     comm_ids: HashMap<[u8; COMM_LEN], Option<u32>>,
     pub kstacks: StackTable<Box<[u64]>>,
-    /// User stacks are per address space, so keyed by pid too.
-    pub ustacks: StackTable<(u32, Box<[u64]>)>,
-    /// Python frames (innermost first), per address space too.
+    /// User stacks are per address space, so keyed by it too (pid, and which exec).
+    pub ustacks: StackTable<(SpaceId, Box<[u64]>)>,
+    /// Python frames (innermost first), per process.
     pub pystacks: StackTable<(u32, Box<[PyFrame]>)>,
     /// Detects, registers and names Python processes; None when Python frames are off.
     pub python: Option<crate::python::Tracker>,
     /// Samples whose Python walk was cut at `MAX_PY_FRAMES` or by an unreadable frame.
     pub py_truncated: u64,
     pub processes: ProcessTable,
+    /// The kernel's process records and exit statuses, read before each batch of samples.
+    pub events: ProcessEvents,
+    /// Sample records read from the ring, waiting for the process records before them.
+    batch: Vec<u8>,
+    batch_ends: Vec<usize>,
     /// Paths of the cgroup v2 ids samples carry ("" if the cgroup was gone); `resolve_cgroups`.
     pub cgroup_paths: HashMap<u64, String>,
     /// Samples dropped by the comm filter or the userspace cgroup filter.
@@ -189,11 +245,36 @@ impl Collection {
         }
     }
 
-    /// Reads everything in the ring buffer now.
+    /// Only the lifetimes of processes whose comm passes the comm filter, times made
+    /// offsets from `start_mono_ns`.
+    pub fn lifetimes(&self, start_mono_ns: u64) -> Vec<crate::profile::Lifetime> {
+        let mut v = self.processes.lifetimes.to_profile(start_mono_ns);
+        v.retain(|l| self.filter.wants(&l.comm));
+        v
+    }
+
+    /// Reads everything in the ring buffer now. Samples are read first, then the kernel's
+    /// process records, then the samples are added: every record a sample depends on (the
+    /// mapping its code is in, its process's exec) was written before the sample, so it has
+    /// been read by then.
     pub fn drain(&mut self, ring: &mut RingBuf<MapData>) {
+        let (mut batch, mut ends) = (
+            std::mem::take(&mut self.batch),
+            std::mem::take(&mut self.batch_ends),
+        );
+        batch.clear();
+        ends.clear();
         while let Some(item) = ring.next() {
-            self.add(&item);
+            batch.extend_from_slice(&item);
+            ends.push(batch.len());
         }
+        self.events.read_into(&mut self.processes);
+        let mut start = 0;
+        for &end in &ends {
+            self.add(&batch[start..end]);
+            start = end;
+        }
+        (self.batch, self.batch_ends) = (batch, ends);
     }
 
     /// One record: a `SampleHeader`, then the kernel and user addresses (profiler-common).
@@ -238,9 +319,9 @@ impl Collection {
         {
             hook(h.pid);
         }
-        self.processes.saw(h.pid, &user);
+        let space = self.processes.saw(h.pid, h.time_ns, &user);
         let user = with_truncation_marker(user, h.flags);
-        let ustack = self.ustacks.intern((h.pid, user));
+        let ustack = self.ustacks.intern((space, user));
         let python = py_frames(pframes);
         self.py_truncated += u64::from(h.py_flags != 0);
         if let Some(tracker) = &mut self.python {
@@ -298,8 +379,9 @@ impl Collection {
                     let mut guard = guard?;
                     self.drain(guard.get_inner_mut());
                     guard.clear_ready();
-                    // Woken early: a new process (or a full buffer). Read its mappings now,
-                    // while it surely lives.
+                    // Woken early: a new process (or a full buffer). Its mappings come from
+                    // the kernel's records now; only processes from before the recording are
+                    // read from /proc, which is best done while they surely live.
                     // Python first: a new Python process's samples lack frames until then.
                     self.resolve_python();
                     self.processes.resolve_pending();

@@ -1,9 +1,12 @@
 //! Facts that vanish with a process, taken while it lives: its exe and comm, and for each user
-//! address the file it maps and the offset in that file ("normalization", via blazesym). With
-//! those, symbolization can happen later, even after the process exits.
+//! address the file it maps and the offset in that file. The kernel reports every executable
+//! mapping, exec, fork and exit as it happens (`kernel_records`, kept in `MappingTable`), so
+//! a process that lived 5 ms resolves like one that lived an hour; /proc is read only for
+//! processes that existed before the recording. With those, symbolization can happen later,
+//! even after the process exits.
 use std::{
     collections::{BTreeMap, HashMap},
-    path::PathBuf,
+    path::Path,
 };
 
 use blazesym::{
@@ -12,41 +15,27 @@ use blazesym::{
 };
 
 use super::{
+    files::{FileIds, UserFile},
+    kernel_records::{FileIdentity, KernelRecord},
+    lifetimes::LifetimeLog,
+    mappings::{Mapping, MappingTable},
     perfmap::{self, PerfMap},
-    untrusted::{OpenError, Root},
 };
 use crate::profile::Process;
 
-/// A mapped file that user addresses fall in.
-#[derive(Debug)]
-pub struct UserFile {
-    /// Path as the process saw it (in its own mount namespace).
-    pub path: PathBuf,
-    /// GNU build id, when the file has one.
-    pub build_id: Option<Vec<u8>>,
-    /// The file itself, opened through /proc/PID/root while the process lived: it stays
-    /// readable after the process exits, in another mount namespace, or once deleted.
-    pub handle: Option<std::fs::File>,
+/// One address space of one process: its pid in the low half, in the high half which of its
+/// execs (its generation in `MappingTable`). User stacks and addresses are keyed by it, as
+/// one pid maps different binaries before and after an exec.
+pub type SpaceId = u64;
+
+/// The pid of a space.
+pub fn space_pid(space: SpaceId) -> u32 {
+    space as u32
 }
 
-impl UserFile {
-    /// A path that reads this very file now, for blazesym: the kept handle's, else that of
-    /// the recorded path opened now (as safely as at first sight: the process may have put a
-    /// FIFO there since), with that new handle, which must live while the path is used.
-    pub fn readable_path(&self) -> Result<(PathBuf, Option<std::fs::File>), OpenError> {
-        match &self.handle {
-            Some(f) => Ok((super::untrusted::fd_path(f), None)),
-            None => {
-                let f = Root::host()?.open(&self.path)?;
-                Ok((super::untrusted::fd_path(&f), Some(f)))
-            }
-        }
-    }
+fn space_id(pid: u32, generation: u32) -> SpaceId {
+    u64::from(pid) | (u64::from(generation) << 32)
 }
-
-/// Open file handles kept at most, below the usual descriptor limit; beyond it files are read
-/// by path (fine for host binaries that stay on disk).
-const MAX_HANDLES: usize = 4096;
 
 /// Where a user address points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,17 +51,21 @@ pub enum UserLoc {
 pub struct ProcessTable {
     pub processes: BTreeMap<u32, Process>,
     pub files: Vec<UserFile>,
-    /// Files by identity (device, inode): one path can name different files in different
-    /// containers, and one file can have several paths. None: not an ELF file (see `file_id`).
-    file_ids: HashMap<(u64, u64), Option<u32>>,
-    /// Every (pid, address) seen, resolved or not yet.
-    pub locs: HashMap<(u32, u64), UserLoc>,
-    /// Addresses seen since the last `resolve_pending`, per pid.
-    pending: HashMap<u32, Vec<u64>>,
-    /// Addresses in anonymous memory that no perf map named yet, per pid, with what is needed
-    /// to read its map: JIT code whose map line may come later (a JVM's perf-map-agent dumps
-    /// on request). Read by `JitWork`, off the drain thread.
-    unnamed_anon: HashMap<u32, (perfmap::Source, Vec<u64>)>,
+    file_ids: FileIds,
+    /// Executable mappings per process and exec, from the kernel's records.
+    pub mappings: MappingTable,
+    /// Fork, exec and exit of every process, from the kernel.
+    pub lifetimes: LifetimeLog,
+    /// Kernel records dropped because a ring was full: mappings may be missing.
+    pub lost_records: u64,
+    /// Every (space, address) seen, resolved or not yet.
+    pub locs: HashMap<(SpaceId, u64), UserLoc>,
+    /// Addresses seen since the last `resolve_pending`, per space.
+    pending: HashMap<SpaceId, Vec<u64>>,
+    /// Addresses in anonymous memory that no perf map named yet, per space, with what is
+    /// needed to read its map: JIT code whose map line may come later (a JVM's perf-map-agent
+    /// dumps on request). Read by `JitWork`, off the drain thread.
+    unnamed_anon: HashMap<SpaceId, (perfmap::Source, Vec<u64>)>,
     /// JIT symbol names (`UserLoc::Named`), each once.
     pub names: Vec<String>,
     name_ids: HashMap<String, u32>,
@@ -84,7 +77,10 @@ impl Default for ProcessTable {
         Self {
             processes: BTreeMap::new(),
             files: Vec::new(),
-            file_ids: HashMap::new(),
+            file_ids: FileIds::default(),
+            mappings: MappingTable::default(),
+            lifetimes: LifetimeLog::default(),
+            lost_records: 0,
             locs: HashMap::new(),
             pending: HashMap::new(),
             unnamed_anon: HashMap::new(),
@@ -96,78 +92,262 @@ impl Default for ProcessTable {
 }
 
 impl ProcessTable {
-    /// Notes a sample of `pid` with these user addresses.
-    pub fn saw(&mut self, pid: u32, user_addrs: &[u64]) {
+    /// Notes a sample of `pid` at `time_ns` with these user addresses; returns the address
+    /// space they belong to. The kernel's records up to `time_ns` must be applied first.
+    pub fn saw(&mut self, pid: u32, time_ns: u64, user_addrs: &[u64]) -> SpaceId {
         if pid == 0 {
-            return; // the idle task
+            return 0; // the idle task
         }
-        self.processes
-            .entry(pid)
-            .or_insert_with(|| read_process(pid));
+        let generation = self.mappings.space_at(pid, time_ns).map_or(0, |(g, _)| g);
+        let space = space_id(pid, generation);
+        if !self.processes.contains_key(&pid) {
+            let mut p = read_process(pid);
+            // Gone before we looked: the kernel told us what it ran.
+            if p.comm.is_empty() {
+                p.comm = self.lifetimes.comm(pid).unwrap_or_default().to_owned();
+            }
+            if p.exe.is_empty() {
+                p.exe = self.lifetimes.exe(pid).unwrap_or_default().to_owned();
+            }
+            self.processes.insert(pid, p);
+        }
         for &addr in user_addrs {
-            self.locs.entry((pid, addr)).or_insert_with(|| {
-                self.pending.entry(pid).or_default().push(addr);
+            self.locs.entry((space, addr)).or_insert_with(|| {
+                self.pending.entry(space).or_default().push(addr);
                 UserLoc::Unknown
             });
         }
+        space
     }
 
-    /// Maps every pending address to (file, offset), reading /proc/PID/maps of live processes.
-    pub fn resolve_pending(&mut self) {
-        for (pid, addrs) in std::mem::take(&mut self.pending) {
-            let normalized = match self.normalizer.normalize_user_addrs(pid.into(), &addrs) {
-                Ok(n) => n,
-                Err(e) => {
-                    log::debug!("pid {pid}: cannot read its mappings: {e}");
-                    self.queue_jit(pid, addrs);
-                    continue; // the rest stay Unknown
+    /// Applies the kernel's records (in time order): mappings, execs, forks, exits.
+    pub fn apply(&mut self, records: &[KernelRecord]) {
+        for r in records {
+            match r {
+                KernelRecord::Map {
+                    pid,
+                    time_ns,
+                    start,
+                    end,
+                    pgoff,
+                    path,
+                    id,
+                } => {
+                    let file = if path == "[vdso]" {
+                        self.file_ids.vdso(&mut self.files, end - start)
+                    } else if !path.starts_with('/') || path.starts_with("//") {
+                        None // "//anon", "[uprobes]": no file to read
+                    } else {
+                        self.lifetimes.mapped(*pid, path);
+                        self.file_ids.by_identity(
+                            &mut self.files,
+                            *pid,
+                            (*start, *end),
+                            Path::new(path),
+                            id,
+                        )
+                    };
+                    let Some(file) = file else {
+                        continue;
+                    };
+                    let m = Mapping {
+                        start: *start,
+                        end: *end,
+                        // The vDSO image is mapped whole from its start.
+                        file_offset: if path == "[vdso]" { 0 } else { *pgoff },
+                        file,
+                    };
+                    self.mappings.map(*pid, *time_ns, m);
                 }
-            };
-            let metas: Vec<Option<u32>> = normalized
-                .meta
-                .iter()
-                .map(|meta| match meta {
-                    UserMeta::Elf(elf) => file_id(
-                        &mut self.files,
-                        &mut self.file_ids,
-                        pid,
-                        &elf.path,
-                        elf.build_id.as_deref(),
-                    ),
-                    _ => None,
-                })
-                .collect();
-            let mut anon = Vec::new();
-            for (&addr, &(offset, meta)) in addrs.iter().zip(&normalized.outputs) {
-                if let Some(Some(file)) = metas.get(meta) {
-                    self.locs.insert(
-                        (pid, addr),
-                        UserLoc::File {
-                            file: *file,
-                            offset,
-                        },
-                    );
-                } else if let Some(UserMeta::Unknown(u)) = normalized.meta.get(meta)
-                    && u.reason == Reason::MissingComponent
-                {
-                    anon.push(addr);
+                KernelRecord::Exec { pid, time_ns, comm } => {
+                    self.mappings.exec(*pid, *time_ns);
+                    self.lifetimes.exec(*pid, *time_ns, comm);
                 }
-            }
-            if !anon.is_empty() {
-                self.queue_jit(pid, anon);
+                KernelRecord::Fork { pid, ppid, time_ns } => {
+                    // A parent from before the recording: its mappings from /proc, once (it
+                    // surely lives: it just forked).
+                    let seed = if self.mappings.generations(*ppid) == 0 {
+                        self.read_maps(*ppid)
+                    } else {
+                        None
+                    };
+                    self.mappings.fork(*pid, *ppid, *time_ns, || seed);
+                    let comm = self
+                        .lifetimes
+                        .comm(*ppid)
+                        .map(str::to_owned)
+                        .or_else(|| read_comm(*ppid));
+                    self.lifetimes.fork(*pid, *ppid, *time_ns, comm);
+                }
+                KernelRecord::Exit { pid, time_ns } => self.lifetimes.exit(*pid, *time_ns),
+                KernelRecord::Lost(n) => self.lost_records += n,
             }
         }
     }
 
-    /// Notes anonymous-memory addresses of `pid` for its perf map. Only cheap /proc reads
-    /// here (this runs on the drain thread); the map itself is read by `JitWork::read`.
-    fn queue_jit(&mut self, pid: u32, addrs: Vec<u64>) {
+    /// A process's exit status (from the exit tracepoint).
+    pub fn exited(&mut self, pid: u32, time_ns: u64, status: u32) {
+        self.lifetimes.status(pid, time_ns, status);
+    }
+
+    /// The executable file mappings of a live process, from /proc/PID/maps.
+    fn read_maps(&mut self, pid: u32) -> Option<Vec<Mapping>> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        let mut maps = Vec::new();
+        for line in text.lines() {
+            // start-end perms offset major:minor inode path
+            let mut f = line.split_ascii_whitespace();
+            let (Some(range), Some(perms), Some(off), Some(dev), Some(ino)) =
+                (f.next(), f.next(), f.next(), f.next(), f.next())
+            else {
+                continue;
+            };
+            let path = f.collect::<Vec<_>>().join(" ");
+            let vdso = path == "[vdso]";
+            if perms.as_bytes().get(2) != Some(&b'x') || !(path.starts_with('/') || vdso) {
+                continue;
+            }
+            let hex = |s: &str| u64::from_str_radix(s, 16).ok();
+            let (Some((start, end)), Some(off), Some((maj, min)), Ok(ino)) = (
+                range
+                    .split_once('-')
+                    .and_then(|(a, b)| Some((hex(a)?, hex(b)?))),
+                hex(off),
+                dev.split_once(':')
+                    .and_then(|(a, b)| Some((hex(a)?, hex(b)?))),
+                ino.parse::<u64>(),
+            ) else {
+                continue;
+            };
+            if vdso {
+                if let Some(file) = self.file_ids.vdso(&mut self.files, end - start) {
+                    maps.push(Mapping {
+                        start,
+                        end,
+                        file_offset: 0,
+                        file,
+                    });
+                }
+                continue;
+            }
+            let identity = FileIdentity::Inode(libc::makedev(maj as u32, min as u32), ino);
+            if let Some(file) = self.file_ids.by_identity(
+                &mut self.files,
+                pid,
+                (start, end),
+                Path::new(&path),
+                &identity,
+            ) {
+                maps.push(Mapping {
+                    start,
+                    end,
+                    file_offset: off,
+                    file,
+                });
+            }
+        }
+        Some(maps)
+    }
+
+    /// Maps every pending address to (file, offset): from the kernel's mappings, else (a
+    /// process from before the recording) from /proc/PID/maps of the live process.
+    pub fn resolve_pending(&mut self) {
+        for (space, addrs) in std::mem::take(&mut self.pending) {
+            let pid = space_pid(space);
+            let generation = (space >> 32) as u32;
+            let known = self.mappings.space(pid, generation);
+            // A sample taken inside execve, after the new image's exec record, still has the
+            // old image's user registers (start_thread sets the new ones last): an address
+            // the new space lacks is looked up in the one before.
+            let before = generation
+                .checked_sub(1)
+                .and_then(|g| self.mappings.space(pid, g));
+            let mut rest = Vec::new();
+            for &addr in &addrs {
+                let found = known
+                    .and_then(|s| s.lookup(addr))
+                    .or_else(|| before.and_then(|s| s.lookup(addr)));
+                match found {
+                    Some(m) => {
+                        let offset = addr - m.start + m.file_offset;
+                        self.locs.insert(
+                            (space, addr),
+                            UserLoc::File {
+                                file: m.file,
+                                offset,
+                            },
+                        );
+                    }
+                    None => rest.push(addr),
+                }
+            }
+            if rest.is_empty() {
+                continue;
+            }
+            // /proc shows only the current space, and a complete one has all its files:
+            // what is left is anonymous memory (JIT code, perhaps).
+            let current = generation + 1 >= self.mappings.generations(pid);
+            if known.is_some_and(|s| s.complete) || !current {
+                self.queue_jit(space, rest);
+                continue;
+            }
+            self.resolve_from_proc(space, &rest);
+        }
+    }
+
+    /// Today's way for processes from before the recording: blazesym reads their mappings.
+    fn resolve_from_proc(&mut self, space: SpaceId, addrs: &[u64]) {
+        let pid = space_pid(space);
+        let normalized = match self.normalizer.normalize_user_addrs(pid.into(), addrs) {
+            Ok(n) => n,
+            Err(e) => {
+                log::debug!("pid {pid}: cannot read its mappings: {e}");
+                self.queue_jit(space, addrs.to_vec());
+                return; // the rest stay Unknown
+            }
+        };
+        let metas: Vec<Option<u32>> = normalized
+            .meta
+            .iter()
+            .map(|meta| match meta {
+                UserMeta::Elf(elf) => {
+                    self.file_ids
+                        .by_path(&mut self.files, pid, &elf.path, elf.build_id.as_deref())
+                }
+                _ => None,
+            })
+            .collect();
+        let mut anon = Vec::new();
+        for (&addr, &(offset, meta)) in addrs.iter().zip(&normalized.outputs) {
+            if let Some(Some(file)) = metas.get(meta) {
+                self.locs.insert(
+                    (space, addr),
+                    UserLoc::File {
+                        file: *file,
+                        offset,
+                    },
+                );
+            } else if let Some(UserMeta::Unknown(u)) = normalized.meta.get(meta)
+                && u.reason == Reason::MissingComponent
+            {
+                anon.push(addr);
+            }
+        }
+        if !anon.is_empty() {
+            self.queue_jit(space, anon);
+        }
+    }
+
+    /// Notes anonymous-memory addresses of a space for its process's perf map. Only cheap
+    /// /proc reads here (this runs on the drain thread); the map itself is read by
+    /// `JitWork::read`.
+    fn queue_jit(&mut self, space: SpaceId, addrs: Vec<u64>) {
         use std::collections::hash_map::Entry;
-        match self.unnamed_anon.entry(pid) {
+        match self.unnamed_anon.entry(space) {
             Entry::Occupied(mut e) => e.get_mut().1.extend(addrs),
             Entry::Vacant(e) => {
                 // Gone already: nothing says whose map /tmp/perf-PID.map would be.
-                if let Some(src) = perfmap::Source::of(pid) {
+                if let Some(src) = perfmap::Source::of(space_pid(space)) {
                     e.insert((src, addrs));
                 }
             }
@@ -184,9 +364,9 @@ impl ProcessTable {
     /// Names the addresses `names` found; keeps the rest waiting for a later read while
     /// their process lives (its map may grow).
     fn apply_jit_names(&mut self, names: JitNames) {
-        for (pid, src, mut addrs, map) in names.0 {
+        for (space, src, mut addrs, map) in names.0 {
             for &addr in &addrs {
-                if self.locs.get(&(pid, addr)) != Some(&UserLoc::Unknown) {
+                if self.locs.get(&(space, addr)) != Some(&UserLoc::Unknown) {
                     continue;
                 }
                 let Some(name) = map.lookup(addr) else {
@@ -197,12 +377,13 @@ impl ProcessTable {
                     self.names.push(name.to_owned());
                     next
                 });
-                self.locs.insert((pid, addr), UserLoc::Named(id));
+                self.locs.insert((space, addr), UserLoc::Named(id));
             }
-            addrs.retain(|a| self.locs.get(&(pid, *a)) == Some(&UserLoc::Unknown));
+            addrs.retain(|a| self.locs.get(&(space, *a)) == Some(&UserLoc::Unknown));
+            let pid = space_pid(space);
             if !addrs.is_empty() && std::path::Path::new(&format!("/proc/{pid}")).exists() {
                 self.unnamed_anon
-                    .entry(pid)
+                    .entry(space)
                     .or_insert((src, Vec::new()))
                     .1
                     .extend(addrs);
@@ -222,11 +403,11 @@ impl ProcessTable {
     }
 }
 
-/// Perf maps to read: (pid, source, addresses), sent to a blocking thread.
-struct JitWork(Vec<(u32, (perfmap::Source, Vec<u64>))>);
+/// Perf maps to read: (space, source, addresses), sent to a blocking thread.
+struct JitWork(Vec<(SpaceId, (perfmap::Source, Vec<u64>))>);
 
 /// `JitWork` done: each process's map (empty when it has none or it was refused).
-struct JitNames(Vec<(u32, perfmap::Source, Vec<u64>, PerfMap)>);
+struct JitNames(Vec<(SpaceId, perfmap::Source, Vec<u64>, PerfMap)>);
 
 impl JitWork {
     /// Reads each process's map once. Blocking file work, bounded by the map caps.
@@ -234,61 +415,15 @@ impl JitWork {
         JitNames(
             self.0
                 .into_iter()
-                .map(|(pid, (src, mut addrs))| {
+                .map(|(space, (src, mut addrs))| {
                     addrs.sort_unstable();
                     addrs.dedup();
-                    let map = perfmap::read(pid, &src).unwrap_or_default();
-                    (pid, src, addrs, map)
+                    let map = perfmap::read(space_pid(space), &src).unwrap_or_default();
+                    (space, src, addrs, map)
                 })
                 .collect(),
         )
     }
-}
-
-/// The id of the file `path` names in `pid`'s mount namespace, opening it on first sight.
-/// None for a file that is not ELF: a return address that lands in a mapped data file (the
-/// locale archive, say) comes from a frame-pointer walk through code built without them,
-/// and `LC_CTYPE+0xc6b` would be a made-up frame; such addresses stay unknown.
-fn file_id(
-    files: &mut Vec<UserFile>,
-    ids: &mut HashMap<(u64, u64), Option<u32>>,
-    pid: u32,
-    path: &std::path::Path,
-    build_id: Option<&[u8]>,
-) -> Option<u32> {
-    use std::os::unix::fs::{FileExt as _, MetadataExt as _};
-    // In the process's root (the host's when it is gone). Non-blocking and regular files
-    // only: the path is the process's to replace (by a FIFO, say) after it mapped the file.
-    let handle = Root::of_process(pid)
-        .or_else(|_| Root::host())
-        .map_err(OpenError::from)
-        .and_then(|root| root.open(path))
-        .map_err(|e| log::debug!("pid {pid}: {} not opened: {e}", path.display()))
-        .ok();
-    let key = handle
-        .as_ref()
-        .and_then(|f| f.metadata().ok())
-        .map_or((u64::MAX, files.len() as u64), |m| (m.dev(), m.ino()));
-    if let Some(&id) = ids.get(&key) {
-        return id;
-    }
-    let mut magic = [0u8; 4];
-    if let Some(f) = &handle
-        && f.read_exact_at(&mut magic, 0).is_ok()
-        && magic != *b"\x7fELF"
-    {
-        ids.insert(key, None);
-        return None;
-    }
-    let handle = handle.filter(|_| files.len() < MAX_HANDLES);
-    files.push(UserFile {
-        path: path.to_owned(),
-        build_id: build_id.map(<[u8]>::to_vec),
-        handle,
-    });
-    let id = files.len() as u32 - 1;
-    ids.insert(key, Some(id));
-    Some(id)
 }
 
 /// A normalizer that looks up only the mappings it needs: with the PROCMAP_QUERY ioctl (Linux
@@ -316,13 +451,17 @@ fn new_normalizer() -> Normalizer {
     }
 }
 
+fn read_comm(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|c| c.trim_end().to_owned())
+}
+
 fn read_process(pid: u32) -> Process {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
         .map(|p| p.display().to_string())
         .unwrap_or_default();
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|c| c.trim_end().to_owned())
-        .unwrap_or_default();
+    let comm = read_comm(pid).unwrap_or_default();
     let cgroups = super::cgroup::read_process_cgroups(pid);
     Process {
         pid,
@@ -331,27 +470,5 @@ fn read_process(pid: u32) -> Process {
         cgroup: cgroups.v2,
         memory_cgroup: cgroups.memory,
         cpu_cgroup: cgroups.cpu,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_elf_files_get_an_id() {
-        let (mut files, mut ids) = (Vec::new(), HashMap::new());
-        let me = std::process::id();
-        let data = std::env::temp_dir().join(format!("profiler-not-elf-{me}"));
-        std::fs::write(&data, b"LC_CTYPE data, not code").unwrap();
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        assert_eq!(file_id(&mut files, &mut ids, me, &data, None), None);
-        let id = file_id(&mut files, &mut ids, me, &exe, None);
-        assert_eq!(id, Some(0));
-        // Known files keep their answer.
-        assert_eq!(file_id(&mut files, &mut ids, me, &data, None), None);
-        assert_eq!(file_id(&mut files, &mut ids, me, &exe, None), id);
-        assert_eq!(files.len(), 1);
-        std::fs::remove_file(&data).unwrap();
     }
 }

@@ -9,13 +9,14 @@ use std::{
 use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 
 use super::model::{
-    Binary, Cgroup, Counters, Frame, FrameKind, Meta, Process, Profile, Sample, Stack,
+    Binary, Cgroup, Counters, Frame, FrameKind, Lifetime, Meta, Process, Profile, Sample, Stack,
 };
 
 pub const MAGIC: &[u8; 8] = b"PROFCAP\0";
 /// Bumped on any change a reader of the previous version would misread.
 /// 2: binaries (path, build id) and each frame's address and binary.
-pub const CAPTURE_VERSION: u32 = 2;
+/// 3: process lifetimes (fork, exec, exit times and exit status) after the samples.
+pub const CAPTURE_VERSION: u32 = 3;
 
 // Bounds on what a capture may make the reader do (docs/capture-format.md, "Bounds"). A
 // capture is a file a user hands us, possibly crafted: gzip alone inflates up to ~1000x.
@@ -203,6 +204,27 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
             w.u(v)?;
         }
     }
+    w.u(p.lifetimes.len() as u64)?;
+    for Lifetime {
+        pid,
+        ppid,
+        comm,
+        exe,
+        fork_ns,
+        exec_ns,
+        exit_ns,
+        exit_status,
+    } in &p.lifetimes
+    {
+        w.u((*pid).into())?;
+        w.u((*ppid).into())?;
+        w.s(comm)?;
+        w.s(exe)?;
+        // Optional values as value + 1, 0 for none.
+        for v in [*fork_ns, *exec_ns, *exit_ns, exit_status.map(u64::from)] {
+            w.u(v.map_or(0, |v| v.saturating_add(1)))?;
+        }
+    }
     w.0.into_inner()
         .map_err(io::IntoInnerError::into_error)?
         .finish()?
@@ -260,7 +282,8 @@ pub fn decode(input: &mut impl Read) -> Result<Profile, CaptureError> {
     Ok(profile)
 }
 
-/// Reads version 1 too: its frames have no address or binary (both read as 0, "unknown").
+/// Reads versions 1 and 2 too: version 1 frames have no address or binary (both read as 0,
+/// "unknown"); before version 3 there are no lifetimes.
 fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
     let mut meta = Meta {
         start_unix_ns: r.u()?,
@@ -418,6 +441,31 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
         }
         samples.push(s);
     }
+    let lifetimes = if version >= 3 {
+        let n = r.len()?;
+        (0..n)
+            .map(|_| {
+                let (pid, ppid, comm, exe) = (r.u32()?, r.u32()?, r.s()?, r.s()?);
+                let mut opt = || r.u().map(|v| v.checked_sub(1));
+                let (fork_ns, exec_ns, exit_ns) = (opt()?, opt()?, opt()?);
+                let exit_status = opt()?
+                    .map(|s| u32::try_from(s).map_err(|_| corrupt("exit status too large")))
+                    .transpose()?;
+                Ok(Lifetime {
+                    pid,
+                    ppid,
+                    comm,
+                    exe,
+                    fork_ns,
+                    exec_ns,
+                    exit_ns,
+                    exit_status,
+                })
+            })
+            .collect::<io::Result<_>>()?
+    } else {
+        Vec::new()
+    };
     Ok(Profile {
         meta,
         strings,
@@ -425,6 +473,7 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
         stacks,
         samples,
         processes,
+        lifetimes,
         cgroups,
         binaries,
     })

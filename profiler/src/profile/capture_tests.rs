@@ -80,6 +80,23 @@ fn sample_profile() -> Profile {
         id: 9,
         path: "/system.slice/fx.service".into(),
     });
+    // One of each: started and killed, started and exited 3, running before and after.
+    for (pid, fork_ns, exec_ns, exit_ns, exit_status) in [
+        (42, Some(0), Some(1_000), Some(9_000), Some(9)),
+        (50, Some(10), None, Some(20), Some(3 << 8)),
+        (51, None, None, None, None),
+    ] {
+        i.lifetime(Lifetime {
+            pid,
+            ppid: 1,
+            comm: "fx-chain".into(),
+            exe: "/bin/fx".into(),
+            fork_ns,
+            exec_ns,
+            exit_ns,
+            exit_status,
+        });
+    }
     i.finish()
 }
 
@@ -140,6 +157,38 @@ fn reads_version_1() {
     assert_eq!(old.binaries, [Binary::default()]);
     assert_eq!(old.str(old.frames[0].name), "main");
     assert_eq!((old.frames[0].addr, old.frames[0].binary), (0, 0));
+}
+
+/// Version 2 ended with the samples: it reads with no lifetimes.
+#[test]
+fn reads_version_2() {
+    let mut p = sample_profile();
+    p.lifetimes.clear();
+    let mut bytes = Vec::new();
+    encode(&p, &mut bytes).unwrap();
+    let mut body = Vec::new();
+    GzDecoder::new(&bytes[12..]).read_to_end(&mut body).unwrap();
+    assert_eq!(
+        body.pop(),
+        Some(0),
+        "the body ends with an empty lifetime list"
+    );
+    let mut old = MAGIC.to_vec();
+    old.extend(2u32.to_le_bytes());
+    let mut gz = GzEncoder::new(old, Compression::new(6));
+    gz.write_all(&body).unwrap();
+    let old = decode(&mut gz.finish().unwrap().as_slice()).unwrap();
+    assert_eq!(old, p);
+}
+
+#[test]
+fn exit_status_reads_as_code_or_signal() {
+    let p = sample_profile();
+    let l = &p.lifetimes;
+    assert_eq!((l[0].exit_code(), l[0].exit_signal()), (None, Some(9)));
+    assert_eq!((l[1].exit_code(), l[1].exit_signal()), (Some(3), None));
+    assert_eq!((l[2].exit_code(), l[2].exit_signal()), (None, None));
+    assert!(l[0].started() && l[1].started() && !l[2].started());
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! sample with its time. Outputs render from it; `capture` stores it on disk.
 pub mod attribution;
 mod capture;
+mod lifetimes;
 mod model;
 mod timeline;
 
@@ -10,9 +11,10 @@ pub use capture::{
     BUDGET_FLOOR, CAPTURE_VERSION, CaptureError, END_SLACK_NS, MAGIC, MAX_EXPANSION,
     MAX_STACK_DEPTH, MAX_STRING_BYTES, decode, encode, read_file, write_file,
 };
+pub use lifetimes::{LifetimeStats, lifetime_stats};
 pub use model::{
-    Binary, Cgroup, Counters, Frame, FrameKind, Interner, Meta, Process, Profile, Sample, Stack,
-    StrId,
+    Binary, Cgroup, Counters, Frame, FrameKind, Interner, Lifetime, Meta, Process, Profile, Sample,
+    Stack, StrId,
 };
 #[cfg(test)]
 pub(crate) use timeline::tests::pattern_profile as timeline_pattern;

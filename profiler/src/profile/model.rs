@@ -95,6 +95,51 @@ pub struct Process {
     pub cpu_cgroup: String,
 }
 
+/// A process's life as the kernel reported it during the recording (fork, exec and exit
+/// records, and the exit status from a tracepoint). Times are offsets from the recording's
+/// start, ns. One entry per process that started or ended during the recording, whether or
+/// not it was sampled: a crash loop shows here even when each run is too short to sample.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lifetime {
+    pub pid: u32,
+    /// Parent process id; 0 when unknown (the process started before the recording).
+    pub ppid: u32,
+    /// Comm after its last exec (or its parent's, if it never exec'd); "" unknown.
+    pub comm: String,
+    /// Path of the executable after its last exec; "" unknown.
+    pub exe: String,
+    /// When it forked; None: before the recording.
+    pub fork_ns: Option<u64>,
+    /// When it last ran exec; None: not during the recording.
+    pub exec_ns: Option<u64>,
+    /// When it exited; None: still running at the end.
+    pub exit_ns: Option<u64>,
+    /// Exit status in wait(2) form (`code << 8`, or the signal number, | 0x80 with a core
+    /// dump); None when unknown.
+    pub exit_status: Option<u32>,
+}
+
+impl Lifetime {
+    /// The code passed to exit(), when it exited normally.
+    pub fn exit_code(&self) -> Option<u8> {
+        self.exit_status
+            .filter(|s| s & 0x7f == 0)
+            .map(|s| ((s >> 8) & 0xff) as u8)
+    }
+
+    /// The signal that killed it.
+    pub fn exit_signal(&self) -> Option<u8> {
+        self.exit_status
+            .map(|s| (s & 0x7f) as u8)
+            .filter(|&sig| sig != 0)
+    }
+
+    /// It started during the recording (forked or exec'd).
+    pub fn started(&self) -> bool {
+        self.fork_ns.is_some() || self.exec_ns.is_some()
+    }
+}
+
 /// A cgroup v2 id seen on samples, and its path under the cgroup2 mount.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Cgroup {
@@ -134,6 +179,8 @@ pub struct Profile {
     pub stacks: Vec<Stack>,
     pub samples: Vec<Sample>,
     pub processes: Vec<Process>,
+    /// Processes that started or exited during the recording, by pid then start.
+    pub lifetimes: Vec<Lifetime>,
     pub cgroups: Vec<Cgroup>,
     /// Files that frames point into; entry 0 is the empty "no binary" (when built by
     /// `Interner`).
@@ -218,6 +265,10 @@ impl Interner {
 
     pub fn process(&mut self, process: Process) {
         self.profile.processes.push(process);
+    }
+
+    pub fn lifetime(&mut self, lifetime: Lifetime) {
+        self.profile.lifetimes.push(lifetime);
     }
 
     pub fn cgroup(&mut self, cgroup: Cgroup) {

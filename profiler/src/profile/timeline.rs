@@ -293,6 +293,7 @@ impl Profile {
             stacks: self.stacks.clone(),
             samples: self.samples.iter().filter(|s| keep(s)).copied().collect(),
             processes: self.processes.clone(),
+            lifetimes: self.lifetimes.clone(),
             cgroups: self.cgroups.clone(),
             binaries: self.binaries.clone(),
         }

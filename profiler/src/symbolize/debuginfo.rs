@@ -92,6 +92,11 @@ fn debuglink(path: &Path) -> Option<PathBuf> {
     elf_facts(&File::open(path).ok()?)?.0
 }
 
+/// The GNU build id of an ELF file.
+pub fn file_build_id(file: &File) -> Option<Vec<u8>> {
+    elf_facts(file)?.1
+}
+
 /// (`.gnu_debuglink` name, build id) of an ELF file, reading only the parts needed.
 fn elf_facts(file: &File) -> Option<(Option<PathBuf>, Option<Vec<u8>>)> {
     use object::Object as _;

@@ -7,6 +7,7 @@ mod user;
 
 use std::collections::HashMap;
 
+pub use debuginfo::file_build_id;
 pub use kernel::{KernelSym, KernelSymbols};
 pub use user::UserSymbolizer;
 
@@ -121,7 +122,7 @@ pub fn build_profile_cached(
         .ustacks
         .stacks
         .iter()
-        .map(|(pid, addrs)| {
+        .map(|(space, addrs)| {
             let mut frames = Vec::with_capacity(addrs.len());
             for &addr in addrs.iter().rev() {
                 if let Some(name) = crate::collect::truncation_name(addr) {
@@ -136,7 +137,7 @@ pub fn build_profile_cached(
                     frames.push((frame, false));
                     continue;
                 }
-                let loc = collection.processes.locs.get(&(*pid, addr)).copied();
+                let loc = collection.processes.locs.get(&(*space, addr)).copied();
                 // Outermost first: the function, then what `--inline` found inlined in it.
                 let names: Vec<(u32, u32, bool)> = match loc {
                     Some(UserLoc::File { file, offset }) => {
@@ -214,6 +215,9 @@ pub fn build_profile_cached(
     }
     for p in collection.processes.processes.values() {
         out.process(p.clone());
+    }
+    for l in collection.lifetimes(start) {
+        out.lifetime(l);
     }
     let mut cgroups: Vec<Cgroup> = collection
         .cgroup_paths
