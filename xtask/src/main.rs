@@ -7,6 +7,7 @@ mod bench_kernel_cost;
 mod bench_support;
 mod bench_symbolize;
 mod host;
+mod kernels;
 mod lab;
 mod run;
 mod setup;
@@ -50,8 +51,13 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// fmt check, clippy, debug build, then all tests (`cargo xtask test -- FILTER`).
+    /// fmt check, clippy, debug build, all tests (`cargo xtask test -- FILTER`), then the
+    /// kernel matrix when its images are there (`cargo xtask setup --tests` fetches them).
     Test {
+        /// Only the kernel matrix: the release profiler booted on each kernel in QEMU
+        /// (docs/kernels.md).
+        #[arg(long)]
+        kernels: bool,
         /// Arguments for `cargo test`; after a further `--`, for the test binaries.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -145,7 +151,7 @@ fn dispatch(task: Task) -> Result<ExitCode> {
             }
         }
         Task::Run { debug, args } => return run::run(debug, &args),
-        Task::Test { args } => test::test(&args)?,
+        Task::Test { kernels, args } => test::test(kernels, &args)?,
         Task::Lab(Lab::Zombie { count, cleanup }) => return lab::zombie(count, cleanup),
         Task::Bench(Bench::Agent { seconds }) => bench_agent::agent(seconds)?,
         Task::Bench(Bench::Heatmap {
@@ -190,10 +196,21 @@ mod tests {
     }
 
     #[test]
-    fn test_keeps_a_second_separator_for_the_test_binaries() {
-        let Task::Test { args } = parse(&["test", "--", "fixture", "--", "--nocapture"]) else {
+    fn test_kernels_is_a_flag_not_a_cargo_argument() {
+        let Task::Test { kernels, args } = parse(&["test", "--kernels"]) else {
             panic!("not test");
         };
+        assert!(kernels);
+        assert!(args.is_empty(), "{args:?}");
+    }
+
+    #[test]
+    fn test_keeps_a_second_separator_for_the_test_binaries() {
+        let Task::Test { kernels, args } = parse(&["test", "--", "fixture", "--", "--nocapture"])
+        else {
+            panic!("not test");
+        };
+        assert!(!kernels);
         assert_eq!(args, ["fixture", "--", "--nocapture"]);
     }
 }

@@ -11,7 +11,7 @@ use aya::maps::{MapData, RingBuf};
 use profiler_common::{COMM_LEN, HEADER_BYTES, SampleHeader, flags};
 use tokio::io::unix::AsyncFd;
 
-pub use process::{ProcessTable, UserFile, UserLoc};
+pub use process::{ProcessTable, UserFile, UserLoc, procmap_query_supported};
 
 /// A sample as received, with its stacks interned but not yet symbolized.
 #[derive(Clone, Copy, Debug)]
