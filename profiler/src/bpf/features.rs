@@ -60,18 +60,24 @@ impl KernelFeatures {
     }
 }
 
-/// The verifier's reason for rejecting a program: the last line of its log that is not a
-/// statistic (`processed N insns ...`, `verification time`, `stack depth`).
+/// Lines the verifier prints after its reason: statistics, and (6.x) the two register states
+/// it compared when it found a loop.
+const AFTER_THE_REASON: &[&str] = &[
+    "processed ",
+    "verification time",
+    "stack depth",
+    "cur state:",
+    "old state:",
+];
+
+/// The verifier's reason for rejecting a program: the last line of its log that is not one of
+/// `AFTER_THE_REASON`. Some kernels print the reason right after the instruction it is about,
+/// on the same line (`14: (55) if r1 != 0x0 goto pc-2 infinite loop detected at insn 13`).
 pub fn verifier_reason(log: &str) -> &str {
     log.lines()
         .map(str::trim)
         .rev()
-        .find(|line| {
-            !line.is_empty()
-                && !line.starts_with("processed ")
-                && !line.starts_with("verification time")
-                && !line.starts_with("stack depth")
-        })
+        .find(|line| !line.is_empty() && !AFTER_THE_REASON.iter().any(|s| line.starts_with(s)))
         .unwrap_or("the verifier gave no reason")
 }
 
@@ -88,6 +94,19 @@ mod tests {
                    stack depth 0\n\
                    processed 20 insns (limit 1000000) max_states_per_insn 0\n";
         assert_eq!(verifier_reason(log), "infinite loop detected at insn 10");
+        // 6.12's shape (from the kernel matrix): the reason ends an instruction's line and the
+        // compared states follow it.
+        let log = "13: (79) r1 = *(u64 *)(r0 +0)         ; R1_w=scalar()\n\
+                   14: (55) if r1 != 0xffffffff goto pc-2 infinite loop detected at insn 13\n\
+                   cur state: R0=map_value(map=COUNTERS,ks=4,vs=8) R10=fp0\n\
+                   old state: R0_r=map_value(map=COUNTERS,ks=4,vs=8) R10=fp0\n\
+                   verification time 158899 usec\n\
+                   stack depth 72+0\n\
+                   processed 871 insns (limit 1000000) max_states_per_insn 4\n\n";
+        assert_eq!(
+            verifier_reason(log),
+            "14: (55) if r1 != 0xffffffff goto pc-2 infinite loop detected at insn 13"
+        );
         assert_eq!(verifier_reason("\n"), "the verifier gave no reason");
     }
 

@@ -134,7 +134,7 @@ fn write_entry(out: &mut Vec<u8>, ino: u32, mode: u32, name: &str, data: &[u8], 
 }
 
 fn pad4(out: &mut Vec<u8>) {
-    while out.len() % 4 != 0 {
+    while !out.len().is_multiple_of(4) {
         out.push(0);
     }
 }

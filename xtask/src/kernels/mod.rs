@@ -190,7 +190,8 @@ fn boot(image: &image::Image, initrd: &Path, log: &Path) -> Result<String> {
         let mut serial = String::new();
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             let _ = writeln!(file, "{line}");
-            if line.starts_with("MATRIX") {
+            // Progress as it happens; failed commands' logs come in the report after the boot.
+            if line.starts_with("MATRIX") && !line.starts_with("MATRIX-LOG") {
                 println!("[{label}] {}", line.trim_end_matches('\r'));
             }
             serial.push_str(&line);

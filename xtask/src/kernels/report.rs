@@ -100,12 +100,12 @@ pub fn judge(label: &str, boot: &Boot, expected: &[String], broken: bool) -> (St
             (true, true) => "LOADED (must be rejected)",
             (false, false) => "FAIL",
         };
-        let _ = writeln!(text, "   {verdict:<9} {:<14} {}", o.test, o.detail);
+        let _ = writeln!(text, "   {verdict:<19} {:<14} {}", o.test, o.detail);
         if !o.passed {
             // The verifier's log: its last lines say why (the whole log is in the serial log).
             let tail = o.log.len().saturating_sub(12);
             for line in &o.log[tail..] {
-                let _ = writeln!(text, "              | {line}");
+                let _ = writeln!(text, "{:23}| {line}", "");
             }
         }
         if o.passed == expect_fail {
