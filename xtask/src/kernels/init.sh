@@ -73,6 +73,10 @@ while read -r mode args; do
     fi
     features=$(grep -o 'kernel features:.*' "/tmp/$t.err" | head -n 1)
     [ -n "$features" ] && say "MATRIX-INFO features ${features#kernel features: }"
+    # The one-line warnings a kernel without a feature gets (docs/kernels.md).
+    grep 'WARN' "/tmp/$t.err" | sed 's/^\[WARN *[^]]*\] //' | while read -r line; do
+        say "MATRIX-INFO warning $line"
+    done
     kill $fx 2> /dev/null
     wait $fx 2> /dev/null
 done < /matrix/unwind-modes
