@@ -17,10 +17,18 @@ fn main() -> anyhow::Result<()> {
     // aya-build relays the inner cargo's progress as build warnings; keep only real messages.
     // SAFETY: as above.
     unsafe { env::set_var("CARGO_TERM_QUIET", "true") };
+    // The kernel matrix's deliberately broken sampler (feature matrix-broken) is the same
+    // crate with its feature of that name.
+    let features: &[&str] = if env::var_os("CARGO_FEATURE_MATRIX_BROKEN").is_some() {
+        &["matrix-broken"]
+    } else {
+        &[]
+    };
     aya_build::build_ebpf(
         [aya_build::Package {
             name: "profiler-ebpf",
             root_dir: root,
+            features,
             ..Default::default()
         }],
         aya_build::Toolchain::Custom(&toolchain),

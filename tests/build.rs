@@ -1,23 +1,24 @@
 //! Compiles the C fixtures (fixtures/*.c) with the system `cc` into OUT_DIR and tells the
 //! tests where they are: fixtures/fx-chain.c -> env FIXTURE_FX_CHAIN=<OUT_DIR>/fx-chain.
 //!
-//! The flags are the point of the fixtures: frame pointers everywhere (the sampler walks user
-//! stacks by frame pointer) and no inlining or sibling calls, so the source's call chain is
-//! exactly the chain on the stack.
+//! The flags (fixtures/cflags.txt) are the point of the fixtures: frame pointers everywhere (the
+//! sampler walks user stacks by frame pointer) and no inlining or sibling calls, so the source's
+//! call chain is exactly the chain on the stack.
 
 use std::path::Path;
 use std::process::Command;
 
-const CFLAGS: &[&str] = &[
-    "-O1",
-    "-g",
-    "-fno-omit-frame-pointer",
-    "-mno-omit-leaf-frame-pointer",
-    "-fno-inline",
-    "-fno-optimize-sibling-calls",
-    "-Wall",
-    "-Wextra",
-];
+/// fixtures/cflags.txt, one flag a line (`#` starts a comment): the kernel matrix in xtask
+/// builds its static fx-chain with the same file.
+fn cflags() -> Vec<String> {
+    std::fs::read_to_string("fixtures/cflags.txt")
+        .expect("read tests/fixtures/cflags.txt")
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(str::to_owned)
+        .collect()
+}
 
 /// fx-unwind is the opposite on purpose: built like distribution packages, without frame
 /// pointers (only .eh_frame describes its frames), for the table-walk tests (unwind.rs).
@@ -99,10 +100,15 @@ fn compile(source: &Path, output: &Path) {
 }
 
 fn compile_with(source: &Path, output: &Path, extra: &[&str]) {
-    compile_flags(source, output, CFLAGS, extra);
+    compile_flags(source, output, &cflags(), extra);
 }
 
-fn compile_flags(source: &Path, output: &Path, flags: &[&str], extra: &[&str]) {
+fn compile_flags(
+    source: &Path,
+    output: &Path,
+    flags: &[impl AsRef<std::ffi::OsStr>],
+    extra: &[&str],
+) {
     let result = Command::new("cc")
         .args(flags)
         .args(extra)

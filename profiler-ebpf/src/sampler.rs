@@ -68,6 +68,8 @@ fn sample(ctx: &PerfEventContext) {
     // One helper call for both ids (tgid in the high half).
     let ids = bpf_get_current_pid_tgid();
     let pid = (ids >> 32) as u32;
+    #[cfg(feature = "matrix-broken")]
+    spin_forever();
     if !wanted(pid) || !in_cgroups() {
         count(counter::FILTERED);
         return;
@@ -165,6 +167,18 @@ fn sample(ctx: &PerfEventContext) {
     match SAMPLES.output::<[u8]>(bytes, wakeup_flag(pid, maybe_new)) {
         Ok(()) => count(counter::SENT),
         Err(_) => count(counter::LOST_RINGBUF_FULL),
+    }
+}
+
+/// Test-only (feature `matrix-broken`): a loop whose exit depends on a value the program never
+/// changes, so the verifier cannot bound it and every kernel must reject the program. The
+/// kernel matrix checks that the rejection reaches its report with the verifier's complaint.
+#[cfg(feature = "matrix-broken")]
+#[inline(always)]
+fn spin_forever() {
+    if let Some(slot) = COUNTERS.get_ptr(0) {
+        // SAFETY: a per-CPU map value; volatile so the compiler keeps the loop as written.
+        while unsafe { core::ptr::read_volatile(slot) } != u64::MAX {}
     }
 }
 

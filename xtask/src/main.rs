@@ -7,6 +7,7 @@ mod bench_kernel_cost;
 mod bench_support;
 mod bench_symbolize;
 mod host;
+mod kernels;
 mod lab;
 mod run;
 mod setup;
@@ -51,12 +52,17 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// fmt check, clippy, debug build, then all tests (`cargo xtask test -- FILTER`).
+    /// fmt check, clippy, debug build, all tests (`cargo xtask test -- FILTER`), then the
+    /// kernel matrix when its images are there (`cargo xtask setup --tests` fetches them).
     Test {
         /// Instead of all tests once, the privileged integration tests N times, each run to
         /// its end; lists every test that failed in any run (failures/N) and fails if any did.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         repeat: Option<u32>,
+        /// Only the kernel matrix: the release profiler booted on each kernel in QEMU
+        /// (docs/kernels.md).
+        #[arg(long)]
+        kernels: bool,
         /// Arguments for `cargo test`; after a further `--`, for the test binaries.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -150,7 +156,11 @@ fn dispatch(task: Task) -> Result<ExitCode> {
             }
         }
         Task::Run { debug, args } => return run::run(debug, &args),
-        Task::Test { args, repeat } => test::test(&args, repeat)?,
+        Task::Test {
+            kernels,
+            args,
+            repeat,
+        } => test::test(kernels, &args, repeat)?,
         Task::Lab(Lab::Zombie { count, cleanup }) => return lab::zombie(count, cleanup),
         Task::Bench(Bench::Agent { seconds }) => bench_agent::agent(seconds)?,
         Task::Bench(Bench::Heatmap {
@@ -195,18 +205,33 @@ mod tests {
     }
 
     #[test]
+    fn test_kernels_is_a_flag_not_a_cargo_argument() {
+        let Task::Test { kernels, args, .. } = parse(&["test", "--kernels"]) else {
+            panic!("not test");
+        };
+        assert!(kernels);
+        assert!(args.is_empty(), "{args:?}");
+    }
+
+    #[test]
     fn test_keeps_a_second_separator_for_the_test_binaries() {
-        let Task::Test { args, repeat } = parse(&["test", "--", "fixture", "--", "--nocapture"])
+        let Task::Test {
+            kernels,
+            args,
+            repeat,
+        } = parse(&["test", "--", "fixture", "--", "--nocapture"])
         else {
             panic!("not test");
         };
+        assert!(!kernels);
         assert_eq!(args, ["fixture", "--", "--nocapture"]);
         assert_eq!(repeat, None);
     }
 
     #[test]
     fn test_repeat_takes_a_count_before_the_filter() {
-        let Task::Test { args, repeat } = parse(&["test", "--repeat", "5", "--", "record"]) else {
+        let Task::Test { args, repeat, .. } = parse(&["test", "--repeat", "5", "--", "record"])
+        else {
             panic!("not test");
         };
         assert_eq!(repeat, Some(5));

@@ -47,6 +47,8 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
         // Debian's own CPython (no frame pointers) is one of the interpreters
         // tests/tests/python.rs records; the pyenv builds there are not installed here.
         tools.push(("python3.11", "python3.11"));
+        // The kernel matrix boots Debian's kernels in QEMU (xtask/src/kernels).
+        tools.push((crate::kernels::QEMU, "qemu-system-x86"));
     }
     if extras.bench {
         tools.extend([("bpftrace", "bpftrace"), ("perf", "linux-perf")]);
@@ -60,6 +62,14 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
     if extras.tests {
         ensure_browser_node_modules()?;
         ensure_rustup_components()?;
+        // The matrix's initramfs needs a static busybox (the guest has no C library of its
+        // own); the package conflicts with the dynamic busybox, so it is asked for by name.
+        ensure_packages(&["busybox-static"])?;
+        if util::is_root() {
+            crate::kernels::fetch_images()?;
+        } else {
+            println!("skipping the kernel matrix's images: fetching them needs root (apt)");
+        }
     }
     Ok(host::checks())
 }
@@ -184,6 +194,21 @@ fn bpf_linker() -> Result<std::path::PathBuf, String> {
         return Err(format!("missing libraries: {}", missing.join(", ")));
     }
     Ok(path)
+}
+
+/// Installs the Debian packages that are not installed, in one apt-get call.
+fn ensure_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
+        .filter(|p| !dpkg_installed(p))
+        .collect();
+    if !missing.is_empty() {
+        println!("installing {}", missing.join(" "));
+        apt_install(&missing)?;
+    }
+    println!("ok: {}", packages.join(" "));
+    Ok(())
 }
 
 fn dpkg_installed(package: &str) -> bool {

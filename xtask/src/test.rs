@@ -1,18 +1,23 @@
-//! `cargo xtask test`: formatting, lints, the debug build, then every test against that binary.
+//! `cargo xtask test`: formatting, lints, the debug build, every test against that binary, then
+//! the kernel matrix (xtask/src/kernels).
 
 use anyhow::{Context, Result};
 
 use crate::setup::{self, Extras};
-use crate::{run, test_repeat, util};
+use crate::{kernels, run, test_repeat, util};
 
 /// Runs the steps in order and stops at the first failure. `args` go to `cargo test`; after a
-/// `--` among them, to the test binaries. With `repeat`, the last step runs the privileged
-/// integration tests that many times instead (see test_repeat.rs).
-pub fn test(args: &[String], repeat: Option<u32>) -> Result<()> {
+/// `--` among them, to the test binaries. `kernels_only`: the kernel matrix alone. With
+/// `repeat`, the last step runs the privileged integration tests that many times instead (see
+/// test_repeat.rs), and the matrix does not run.
+pub fn test(kernels_only: bool, args: &[String], repeat: Option<u32>) -> Result<()> {
     setup::require(Extras {
         tests: true,
         ..Extras::default()
     })?;
+    if kernels_only {
+        return kernels::matrix();
+    }
     let (cargo_args, test_args) = match args.iter().position(|arg| arg == "--") {
         Some(i) => (&args[..i], &args[i + 1..]),
         None => (args, &[][..]),
@@ -53,13 +58,22 @@ pub fn test(args: &[String], repeat: Option<u32>) -> Result<()> {
         Some(_) => &mut steps[..3],
         None => &mut steps[..],
     };
-    let total = steps.len();
+    // The matrix runs when setup could fetch its kernels; a filtered run (`-- FILTER`) is
+    // about some tests, not about every kernel.
+    let matrix = kernels::available() && args.is_empty() && repeat.is_none();
+    let total = steps.len() + usize::from(matrix);
     for (i, (name, cmd, fix)) in steps.iter_mut().enumerate() {
         println!("==> [{}/{total}] {name}: {}", i + 1, util::display(cmd));
         util::run(cmd).with_context(|| format!("step `{name}` failed ({fix})"))?;
     }
     if let Some(n) = repeat {
         return test_repeat::repeat(n, cargo_args, test_args, &run::profiler_bin(false));
+    }
+    if matrix {
+        println!("==> [{total}/{total}] kernels: the kernel matrix (docs/kernels.md)");
+        kernels::matrix().context("step `kernels` failed (see the report above)")?;
+    } else {
+        println!("==> the kernel matrix did not run: `cargo xtask test --kernels` runs it");
     }
     println!("==> all {total} steps passed");
     Ok(())

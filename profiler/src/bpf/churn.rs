@@ -48,7 +48,7 @@ impl ChurnTracer {
                 .program_mut(name)
                 .ok_or(BpfError::Missing("churn program"))?
                 .try_into()?;
-            program.load()?;
+            program.load().map_err(|e| super::rejected(name, e))?;
             program.attach(tracepoint)?;
         }
         let counts = HashMap::try_from(

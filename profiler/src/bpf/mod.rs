@@ -2,6 +2,7 @@
 //! attach it to a perf event on every online CPU, and hand the maps to the collector.
 pub mod churn;
 mod exits;
+pub mod features;
 
 use std::path::{Path, PathBuf};
 
@@ -50,6 +51,18 @@ pub enum BpfError {
     Load(#[from] aya::EbpfError),
     #[error("the eBPF sampler was rejected: {0}")]
     Program(#[from] aya::programs::ProgramError),
+    #[error(
+        "this kernel's verifier rejected {program}: {reason} (run with -v for the verifier's log)"
+    )]
+    Rejected {
+        program: &'static str,
+        reason: String,
+    },
+    #[error(
+        "this kernel has no BPF ring buffer, which the sampler streams through: the profiler \
+         needs Linux 5.8 or newer"
+    )]
+    NoRingBuffer,
     #[error("eBPF map error: {0}")]
     Map(#[from] aya::maps::MapError),
     #[error("the eBPF object has no {0}")]
@@ -67,6 +80,21 @@ pub enum BpfError {
     UnwindMaps(std::io::Error),
     #[error("at most {MAX_CGROUP_FILTER} cgroups can be filtered in the kernel, got {0}")]
     TooManyCgroups(usize),
+}
+
+/// A program load error as one line: the verifier's reason, its whole log at -v (info).
+fn rejected(program: &'static str, e: aya::programs::ProgramError) -> BpfError {
+    match e {
+        aya::programs::ProgramError::LoadError { verifier_log, .. } => {
+            let log = verifier_log.to_string();
+            log::info!("verifier log of {program}:\n{log}");
+            BpfError::Rejected {
+                program,
+                reason: features::verifier_reason(&log).to_owned(),
+            }
+        }
+        other => BpfError::Program(other),
+    }
 }
 
 /// The sampler, attached: dropping it detaches from every CPU.
@@ -123,6 +151,14 @@ impl Sampler {
         if config.event == Event::Cycles && !Path::new("/sys/bus/event_source/devices/cpu").exists()
         {
             return Err(BpfError::NoPmu);
+        }
+        let features = features::KernelFeatures::probe();
+        log::info!("kernel features: {}", features.summary());
+        if !features.ring_buffer {
+            return Err(BpfError::NoRingBuffer);
+        }
+        for line in features.degraded() {
+            log::warn!("{line}");
         }
         if config.cgroups.len() > MAX_CGROUP_FILTER as usize {
             return Err(BpfError::TooManyCgroups(config.cgroups.len()));
@@ -222,7 +258,7 @@ impl Sampler {
             .ok_or(BpfError::Missing("sampler program"))?
             .try_into()?;
         let verify_started = std::time::Instant::now();
-        program.load()?;
+        program.load().map_err(|e| rejected(PROGRAM_NAME, e))?;
         let info = program.info().ok();
         log::debug!(
             "sampler verified in {:.3} s ({:?} instructions)",

@@ -24,7 +24,7 @@ pub use kernel_records::{FileIdentity, KernelRecord, KernelRecords};
 pub use lifetimes::LifetimeLog;
 pub use mappings::{AddressSpace, Mapping, MappingTable};
 pub use perfmap::{PerfMap, ns_pid};
-pub use process::{ProcessTable, SpaceId, UserLoc, space_pid};
+pub use process::{ProcessTable, SpaceId, UserLoc, procmap_query_supported, space_pid};
 
 /// Where process facts come from besides the samples: the kernel's records (mappings, exec,
 /// fork, exit) and the exit statuses the sampler's exit program sends. Either may be missing

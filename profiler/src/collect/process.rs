@@ -431,24 +431,25 @@ impl JitWork {
 /// which dominated the collector's own CPU use on busy hosts. No VMA caching: a process may map
 /// new code (dlopen) between two looks, and a per-pid cache would grow with pid churn.
 fn new_normalizer() -> Normalizer {
-    let build = |query: bool| {
-        Normalizer::builder()
-            .enable_procmap_query(query)
-            .enable_vma_caching(false)
-            .enable_build_ids(true)
-            .enable_build_id_caching(true)
-            .build()
-    };
-    let probe = build(true);
-    let here = new_normalizer as fn() -> Normalizer as usize as u64;
-    if probe
+    build_normalizer(procmap_query_supported())
+}
+
+fn build_normalizer(procmap_query: bool) -> Normalizer {
+    Normalizer::builder()
+        .enable_procmap_query(procmap_query)
+        .enable_vma_caching(false)
+        .enable_build_ids(true)
+        .enable_build_id_caching(true)
+        .build()
+}
+
+/// Whether this kernel answers PROCMAP_QUERY: one of our own addresses normalized through it.
+/// Also reported at start by `bpf::features`.
+pub fn procmap_query_supported() -> bool {
+    let here = procmap_query_supported as fn() -> bool as usize as u64;
+    build_normalizer(true)
         .normalize_user_addrs(std::process::id().into(), &[here])
         .is_ok()
-    {
-        probe
-    } else {
-        build(false)
-    }
 }
 
 fn read_comm(pid: u32) -> Option<String> {

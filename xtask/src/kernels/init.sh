@@ -1,0 +1,193 @@
+#!/bin/busybox sh
+# /init of the kernel matrix's initramfs (xtask/src/kernels): mounts what the profiler needs,
+# runs the smoke suite against the kernel it booted on and reports on the serial console.
+#
+# Protocol, one line each, read by xtask/src/kernels/report.rs:
+#   MATRIX-INFO <key> <value>
+#   MATRIX <test> PASS|FAIL <one-line detail>
+#   MATRIX-LOG <test> <a line of the failed command's stderr (verifier logs land here)>
+#   MATRIX-END
+/bin/busybox mkdir -p /bin /sbin /usr/bin /usr/sbin
+/bin/busybox --install -s
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mkdir -p /proc /sys /dev /tmp /run
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount -t bpf bpf /sys/fs/bpf
+mount -t debugfs debugfs /sys/kernel/debug
+mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
+ip link set lo up
+# The profiler reads its limits and the hierarchy from the places a host has them.
+echo 0 > /proc/sys/kernel/kptr_restrict
+
+# Every command of the suite is cut off after this long: a hang is a failure, not a stuck CI.
+LIMIT=180
+
+# stdout is /dev/console, the serial port (console=ttyS0).
+say() { echo "$@"; }
+
+# pass NAME DETAIL / fail NAME DETAIL [STDERR-FILE]
+pass() { say "MATRIX $1 PASS $2"; }
+fail() {
+    say "MATRIX $1 FAIL $2"
+    if [ -n "$3" ] && [ -s "$3" ]; then
+        sed "s/^/MATRIX-LOG $1 /" "$3"
+    fi
+}
+
+# run NAME CMD...: runs CMD with stderr in /tmp/NAME.err; returns its exit status.
+run() {
+    name=$1
+    shift
+    timeout $LIMIT "$@" > "/tmp/$name.out" 2> "/tmp/$name.err"
+}
+
+# The chain every test looks for: fx-chain spends its time in main -> a -> b -> c.
+CHAIN='main;a;b;c'
+
+has_chain() { grep -q "$CHAIN" "$1"; }
+
+# The last line of a failed command's stderr: the profiler's one-line error.
+why() { tail -n 1 "/tmp/$1.err" | tr -d '\r'; }
+
+say "MATRIX-INFO kernel $(uname -r)"
+say "MATRIX-INFO cpus $(nproc)"
+
+# record, once per unwind mode (/matrix/unwind-modes: NAME ARGS...).
+while read -r mode args; do
+    [ -n "$mode" ] || continue
+    t="record-$mode"
+    fx-chain 8 &
+    fx=$!
+    if run "$t" profiler -v record -d 3s -F 99 $args -o "/tmp/$t.capture" -o "/tmp/$t.folded"; then
+        if has_chain "/tmp/$t.folded"; then
+            pass "$t" "$(grep -c . "/tmp/$t.folded") stacks, $CHAIN found"
+        else
+            fail "$t" "no $CHAIN in the folded output" "/tmp/$t.folded"
+        fi
+    else
+        fail "$t" "$(why "$t")" "/tmp/$t.err"
+    fi
+    features=$(grep -o 'kernel features:.*' "/tmp/$t.err" | head -n 1)
+    [ -n "$features" ] && say "MATRIX-INFO features ${features#kernel features: }"
+    # The one-line warnings a kernel without a feature gets (docs/kernels.md).
+    grep 'WARN' "/tmp/$t.err" | sed 's/^\[WARN *[^]]*\] //' | while read -r line; do
+        say "MATRIX-INFO warning $line"
+    done
+    kill $fx 2> /dev/null
+    wait $fx 2> /dev/null
+done < /matrix/unwind-modes
+
+# report: the first mode's capture rendered again.
+first=$(sed -n '1s/ .*//p' /matrix/unwind-modes)
+if [ -s "/tmp/record-$first.capture" ]; then
+    if run report profiler report "/tmp/record-$first.capture" -o /tmp/report.folded; then
+        if has_chain /tmp/report.folded; then
+            pass report "$CHAIN found in the capture of record-$first"
+        else
+            fail report "no $CHAIN in the report of record-$first" /tmp/report.folded
+        fi
+    else
+        fail report "$(why report)" /tmp/report.err
+    fi
+else
+    fail report "record-$first wrote no capture"
+fi
+
+# record --cgroup: fx-chain in a cgroup2 child, sampled through the in-kernel cgroup filter.
+mkdir -p /sys/fs/cgroup/matrix
+sh -c 'echo $$ > /sys/fs/cgroup/matrix/cgroup.procs && exec fx-chain 8' &
+fx=$!
+if run record-cgroup profiler record -d 3s -F 99 --cgroup /sys/fs/cgroup/matrix -o /tmp/cgroup.folded; then
+    others=$(grep -vc '^fx-chain;' /tmp/cgroup.folded)
+    if ! has_chain /tmp/cgroup.folded; then
+        fail record-cgroup "no $CHAIN in the folded output" /tmp/cgroup.folded
+    elif [ "$others" != 0 ]; then
+        fail record-cgroup "$others stacks from outside the cgroup" /tmp/cgroup.folded
+    else
+        pass record-cgroup "only fx-chain, $CHAIN found"
+    fi
+else
+    fail record-cgroup "$(why record-cgroup)" /tmp/record-cgroup.err
+fi
+kill $fx 2> /dev/null
+wait $fx 2> /dev/null
+
+# doctor, with a process churning cgroups so the churn tracer has something to count.
+(
+    i=0
+    while [ $i -lt 100000 ] && [ ! -e /tmp/churn.stop ]; do
+        mkdir /sys/fs/cgroup/churn-$i && rmdir /sys/fs/cgroup/churn-$i
+        i=$((i + 1))
+        usleep 20000
+    done
+) &
+churner=$!
+if run doctor profiler doctor -d 3s --json; then
+    pass doctor "exit 0, $(grep -c . /tmp/doctor.err) report lines"
+    # Summed over processes: each busybox mkdir is a process of its own.
+    mkdirs=$(grep -o '"mkdirs":[0-9]*' /tmp/doctor.out | sed 's/.*://' | awk '{ n += $1 } END { print n + 0 }')
+    if [ "$mkdirs" -gt 0 ]; then
+        pass churn "the churn tracer counted $mkdirs cgroup mkdirs"
+    else
+        fail churn "the churn tracer counted no cgroup mkdir" /tmp/doctor.out
+    fi
+else
+    fail doctor "$(why doctor)" /tmp/doctor.err
+    fail churn "doctor failed"
+fi
+touch /tmp/churn.stop
+wait $churner 2> /dev/null
+
+# agent: one window stored, then read back with query.
+fx-chain 12 &
+fx=$!
+profiler agent -F 99 --window 2s --data-dir /tmp/agent --listen 127.0.0.1:7070 2> /tmp/agent.err &
+agent=$!
+up=no
+for _ in $(seq 1 120); do
+    if wget -q -O /dev/null http://127.0.0.1:7070/healthz 2> /dev/null; then
+        up=yes
+        break
+    fi
+    kill -0 $agent 2> /dev/null || break
+    sleep 1
+done
+if [ $up = yes ]; then
+    # Two windows' time plus slack, so at least one window is closed and stored.
+    sleep 6
+    kill -TERM $agent
+    wait $agent
+    if run query profiler query --data-dir /tmp/agent --since 10m -o /tmp/query.folded; then
+        if has_chain /tmp/query.folded; then
+            pass agent "a window stored, query found $CHAIN"
+        else
+            fail agent "query found no $CHAIN" /tmp/query.folded
+        fi
+    else
+        fail agent "query: $(why query)" /tmp/query.err
+    fi
+else
+    kill $agent 2> /dev/null
+    wait $agent 2> /dev/null
+    fail agent "the agent never answered /healthz" /tmp/agent.err
+fi
+kill $fx 2> /dev/null
+wait $fx 2> /dev/null
+
+# The deliberately broken sampler (feature matrix-broken): every kernel must reject it, and
+# the matrix checks that the verifier's complaint reaches the report.
+if [ -x /bin/profiler-broken ]; then
+    if run broken profiler-broken -v record -d 1s -o /tmp/broken.folded; then
+        pass broken "loaded, though it must not"
+    else
+        fail broken "$(why broken)" /tmp/broken.err
+    fi
+fi
+
+say MATRIX-END
+sync
+poweroff -f
