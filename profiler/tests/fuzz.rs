@@ -391,3 +391,45 @@ fn kallsyms() {
         },
     );
 }
+
+/// The unwind-table compiler reads `.eh_frame` of every binary a profiled process maps: any
+/// user can hand it one (their own program). Mutated `.eh_frame` bytes are put back into a
+/// real ELF (coreutils' `true`, in every Debian system) at the section's place, so the
+/// ELF reader accepts the file and gimli's CFI parser and our row conversion get the
+/// mutations; the whole mutated bytes are also parsed as a file.
+#[test]
+fn unwind_tables_from_eh_frame() {
+    use object::{Object as _, ObjectSection as _};
+    let elf = std::fs::read("/usr/bin/true").expect("read /usr/bin/true (coreutils)");
+    let (offset, size) = {
+        let file = object::File::parse(elf.as_slice()).expect("parse /usr/bin/true");
+        let section = file
+            .section_by_name(".eh_frame")
+            .expect("/usr/bin/true has .eh_frame");
+        let (offset, size) = section.file_range().expect(".eh_frame is in the file");
+        (offset as usize, size as usize)
+    };
+    let seed = elf[offset..offset + size].to_vec();
+    let reference = profiler::unwind::table::compile(&elf).expect("the seed compiles");
+    assert!(
+        reference.rows.len() > 50,
+        "too few rows to mutate: {}",
+        reference.rows.len()
+    );
+    let mut patched = elf.clone();
+    fuzz("unwind table (.eh_frame)", &[&seed], |bytes| {
+        // The section keeps its size: a shorter input leaves zeros, which end the CIE list.
+        let n = bytes.len().min(size);
+        patched[offset..offset + size].fill(0);
+        patched[offset..offset + n].copy_from_slice(&bytes[..n]);
+        if let Ok(table) = profiler::unwind::table::compile(&patched) {
+            for pc in [0, 0x1000, 0x4000, u64::MAX] {
+                let _ = table.lookup(pc);
+            }
+        }
+        let _ = profiler::unwind::table::compile(bytes);
+        let _ = profiler::unwind::table::mapping_bias(bytes, 0x5555_0000_0000, 0);
+        // Rows and spans grow with CFI instructions, so with the bytes; gimli's context is fixed.
+        linear(bytes, 64, 256 << 10)
+    });
+}
