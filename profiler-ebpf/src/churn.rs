@@ -10,7 +10,10 @@ use aya_ebpf::{
 };
 use profiler_common::{
     COMM_LEN,
-    churn::{AttachKey, ChurnKey, EVENT_MKDIR, EVENT_RMDIR, MAX_ATTACH, MAX_ENTRIES, PARENT_LEN, PATH_LEN},
+    churn::{
+        AttachKey, ChurnKey, EVENT_MKDIR, EVENT_RMDIR, MAX_ATTACH, MAX_ENTRIES, PARENT_LEN,
+        PATH_LEN,
+    },
 };
 
 #[map(name = "CHURN")]

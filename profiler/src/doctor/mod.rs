@@ -18,6 +18,7 @@ use crate::{
         churn::{ChurnCount, ChurnTracer},
     },
     cgroups::{self, Snapshot},
+    profile::lifecycle::{self, Program},
     record::{RecordConfig, RecordError, record_blocking},
 };
 
@@ -49,6 +50,11 @@ pub struct Findings {
     pub churn: Vec<ChurnCount>,
     /// Why churn could not be traced, if it could not.
     pub churn_error: Option<String>,
+    /// Programs that started or exited during the window, by executable and cgroup, most
+    /// failing first (crash loops all, others at most `PROGRAMS_SHOWN`).
+    pub programs: Vec<Program>,
+    /// Why processes could not be linked to cgroups, if they could not.
+    pub attach_error: Option<String>,
     /// Per CPU: (cpu, busy percent).
     pub cpus: Vec<(u32, f64)>,
     /// Catalogue functions this kernel has / lacks.
@@ -57,6 +63,9 @@ pub struct Findings {
     /// Processes with CPU in memcg code, most samples first (at most 10).
     pub memcg: Vec<memcg::MemcgShare>,
 }
+
+/// Programs listed besides crash loops.
+pub const PROGRAMS_SHOWN: usize = 10;
 
 /// Runs the window and gathers the findings.
 pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
@@ -77,6 +86,14 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
         Ok(t) => (t.counts(), None),
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
+    let (attaches, attach_error) = match tracer.as_ref().map(|t| t.attaches()) {
+        Ok(Some(a)) => (a, None),
+        Ok(None) => (
+            Vec::new(),
+            Some("the kernel refused the cgroup_attach_task tracer (see the warning)".to_owned()),
+        ),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
     drop(tracer);
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").map_err(RecordError::Kallsyms)?;
     let memcg_present = memcg::present_in_kallsyms(&kallsyms);
@@ -85,16 +102,36 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
         .copied()
         .filter(|n| !memcg_present.contains(n))
         .collect();
+    let duration_s = profile.meta.duration_ns as f64 / 1e9;
+    let cgroup_of = lifecycle::cgroup_of(&profile.lifetimes, &attaches);
+    let mut programs = lifecycle::programs(&profile.lifetimes, &cgroup_of, false, duration_s);
+    let mut shown = 0;
+    programs.retain(|p| {
+        shown += usize::from(!p.crash_loop);
+        p.crash_loop || shown <= PROGRAMS_SHOWN
+    });
+    // Supervisors usually started before the window: name them from /proc while they live.
+    for p in &mut programs {
+        for (pid, comm, _) in &mut p.parents {
+            if comm.is_empty() {
+                if let Ok(c) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+                    *comm = c.trim_end().to_owned();
+                }
+            }
+        }
+    }
     let mut shares = memcg::shares(&profile, &memcg_present);
     shares.truncate(10);
     Ok(Findings {
-        duration_s: profile.meta.duration_ns as f64 / 1e9,
+        duration_s,
         samples: profile.samples.len() as u64,
         frequency_hz: profile.meta.frequency_hz,
         kernel: profile.meta.kernel_release.clone(),
         cgroups: cgroups::snapshot(),
         churn,
         churn_error,
+        programs,
+        attach_error,
         cpus: memcg::cpu_busy(&profile),
         memcg_present,
         memcg_absent,

@@ -55,6 +55,42 @@ impl Program {
             .map(|(how, _)| how.as_str())
     }
 
+    /// One program's lifecycle in a line (also `report --stats`).
+    pub fn summary(&self) -> String {
+        let p = self;
+        let exits: Vec<String> = p
+            .exits
+            .iter()
+            .map(|(how, n)| format!("{n} {how}"))
+            .collect();
+        format!(
+            "{}{}: {} started ({:.1}/min), exits: {}; median life {}{}",
+            p.name(),
+            if p.cgroup.is_empty() {
+                String::new()
+            } else {
+                format!(" in {}", p.cgroup)
+            },
+            p.starts(),
+            p.starts_per_min,
+            if exits.is_empty() {
+                "none".to_owned()
+            } else {
+                exits.join(", ")
+            },
+            p.median_lifetime_ns
+                .map_or("unknown".to_owned(), |ns| format!(
+                    "{:.1} ms",
+                    ns as f64 / 1e6
+                )),
+            p.parents
+                .first()
+                .map_or(String::new(), |(pid, comm, _)| format!(
+                    "; started by {comm} (pid {pid})"
+                ))
+        )
+    }
+
     /// Name for people: comm, with the executable when it says more.
     pub fn name(&self) -> String {
         let base = self.exe.rsplit('/').next().unwrap_or("");
@@ -151,10 +187,7 @@ pub fn programs(
     by_parent: bool,
     window_s: f64,
 ) -> Vec<Program> {
-    let comm_of: HashMap<u32, &str> = lifetimes
-        .iter()
-        .map(|l| (l.pid, l.comm.as_str()))
-        .collect();
+    let comm_of: HashMap<u32, &str> = lifetimes.iter().map(|l| (l.pid, l.comm.as_str())).collect();
     let mut groups: BTreeMap<(String, String, String), Vec<&Lifetime>> = BTreeMap::new();
     for l in lifetimes {
         let place = if by_parent {
