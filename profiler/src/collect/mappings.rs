@@ -103,6 +103,11 @@ impl MappingTable {
 
     /// `pid` ran exec at `time_ns`: a new, empty, complete space.
     pub fn exec(&mut self, pid: u32, time_ns: u64) {
+        // A process from before the recording: what it ran until now is its generation 0
+        // (in /proc only, and no longer there: its samples stay unknown, not misnamed).
+        self.spaces
+            .entry(pid)
+            .or_insert_with(|| vec![AddressSpace::default()]);
         self.push(
             pid,
             AddressSpace {
@@ -256,5 +261,15 @@ mod tests {
             "mappings made before the recording are in /proc only"
         );
         assert!(t.space_at(31, 10).is_none());
+        // It execs: samples before are in its old space, not the new binary's.
+        t.exec(31, 600);
+        assert_eq!(
+            t.space_at(31, 10).map(|(g, s)| (g, s.complete)),
+            Some((0, false))
+        );
+        assert_eq!(
+            t.space_at(31, 700).map(|(g, s)| (g, s.complete)),
+            Some((1, true))
+        );
     }
 }
