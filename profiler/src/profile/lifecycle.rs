@@ -86,7 +86,8 @@ impl Program {
             p.parents
                 .first()
                 .map_or(String::new(), |(pid, comm, _)| format!(
-                    "; started by {comm} (pid {pid})"
+                    "; started by {} (pid {pid})",
+                    if comm.is_empty() { "?" } else { comm }
                 ))
         )
     }
@@ -94,7 +95,9 @@ impl Program {
     /// Name for people: comm, with the executable when it says more.
     pub fn name(&self) -> String {
         let base = self.exe.rsplit('/').next().unwrap_or("");
-        if self.exe.is_empty() || base == self.comm {
+        if self.comm.is_empty() && self.exe.is_empty() {
+            "[unknown]".to_owned()
+        } else if self.exe.is_empty() || base == self.comm {
             self.comm.clone()
         } else {
             format!("{} ({})", self.comm, self.exe)
@@ -178,7 +181,8 @@ pub fn cgroup_of(lifetimes: &[Lifetime], attaches: &[(u32, String)]) -> HashMap<
     of
 }
 
-/// Groups the lifetimes into programs, most failing exits first (then most starts). With
+/// Groups the lifetimes of a window of `window_s` into programs, most failing exits first
+/// (then most starts). With
 /// `by_parent` (captures, which keep no cgroups) the parent pid stands in for the cgroup: one
 /// supervisor restarting one program. `comm_of` names parents.
 pub fn programs(
@@ -188,8 +192,23 @@ pub fn programs(
     window_s: f64,
 ) -> Vec<Program> {
     let comm_of: HashMap<u32, &str> = lifetimes.iter().map(|l| (l.pid, l.comm.as_str())).collect();
+    // Records read after the window closed (the last drain) belong to no window: a start
+    // after it is dropped, an exit after it is not yet an exit (the exit-status tracepoint is
+    // detached by then, so its status would read as unknown).
+    let window_ns = (window_s.max(0.0) * 1e9) as u64;
+    let in_window: Vec<Lifetime> = lifetimes
+        .iter()
+        .filter(|l| l.fork_ns.or(l.exec_ns).is_none_or(|t| t <= window_ns))
+        .map(|l| {
+            let mut l = l.clone();
+            if l.exit_ns.is_some_and(|t| t > window_ns) {
+                (l.exit_ns, l.exit_status) = (None, None);
+            }
+            l
+        })
+        .collect();
     let mut groups: BTreeMap<(String, String, String), Vec<&Lifetime>> = BTreeMap::new();
-    for l in lifetimes {
+    for l in &in_window {
         let place = if by_parent {
             format!("parent {}", l.ppid)
         } else {

@@ -144,3 +144,17 @@ fn children_inherit_their_parents_cgroup_and_the_deepest_path_wins() {
     assert_eq!(worker.parents, [(11, "helper".to_owned(), 1)]);
     assert_eq!(worker.name(), "worker (/usr/bin/dash)");
 }
+
+#[test]
+fn records_read_after_the_window_are_left_out() {
+    // 10 s window: one start after it, one exit after it (status unknown by then).
+    let mut ls = vec![
+        life(1, 50, "a", 1.0, 100, 2 << 8),
+        life(2, 50, "a", 9.95, 100, 2 << 8),
+        life(3, 50, "a", 10.5, 100, 2 << 8),
+    ];
+    ls[1].exit_status = None;
+    let ps = programs(&ls, &HashMap::new(), true, 10.0);
+    assert_eq!(ps[0].pids, [1, 2]);
+    assert_eq!(ps[0].exits, [("code 2".to_owned(), 1)]);
+}
