@@ -195,14 +195,24 @@ pub fn programs(
     // Records read after the window closed (the last drain) belong to no window: a start
     // after it is dropped, an exit after it is not yet an exit (the exit-status tracepoint is
     // detached by then, so its status would read as unknown).
+    // Records from before the window (read at its start, before the exit-status tracepoint
+    // was attached) carry offset 0 (`collect::lifetimes` clamps them there): a process that
+    // ended there is left out, one that started there counts as started before the window.
     let window_ns = (window_s.max(0.0) * 1e9) as u64;
     let in_window: Vec<Lifetime> = lifetimes
         .iter()
         .filter(|l| l.fork_ns.or(l.exec_ns).is_none_or(|t| t <= window_ns))
+        .filter(|l| l.exit_ns != Some(0))
         .map(|l| {
             let mut l = l.clone();
             if l.exit_ns.is_some_and(|t| t > window_ns) {
                 (l.exit_ns, l.exit_status) = (None, None);
+            }
+            if l.fork_ns == Some(0) {
+                l.fork_ns = None;
+            }
+            if l.exec_ns == Some(0) {
+                l.exec_ns = None;
             }
             l
         })

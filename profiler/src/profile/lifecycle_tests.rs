@@ -154,7 +154,20 @@ fn records_read_after_the_window_are_left_out() {
         life(3, 50, "a", 10.5, 100, 2 << 8),
     ];
     ls[1].exit_status = None;
+    // Before it (clamped to offset 0): one that ended there, one that started there.
+    ls.push(Lifetime {
+        fork_ns: Some(0),
+        exec_ns: Some(0),
+        exit_ns: Some(0),
+        exit_status: None,
+        ..life(4, 50, "a", 0.0, 0, 0)
+    });
+    ls.push(Lifetime {
+        fork_ns: Some(0),
+        exec_ns: Some(0),
+        ..life(5, 50, "a", 0.0, 300, 2 << 8)
+    });
     let ps = programs(&ls, &HashMap::new(), true, 10.0);
     assert_eq!(ps[0].pids, [1, 2]);
-    assert_eq!(ps[0].exits, [("code 2".to_owned(), 1)]);
+    assert_eq!(ps[0].exits, [("code 2".to_owned(), 2)]);
 }

@@ -1,0 +1,204 @@
+//! `profiler doctor` against the crash-loop lab (`profiler lab crashloop`, the code behind
+//! `cargo xtask lab crashloop`): a supervisor restarting a script that fails with status 2 in
+//! a memory cgroup it makes anew each time. The doctor must name the program, its status, its
+//! restart rate, the cgroup and the supervisor, and see every start the lab's log records.
+
+use std::time::Duration;
+
+use profiler_tests::{exclusive, expect_success, require_bpf, run_profiler};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(180);
+const LOG: &str = "/var/tmp/profiler-crashloop/log";
+const CGROUP: &str = "/profiler-crashloop/crashy-agent.service";
+
+/// Undoes the lab even when an assertion fails, so no supervisor keeps looping.
+struct LabGuard;
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    }
+}
+
+fn has_memory_v1() -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let found = mounts
+        .lines()
+        .any(|l| l.contains(" - cgroup ") && l.split(',').any(|o| o == "memory"));
+    if !found {
+        // The lab needs a v1 memory hierarchy; under CI its absence is a failure.
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "no v1 memory cgroup hierarchy on this host (CI=true)"
+        );
+        eprintln!("skipped: no v1 memory cgroup hierarchy on this host");
+    }
+    found
+}
+
+fn doctor_json(stdout: &[u8]) -> Value {
+    serde_json::from_slice(stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json is not JSON ({e}): {}",
+            String::from_utf8_lossy(stdout)
+        )
+    })
+}
+
+/// The lab's log: (pid, start ns) per start, and (pid -> wait status) per exit.
+fn read_log() -> (Vec<(u32, u64)>, std::collections::HashMap<u32, u32>) {
+    let text = std::fs::read_to_string(LOG).expect("the lab's log");
+    let mut starts = Vec::new();
+    let mut exits = std::collections::HashMap::new();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        match f.as_slice() {
+            ["start", pid, ns] => starts.push((pid.parse().unwrap(), ns.parse().unwrap())),
+            ["exit", pid, status, _] => {
+                exits.insert(pid.parse().unwrap(), status.parse().unwrap());
+            }
+            _ => {}
+        }
+    }
+    (starts, exits)
+}
+
+#[test]
+fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
+    if !require_bpf() || !has_memory_v1() {
+        return;
+    }
+    let _lock = exclusive();
+    let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    let lab = run_profiler(&["lab", "crashloop"], TIMEOUT);
+    let guard = LabGuard;
+    expect_success(&lab, "profiler lab crashloop");
+    let said = String::from_utf8_lossy(&lab.stdout).into_owned();
+    eprintln!("lab: {said}");
+    // "supervisor pid N restarts ..."
+    let supervisor: u64 = said
+        .split_whitespace()
+        .nth(2)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no supervisor pid in {said:?}"));
+    let out = run_profiler(&["doctor", "--duration", "20s", "--json"], TIMEOUT);
+    expect_success(&out, "profiler doctor");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("{text}");
+    let v = doctor_json(&out.stdout);
+    // Read before cleanup removes it.
+    let (log_starts, log_exits) = read_log();
+
+    let loops: Vec<&Value> = v["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["crash_loop"] == true)
+        .collect();
+    let p = loops
+        .iter()
+        .find(|p| p["comm"] == "crashy-agent")
+        .unwrap_or_else(|| panic!("crashy-agent is not a crash loop: {}", v["programs"]));
+    let sh = std::fs::canonicalize("/bin/sh").unwrap();
+    assert_eq!(p["exe"], sh.to_str().unwrap(), "the script's interpreter");
+    assert_eq!(p["cgroup"], CGROUP);
+    assert_eq!(p["failing_status"], "code 2");
+    assert_eq!(p["parents"][0]["pid"], supervisor);
+    assert_eq!(p["parents"][0]["comm"], "supervisor");
+    assert_eq!(p["creator"]["comm"], "supervisor", "{p}");
+    assert_eq!(p["creator"]["pid"], supervisor);
+
+    // Every start the lab logged inside the window, and no other: the doctor's pids are one
+    // unbroken run of the log's starts.
+    let pids: Vec<u32> = p["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let n = pids.len();
+    assert!(n >= 20, "only {n} starts seen in 20 s");
+    let first = log_starts
+        .iter()
+        .position(|s| s.0 == pids[0])
+        .unwrap_or_else(|| panic!("pid {} not in the lab's log", pids[0]));
+    let logged: Vec<u32> = log_starts[first..].iter().take(n).map(|s| s.0).collect();
+    assert_eq!(pids, logged, "the doctor's starts are not the lab's");
+    // Every exit the doctor counted is code 2, as the log says of each of these pids.
+    let exits = p["exits"].as_array().unwrap();
+    assert_eq!(exits.len(), 1, "{exits:?}");
+    assert_eq!(exits[0]["status"], "code 2");
+    let counted = exits[0]["count"].as_u64().unwrap();
+    assert_eq!(p["failing_exits"].as_u64().unwrap(), counted);
+    // The last start may still run when the window closes.
+    assert!(
+        counted == n as u64 || counted + 1 == n as u64,
+        "{counted} exits of {n} starts"
+    );
+    for pid in &pids[..n - 1] {
+        assert_eq!(log_exits.get(pid), Some(&(2 << 8)), "pid {pid} in the log");
+    }
+    // The restart rate, against the lab's own clock over the same starts.
+    let span_s = (log_starts[first + n - 1].1 - log_starts[first].1) as f64 / 1e9;
+    let lab_rate = (n - 1) as f64 * 60.0 / span_s;
+    let rate = p["starts_per_min"].as_f64().unwrap();
+    assert!(
+        (rate - lab_rate).abs() <= lab_rate * 0.10,
+        "doctor says {rate:.1}/min, the lab's log {lab_rate:.1}/min"
+    );
+
+    assert_eq!(v["verdict"], "alarm");
+    assert!(
+        v["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x.as_str().unwrap().starts_with("crash loop: crashy-agent")),
+        "{}",
+        v["problems"]
+    );
+    assert!(
+        v["remedies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x.as_str().unwrap().starts_with("root cause: crashy-agent")),
+        "{}",
+        v["remedies"]
+    );
+    assert!(text.contains(&format!(
+        "CRASH LOOP: crashy-agent ({}) in cgroup {CGROUP} exited with code 2 and was restarted {n} times",
+        sh.display()
+    )));
+
+    let cleanup = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    expect_success(&cleanup, "profiler lab crashloop --cleanup");
+    std::mem::forget(guard);
+    assert!(!std::path::Path::new(LOG).exists(), "cleanup left the log");
+    assert!(
+        !std::path::Path::new("/sys/fs/cgroup/memory/profiler-crashloop").exists(),
+        "cleanup left the lab's cgroup"
+    );
+}
+
+#[test]
+fn doctor_on_a_host_without_the_lab_raises_no_crash_loop() {
+    if !require_bpf() {
+        return;
+    }
+    let _lock = exclusive();
+    let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    let out = run_profiler(&["doctor", "--duration", "5s", "--json"], TIMEOUT);
+    expect_success(&out, "profiler doctor");
+    let text = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{text}");
+    let v = doctor_json(&out.stdout);
+    assert_eq!(v["crash_loops"], 0, "{}", v["programs"]);
+    assert!(!text.contains("CRASH LOOP"));
+    // The lifecycle and cgroup moves are traced all the same.
+    assert!(v["attach_error"].is_null(), "{}", v["attach_error"]);
+    for p in v["programs"].as_array().unwrap() {
+        assert_eq!(p["crash_loop"], false);
+    }
+}
