@@ -143,6 +143,7 @@ fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
     let span_s = (log_starts[first + n - 1].1 - log_starts[first].1) as f64 / 1e9;
     let lab_rate = (n - 1) as f64 * 60.0 / span_s;
     let rate = p["starts_per_min"].as_f64().unwrap();
+    eprintln!("{n} starts, {counted} exits: doctor {rate:.1}/min, the lab's log {lab_rate:.1}/min");
     assert!(
         (rate - lab_rate).abs() <= lab_rate * 0.10,
         "doctor says {rate:.1}/min, the lab's log {lab_rate:.1}/min"
