@@ -113,10 +113,10 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
     // Supervisors usually started before the window: name them from /proc while they live.
     for p in &mut programs {
         for (pid, comm, _) in &mut p.parents {
-            if comm.is_empty() {
-                if let Ok(c) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
-                    *comm = c.trim_end().to_owned();
-                }
+            if comm.is_empty()
+                && let Ok(c) = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            {
+                *comm = c.trim_end().to_owned();
             }
         }
     }
