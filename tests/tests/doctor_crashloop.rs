@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use profiler_tests::{exclusive, expect_success, require_bpf, run_profiler};
+use profiler_tests::{TempDir, exclusive, expect_success, require_bpf, run_profiler};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
@@ -202,4 +202,41 @@ fn doctor_on_a_host_without_the_lab_raises_no_crash_loop() {
     for p in v["programs"].as_array().unwrap() {
         assert_eq!(p["crash_loop"], false);
     }
+}
+
+#[test]
+fn report_stats_of_a_capture_names_the_crash_loop() {
+    if !require_bpf() || !has_memory_v1() {
+        return;
+    }
+    let _lock = exclusive();
+    let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    let lab = run_profiler(&["lab", "crashloop"], TIMEOUT);
+    let guard = LabGuard;
+    expect_success(&lab, "profiler lab crashloop");
+    let dir = TempDir::new("crashloop");
+    let capture = dir.file("loop.capture");
+    let rec = run_profiler(&["record", "-d", "8s", "-o", &capture], TIMEOUT);
+    expect_success(&rec, "profiler record");
+    let (log_starts, _) = read_log();
+    drop(guard);
+    let out = run_profiler(&["report", &capture, "--stats"], TIMEOUT);
+    expect_success(&out, "profiler report --stats");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("crash_loop: crashy-agent"))
+        .unwrap_or_else(|| panic!("no crash loop of crashy-agent in the stats"));
+    // "... : N started (R/min), exits: M code 2; ... started by supervisor (pid P) ..."
+    let started: usize = line
+        .split(": ")
+        .nth(2)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no start count in {line:?}"));
+    assert!(started >= 8 && started <= log_starts.len(), "{line}");
+    assert!(line.contains(" code 2;"), "{line}");
+    assert!(!line.contains("unknown"), "{line}");
+    assert!(line.contains("started by supervisor (pid "), "{line}");
 }

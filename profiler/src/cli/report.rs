@@ -125,6 +125,17 @@ fn print_stats(p: &profile::Profile) {
         true,
         m.duration_ns as f64 / 1e9,
     );
+    let mut programs = programs;
+    // Supervisors usually started before the recording: their comm is in its process table.
+    for prog in &mut programs {
+        for (pid, comm, _) in &mut prog.parents {
+            if comm.is_empty()
+                && let Some(proc) = p.processes.iter().find(|q| q.pid == *pid)
+            {
+                comm.clone_from(&proc.comm);
+            }
+        }
+    }
     let loops: Vec<_> = programs.iter().filter(|p| p.crash_loop).collect();
     println!("crash_loops: {}", loops.len());
     for l in &loops {
