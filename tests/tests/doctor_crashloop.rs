@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use profiler_tests::{TempDir, exclusive, expect_success, require_bpf, run_profiler};
+use profiler_tests::{Agent, TempDir, exclusive, expect_success, require_bpf, run_profiler};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
@@ -239,4 +239,52 @@ fn report_stats_of_a_capture_names_the_crash_loop() {
     assert!(line.contains(" code 2;"), "{line}");
     assert!(!line.contains("unknown"), "{line}");
     assert!(line.contains("started by supervisor (pid "), "{line}");
+}
+
+/// A value of an unlabelled or labelled series in Prometheus text.
+fn series(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn agent_metrics_count_the_loops_starts_and_failing_exits() {
+    if !require_bpf() || !has_memory_v1() {
+        return;
+    }
+    let _lock = exclusive();
+    let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    let lab = run_profiler(&["lab", "crashloop"], TIMEOUT);
+    let _guard = LabGuard;
+    expect_success(&lab, "profiler lab crashloop");
+    let dir = TempDir::new("crashloop-agent");
+    let data = dir.file("data");
+    let agent = Agent::start(&data, &["--window", "5s", "-F", "19"]);
+    let start = std::time::Instant::now();
+    let m = loop {
+        let m = String::from_utf8_lossy(&agent.get("/metrics").1).into_owned();
+        if series(&m, "profiler_windows_total{outcome=\"stored\"}").unwrap_or(0.0) >= 2.0 {
+            break m;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "fewer than 2 windows stored:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let loops = series(&m, "profiler_crash_loops").expect("profiler_crash_loops");
+    let starts = series(&m, "profiler_process_starts_total").expect("starts");
+    let failing =
+        series(&m, "profiler_process_exits_total{reason=\"exit_nonzero\"}").expect("exit_nonzero");
+    eprintln!("crash loops {loops}, starts {starts}, failing exits {failing}");
+    // The gauge is of the last window: the lab loops in every one.
+    assert!(loops >= 1.0, "{m}");
+    // Two 5 s windows of a loop restarting several times a second.
+    assert!(failing >= 10.0 && starts >= failing, "{m}");
+    for reason in ["exit_zero", "exit_nonzero", "signal", "unknown"] {
+        assert!(m.contains(&format!(
+            "profiler_process_exits_total{{reason=\"{reason}\"}}"
+        )));
+    }
 }
