@@ -347,9 +347,9 @@ mod tests {
                 ppid: 9,
                 comm: "crashy-agent".into(),
                 exe: "/usr/bin/dash".into(),
-                fork_ns: Some(u64::from(i) * 300_000_000),
+                fork_ns: Some(u64::from(i + 1) * 300_000_000),
                 exec_ns: None,
-                exit_ns: Some(u64::from(i) * 300_000_000 + 5_000_000),
+                exit_ns: Some(u64::from(i + 1) * 300_000_000 + 5_000_000),
                 exit_status: Some(2 << 8),
             })
             .collect();
