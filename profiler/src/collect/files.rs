@@ -42,6 +42,8 @@ const MAX_HANDLES: usize = 4096;
 pub struct FileIds {
     by_inode: HashMap<(u64, u64), Option<u32>>,
     by_build_id: HashMap<Vec<u8>, Option<u32>>,
+    /// The vDSO (`vdso`): None until first asked for, then its id if it could be copied.
+    vdso: Option<Option<(u32, u64)>>,
 }
 
 impl FileIds {
@@ -131,6 +133,44 @@ fn fd_path(f: &File) -> PathBuf {
     ))
 }
 
+impl FileIds {
+    /// The id of the kernel's vDSO image, for a `[vdso]` mapping of `len` bytes. Every
+    /// process of one kernel and ABI maps the same image, so ours, copied once into an
+    /// anonymous file, names theirs (`clock_gettime` that falls back to a system call has
+    /// its leaf there). None for a mapping of another size (another ABI's vDSO).
+    pub fn vdso(&mut self, files: &mut Vec<UserFile>, len: u64) -> Option<u32> {
+        let (id, own_len) = (*self.vdso.get_or_insert_with(|| {
+            let (handle, len) = copy_own_vdso()?;
+            let id = intern(files, Some(handle), Path::new("[vdso]"), None)?;
+            Some((id, len))
+        }))?;
+        (own_len == len).then_some(id)
+    }
+}
+
+/// Our own vDSO, copied from memory into a memfd: (file, length in bytes).
+fn copy_own_vdso() -> Option<(File, u64)> {
+    use std::io::Write as _;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
+    let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+    let (start, end) = (
+        u64::from_str_radix(start, 16).ok()?,
+        u64::from_str_radix(end, 16).ok()?,
+    );
+    // SAFETY: the kernel maps the vDSO readable for the life of the process; we copy it.
+    let image = unsafe { std::slice::from_raw_parts(start as *const u8, (end - start) as usize) };
+    // SAFETY: a plain memfd_create with a NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"profiler-vdso".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a new descriptor we own.
+    let mut file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    file.write_all(image).ok()?;
+    Some((file, end - start))
+}
+
 /// Opens the file `pid` maps at `path` (and, when known, at `range` of its address space):
 /// the mapping itself through /proc/PID/map_files while the mapping exists (exactly the mapped
 /// file, even deleted or in another mount namespace), else the path in the process's root,
@@ -203,6 +243,48 @@ mod tests {
         assert_eq!(ids.by_path(&mut files, me, &exe, None), id);
         assert_eq!(files.len(), 1);
         std::fs::remove_file(&data).unwrap();
+    }
+
+    #[test]
+    fn the_vdso_is_named_from_our_own_copy() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let Some(line) = maps.lines().find(|l| l.ends_with("[vdso]")) else {
+            eprintln!("no vDSO in this process: nothing to check");
+            return;
+        };
+        let (a, b) = line
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .split_once('-')
+            .unwrap();
+        let len = u64::from_str_radix(b, 16).unwrap() - u64::from_str_radix(a, 16).unwrap();
+        let (mut files, mut ids) = (Vec::new(), FileIds::default());
+        assert_eq!(ids.vdso(&mut files, len), Some(0));
+        assert_eq!(ids.vdso(&mut files, len + 4096), None, "another ABI's vDSO");
+        assert_eq!(files.len(), 1, "copied once");
+        let names = crate::symbolize::UserSymbolizer::default().symbolize_file(
+            &files[0].readable_path(),
+            &[vdso_symbol_offset(&files[0], "__vdso_clock_gettime")],
+        );
+        // The vDSO names it twice (clock_gettime is an alias): either is right.
+        assert!(
+            names[0]
+                .as_deref()
+                .is_some_and(|n| n.ends_with("clock_gettime")),
+            "{names:?}"
+        );
+    }
+
+    /// The file offset of `name` in the ELF image `f` (the vDSO's vaddrs are its offsets).
+    fn vdso_symbol_offset(f: &UserFile, name: &str) -> u64 {
+        use object::{Object as _, ObjectSymbol as _};
+        let bytes = std::fs::read(f.readable_path()).unwrap();
+        let elf = object::File::parse(&*bytes).unwrap();
+        elf.dynamic_symbols()
+            .find(|s| s.name() == Ok(name))
+            .map(|s| s.address())
+            .expect("symbol in the vDSO")
     }
 
     #[test]

@@ -131,24 +131,28 @@ impl ProcessTable {
                     path,
                     id,
                 } => {
-                    // "//anon", "[vdso]", "[uprobes]": no file to read.
-                    if !path.starts_with('/') || path.starts_with("//") {
-                        continue;
-                    }
-                    self.lifetimes.mapped(*pid, path);
-                    let Some(file) = self.file_ids.by_identity(
-                        &mut self.files,
-                        *pid,
-                        (*start, *end),
-                        Path::new(path),
-                        id,
-                    ) else {
+                    let file = if path == "[vdso]" {
+                        self.file_ids.vdso(&mut self.files, end - start)
+                    } else if !path.starts_with('/') || path.starts_with("//") {
+                        None // "//anon", "[uprobes]": no file to read
+                    } else {
+                        self.lifetimes.mapped(*pid, path);
+                        self.file_ids.by_identity(
+                            &mut self.files,
+                            *pid,
+                            (*start, *end),
+                            Path::new(path),
+                            id,
+                        )
+                    };
+                    let Some(file) = file else {
                         continue;
                     };
                     let m = Mapping {
                         start: *start,
                         end: *end,
-                        file_offset: *pgoff,
+                        // The vDSO image is mapped whole from its start.
+                        file_offset: if path == "[vdso]" { 0 } else { *pgoff },
                         file,
                     };
                     self.mappings.map(*pid, *time_ns, m);
@@ -197,7 +201,8 @@ impl ProcessTable {
                 continue;
             };
             let path = f.collect::<Vec<_>>().join(" ");
-            if perms.as_bytes().get(2) != Some(&b'x') || !path.starts_with('/') {
+            let vdso = path == "[vdso]";
+            if perms.as_bytes().get(2) != Some(&b'x') || !(path.starts_with('/') || vdso) {
                 continue;
             }
             let hex = |s: &str| u64::from_str_radix(s, 16).ok();
@@ -212,6 +217,17 @@ impl ProcessTable {
             ) else {
                 continue;
             };
+            if vdso {
+                if let Some(file) = self.file_ids.vdso(&mut self.files, end - start) {
+                    maps.push(Mapping {
+                        start,
+                        end,
+                        file_offset: 0,
+                        file,
+                    });
+                }
+                continue;
+            }
             let identity = FileIdentity::Inode(libc::makedev(maj as u32, min as u32), ino);
             if let Some(file) = self.file_ids.by_identity(
                 &mut self.files,
