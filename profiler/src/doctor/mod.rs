@@ -3,6 +3,7 @@
 //! (`crate::cgroups`) into findings and a verdict. The incident it is built for: a CPU
 //! starved by kubelet reading memory statistics while tens of thousands of dying memcgs,
 //! left by a crash-looping creator, make every read slow.
+pub mod kmsg;
 pub mod memcg;
 mod report;
 pub mod verdict;
@@ -55,6 +56,12 @@ pub struct Findings {
     pub programs: Vec<Program>,
     /// Why processes could not be linked to cgroups, if they could not.
     pub attach_error: Option<String>,
+    /// Starvation symptoms the kernel logged during the window.
+    pub kernel_events: Vec<kmsg::KernelEvent>,
+    /// Each symptom after the saturated CPU run before it (`kmsg::timeline`).
+    pub timeline: Vec<String>,
+    /// Why the kernel log could not be read, if it could not.
+    pub kernel_log_error: Option<String>,
     /// Per CPU: (cpu, busy percent).
     pub cpus: Vec<(u32, f64)>,
     /// Catalogue functions this kernel has / lacks.
@@ -72,6 +79,7 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
     // Churn is counted in the kernel while the profile records; a failure to attach is
     // reported in the findings rather than stopping the rest.
     let tracer = ChurnTracer::start();
+    let kmsg = kmsg::KmsgWatch::start();
     let profile = record_blocking(&RecordConfig {
         event: Event::CpuClock,
         frequency_hz: config.frequency_hz,
@@ -120,6 +128,11 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
             }
         }
     }
+    let (kernel_events, kernel_log_error) = match kmsg {
+        Ok(k) => (k.finish(profile.meta.start_mono_ns), None),
+        Err(e) => (Vec::new(), Some(format!("/dev/kmsg: {e}"))),
+    };
+    let timeline = kmsg::timeline(&kernel_events, &profile);
     let mut shares = memcg::shares(&profile, &memcg_present);
     shares.truncate(10);
     Ok(Findings {
@@ -132,6 +145,9 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
         churn_error,
         programs,
         attach_error,
+        kernel_events,
+        timeline,
+        kernel_log_error,
         cpus: memcg::cpu_busy(&profile),
         memcg_present,
         memcg_absent,

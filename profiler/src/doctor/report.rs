@@ -97,6 +97,15 @@ pub fn text(f: &Findings, v: &Verdict) -> String {
             let _ = writeln!(o, "  {}", p.summary());
         }
     }
+    let _ = writeln!(o, "\nkernel log (starvation symptoms):");
+    if let Some(e) = &f.kernel_log_error {
+        let _ = writeln!(o, "  not read: {e}");
+    } else if f.timeline.is_empty() {
+        let _ = writeln!(o, "  none");
+    }
+    for line in &f.timeline {
+        let _ = writeln!(o, "  {line}");
+    }
     let _ = writeln!(o, "\nCPU ({} samples at {} Hz):", f.samples, f.frequency_hz);
     for (cpu, busy) in &f.cpus {
         let flag = if *busy >= CPU_SATURATED {
@@ -277,11 +286,26 @@ pub fn json(f: &Findings, v: &Verdict) -> String {
         })
         .collect();
     let programs: Vec<String> = f.programs.iter().map(|p| program_json(p, f)).collect();
+    let kernel_events: Vec<String> = f
+        .kernel_events
+        .iter()
+        .zip(&f.timeline)
+        .map(|(e, line)| {
+            format!(
+                r#"{{"ts_us":{},"offset_s":{:.3},"kind":{},"message":{},"timeline":{}}}"#,
+                e.ts_us,
+                e.offset_s,
+                q(e.kind),
+                q(&e.message),
+                q(line)
+            )
+        })
+        .collect();
     let opt = |v: Option<u64>| v.map_or("null".to_owned(), |n| n.to_string());
     let v2 = f.cgroups.v2.as_ref().map(|p| p.1);
     let list = |v: &[&str]| strs(&v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
     format!(
-        r#"{{"verdict":{},"holder":{},"problems":{},"remedies":{},"duration_s":{:.3},"samples":{},"frequency_hz":{},"kernel":{},"controllers":[{}],"v2_nr_dying_descendants":{},"mem_cgroup_slab":{},"percpu_kb":{},"cache_holders":[{}],"churn":[{}],"churn_error":{},"programs":[{}],"crash_loops":{},"attach_error":{},"cpus":[{}],"memcg":[{}],"memcg_functions_present":{},"memcg_functions_absent":{}}}"#,
+        r#"{{"verdict":{},"holder":{},"problems":{},"remedies":{},"duration_s":{:.3},"samples":{},"frequency_hz":{},"kernel":{},"controllers":[{}],"v2_nr_dying_descendants":{},"mem_cgroup_slab":{},"percpu_kb":{},"cache_holders":[{}],"churn":[{}],"churn_error":{},"programs":[{}],"crash_loops":{},"attach_error":{},"kernel_events":[{}],"kernel_log_error":{},"cpus":[{}],"memcg":[{}],"memcg_functions_present":{},"memcg_functions_absent":{}}}"#,
         q(v.level.name()),
         v.holder.as_deref().map_or("null".to_owned(), q),
         strs(&v.problems),
@@ -300,6 +324,8 @@ pub fn json(f: &Findings, v: &Verdict) -> String {
         programs.join(","),
         f.programs.iter().filter(|p| p.crash_loop).count(),
         f.attach_error.as_deref().map_or("null".to_owned(), q),
+        kernel_events.join(","),
+        f.kernel_log_error.as_deref().map_or("null".to_owned(), q),
         cpus.join(","),
         memcg.join(","),
         list(&f.memcg_present),

@@ -224,6 +224,10 @@ pub fn judge(f: &Findings) -> Verdict {
             ));
         }
     }
+    for line in &f.timeline {
+        level = level.max(Level::Warning);
+        problems.push(format!("the kernel logged: {line}"));
+    }
     let loops: Vec<_> = f.programs.iter().filter(|p| p.crash_loop).collect();
     for p in &loops {
         level = Level::Alarm;
@@ -301,6 +305,9 @@ mod tests {
             churn_error: None,
             programs: vec![],
             attach_error: None,
+            kernel_events: vec![],
+            timeline: vec![],
+            kernel_log_error: None,
             cpus: vec![(0, 100.0), (1, 5.0)],
             memcg_present: vec!["memory_stat_show"],
             memcg_absent: vec![],
