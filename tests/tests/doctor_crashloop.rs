@@ -288,3 +288,63 @@ fn agent_metrics_count_the_loops_starts_and_failing_exits() {
         )));
     }
 }
+
+fn uptime_s() -> f64 {
+    std::fs::read_to_string("/proc/uptime")
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_network_watchdog_line_in_the_kernel_log_lands_on_the_doctors_timeline() {
+    if !require_bpf() {
+        return;
+    }
+    let _lock = exclusive();
+    let doctor =
+        std::thread::spawn(|| run_profiler(&["doctor", "--duration", "8s", "--json"], TIMEOUT));
+    // Well inside the window, whatever the load time: the doctor reads the log from its start.
+    std::thread::sleep(Duration::from_secs(5));
+    let msg = format!(
+        "NETDEV WATCHDOG: eth9 (profiler-test-{}): transmit queue 0 timed out 5000 ms",
+        std::process::id()
+    );
+    let before = uptime_s();
+    std::fs::write("/dev/kmsg", format!("<4>{msg}\n")).expect("write /dev/kmsg");
+    let after = uptime_s();
+    let out = doctor.join().unwrap();
+    expect_success(&out, "profiler doctor");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("{text}");
+    let v = doctor_json(&out.stdout);
+    let e = v["kernel_events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["message"] == msg.as_str())
+        .unwrap_or_else(|| panic!("our line is not among {}", v["kernel_events"]));
+    assert_eq!(e["kind"], "network watchdog");
+    // The record's own kernel timestamp (the monotonic clock /proc/uptime also reads here).
+    let ts = e["ts_us"].as_f64().unwrap() / 1e6;
+    assert!(
+        ts >= before - 0.5 && ts <= after + 0.5,
+        "logged at {ts}, written between {before} and {after}"
+    );
+    // On the profile's clock: inside the window.
+    let offset = e["offset_s"].as_f64().unwrap();
+    assert!(
+        offset > 0.0 && offset < v["duration_s"].as_f64().unwrap(),
+        "offset {offset}"
+    );
+    let line = e["timeline"].as_str().unwrap();
+    assert!(
+        line.contains(&format!("(+{offset:.1} s): network watchdog: {msg}")),
+        "{line}"
+    );
+    assert!(text.contains(line), "{line} not in the text");
+    assert_ne!(v["verdict"], "healthy");
+}

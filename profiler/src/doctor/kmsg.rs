@@ -121,7 +121,7 @@ fn runs(t: &CpuTable) -> Vec<(u32, u64, u64, f64, f64)> {
 }
 
 /// One line per symptom, after the saturated run that ended last before it (or overlaps it):
-/// "CPU1 at 100% (97% sys) for 14 s from +2 s; 2.0 s later (+16.0 s): network watchdog: ...".
+/// "CPU1 at 100% (97% sys) for 14 s from +2 s; 2.0 s later (+18.0 s): network watchdog: ...".
 pub fn timeline(events: &[KernelEvent], profile: &Profile) -> Vec<String> {
     let runs = runs(&crate::profile::cpu_table(profile, &Default::default()));
     events
@@ -132,13 +132,18 @@ pub fn timeline(events: &[KernelEvent], profile: &Profile) -> Vec<String> {
                 .filter(|r| r.1 as f64 <= e.offset_s)
                 .max_by_key(|r| r.1 + r.2);
             match before {
-                Some(&(cpu, first, secs, busy, sys)) => format!(
-                    "CPU{cpu} at {busy:.0}% ({sys:.0}% sys) for {secs} s from +{first} s; {:.1} s later (+{:.1} s): {}: {}",
-                    (e.offset_s - (first + secs) as f64).max(0.0),
-                    e.offset_s,
-                    e.kind,
-                    e.message
-                ),
+                Some(&(cpu, first, secs, busy, sys)) => {
+                    let end = (first + secs) as f64;
+                    let when = if e.offset_s < end {
+                        "while it lasted".to_owned()
+                    } else {
+                        format!("{:.1} s later", e.offset_s - end)
+                    };
+                    format!(
+                        "CPU{cpu} at {busy:.0}% ({sys:.0}% sys) for {secs} s from +{first} s; {when} (+{:.1} s): {}: {}",
+                        e.offset_s, e.kind, e.message
+                    )
+                }
                 None => format!(
                     "+{:.1} s: {}: {} (no CPU saturated before it)",
                     e.offset_s, e.kind, e.message
