@@ -183,4 +183,52 @@ mod tests {
         }
         assert_eq!(parse_record("no header"), None);
     }
+
+    #[test]
+    fn a_symptom_follows_the_saturated_run_before_it() {
+        use crate::profile::{Frame, Interner, Meta, Sample};
+        let mut i = Interner::new(Meta {
+            frequency_hz: 10,
+            cpus: vec![0, 1],
+            ..Meta::default()
+        });
+        let f = i.frame(Frame::default());
+        let stack = i.stack(vec![f]);
+        // CPU 1 busy for seconds 0..4, then idle until 8; CPU 0 idle throughout.
+        for tick in 0..80u64 {
+            for cpu in [0, 1] {
+                i.sample(Sample {
+                    offset_ns: tick * 100_000_000,
+                    cpu,
+                    pid: u32::from(cpu == 1 && tick < 40) * 7,
+                    tid: 7,
+                    cgroup_id: 0,
+                    comm: 0,
+                    stack,
+                });
+            }
+        }
+        let p = i.finish();
+        let ev = |offset_s: f64| KernelEvent {
+            ts_us: 0,
+            offset_s,
+            kind: "network watchdog",
+            message: "NETDEV WATCHDOG: eth0".into(),
+        };
+        let lines = timeline(&[ev(6.0), ev(2.5)], &p);
+        assert_eq!(
+            lines[0],
+            "CPU1 at 100% (0% sys) for 4 s from +0 s; 2.0 s later (+6.0 s): network watchdog: NETDEV WATCHDOG: eth0"
+        );
+        assert!(
+            lines[1].contains("while it lasted (+2.5 s)"),
+            "{}",
+            lines[1]
+        );
+        let quiet = timeline(&[ev(1.0)], &Profile::default());
+        assert_eq!(
+            quiet[0],
+            "+1.0 s: network watchdog: NETDEV WATCHDOG: eth0 (no CPU saturated before it)"
+        );
+    }
 }
