@@ -10,6 +10,9 @@ use std::{
 
 use crate::profile::{CpuTable, Profile};
 
+/// Records read at most per window (a log flooding faster than we read ends the read).
+const MAX_RECORDS: usize = 100_000;
+
 /// A starvation symptom the kernel logged during the window.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelEvent {
@@ -65,15 +68,23 @@ impl KmsgWatch {
     pub fn finish(mut self, start_mono_ns: u64) -> Vec<KernelEvent> {
         let mut out = Vec::new();
         // One record per read; EPIPE means records were overwritten (skip on), EAGAIN the end.
+        // A kernel logging faster than we read would keep us here: stop at records from after
+        // this call (a second of slack: printk's clock is not exactly CLOCK_MONOTONIC), and
+        // after a bounded number of reads.
+        let end_us = crate::util::monotonic_ns() / 1000 + 1_000_000;
         let mut buf = vec![0u8; 8192];
-        loop {
+        for _ in 0..MAX_RECORDS {
             match self.0.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
                     let rec = String::from_utf8_lossy(&buf[..n]);
-                    if let Some((ts_us, msg)) = parse_record(&rec)
-                        && let Some(kind) = classify(msg)
-                    {
+                    let Some((ts_us, msg)) = parse_record(&rec) else {
+                        continue;
+                    };
+                    if ts_us > end_us {
+                        break;
+                    }
+                    if let Some(kind) = classify(msg) {
                         out.push(KernelEvent {
                             ts_us,
                             offset_s: (ts_us as f64 * 1e3 - start_mono_ns as f64) / 1e9,
