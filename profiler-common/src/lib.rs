@@ -203,6 +203,45 @@ pub mod churn {
     #[cfg(feature = "user")]
     // SAFETY: repr(C), integers only, no padding (size asserted above).
     unsafe impl aya::Pod for ChurnKey {}
+
+    /// HashMap<AttachKey, u64>: processes moved into a cgroup (cgroup_attach_task), so the
+    /// doctor can say which programs ran in a cgroup that is made and removed again and again.
+    pub const MAP_ATTACH: &str = "ATTACH";
+    /// Capacity of `MAP_ATTACH`: one entry per process and cgroup; a crash loop restarting
+    /// 10 times a second fills a quarter of it in a 60 s window.
+    pub const MAX_ATTACH: u32 = 16384;
+    pub const PROGRAM_ATTACH: &str = "churn_attach";
+    /// Load-time global (u64): offset of `tgid` in the running kernel's `task_struct` (from
+    /// its BTF); 0 leaves the attach program idle.
+    pub const GLOBAL_TGID_OFFSET: &str = "TGID_OFFSET";
+    /// Bytes kept of an attach path (as `PARENT_LEN`: longer paths are cut).
+    pub const PATH_LEN: usize = PARENT_LEN;
+
+    /// A process moved into a cgroup.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct AttachKey {
+        /// The moved process (tgid of the task, not of the caller: a service manager moves
+        /// its children).
+        pub pid: u32,
+        /// Path of the cgroup within its hierarchy (`/system.slice/x.service`), NUL padded.
+        pub path: [u8; PATH_LEN],
+    }
+
+    impl Default for AttachKey {
+        fn default() -> Self {
+            Self {
+                pid: 0,
+                path: [0; PATH_LEN],
+            }
+        }
+    }
+
+    const _: () = assert!(core::mem::size_of::<AttachKey>() == 4 + PATH_LEN);
+
+    #[cfg(feature = "user")]
+    // SAFETY: repr(C), integers and bytes only, no padding (size asserted above).
+    unsafe impl aya::Pod for AttachKey {}
 }
 
 /// Stack unwinding without frame pointers (`--unwind dwarf|auto`): the tables userspace compiles

@@ -12,6 +12,7 @@ pub mod collect;
 pub mod doctor;
 pub mod http;
 pub mod lab;
+pub mod lab_crashloop;
 pub mod lab_synth;
 pub mod output;
 pub mod profile;

@@ -86,6 +86,12 @@ enum Lab {
         #[arg(long)]
         cleanup: bool,
     },
+    /// Start a supervisor restarting a failing program in a memory cgroup made anew each time.
+    Crashloop {
+        /// Stop the supervisor, free the page cache, remove the lab cgroup.
+        #[arg(long)]
+        cleanup: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -162,6 +168,7 @@ fn dispatch(task: Task) -> Result<ExitCode> {
             repeat,
         } => test::test(kernels, &args, repeat)?,
         Task::Lab(Lab::Zombie { count, cleanup }) => return lab::zombie(count, cleanup),
+        Task::Lab(Lab::Crashloop { cleanup }) => return lab::crashloop(cleanup),
         Task::Bench(Bench::Agent { seconds }) => bench_agent::agent(seconds)?,
         Task::Bench(Bench::Heatmap {
             hours,

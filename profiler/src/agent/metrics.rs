@@ -9,7 +9,7 @@ use std::{
 use crate::{
     cgroups,
     doctor::memcg,
-    profile::{Counters, Profile},
+    profile::{Counters, Profile, lifecycle},
 };
 
 /// Distinct label values per metric at most, `other` excluded.
@@ -38,6 +38,25 @@ pub struct Metrics {
     pub push_dropped: u64,
     /// Dying cgroups by controller (v1) and `v2` for cgroup2, at the last window.
     dying: Vec<(String, u64)>,
+    /// Processes started (forked or exec'd) since the agent started.
+    process_starts: u64,
+    /// Process exits by `EXIT_REASONS` (a fixed label set).
+    process_exits: [u64; 4],
+    /// Programs in a crash loop in the last window (`profile::lifecycle`).
+    crash_loops: u64,
+}
+
+/// `reason` labels of `profiler_process_exits_total`: exit(0), another code, a signal, and a
+/// status the kernel did not report.
+const EXIT_REASONS: [&str; 4] = ["exit_zero", "exit_nonzero", "signal", "unknown"];
+
+fn exit_reason(how: &str) -> usize {
+    match how {
+        "code 0" => 0,
+        h if h.starts_with("code ") => 1,
+        h if h.starts_with("signal ") => 2,
+        _ => 3,
+    }
 }
 
 #[derive(Debug, Default)]
@@ -106,6 +125,21 @@ impl Metrics {
             ustack_failed: self.counters.ustack_failed + c.ustack_failed,
         };
         self.dying = cgroups::dying_counts();
+        self.add_lifecycle(p);
+    }
+
+    /// Starts, exits by reason and crash loops of one window. The agent traces no cgroup
+    /// moves, so, as for a capture, the parent stands in for the service's cgroup.
+    fn add_lifecycle(&mut self, p: &Profile) {
+        let window_s = p.meta.duration_ns as f64 / 1e9;
+        let programs = lifecycle::programs(&p.lifetimes, &HashMap::new(), true, window_s);
+        for prog in &programs {
+            self.process_starts += prog.starts();
+            for (how, n) in &prog.exits {
+                self.process_exits[exit_reason(how)] += n;
+            }
+        }
+        self.crash_loops = programs.iter().filter(|p| p.crash_loop).count() as u64;
     }
 
     /// The Prometheus text exposition format (version 0.0.4).
@@ -194,6 +228,34 @@ impl Metrics {
                 ("outcome=\"dropped\"", f(self.push_dropped)),
             ],
         );
+        metric(
+            &mut o,
+            "profiler_process_starts_total",
+            "Processes started (fork or exec) as the kernel reported them.",
+            "counter",
+            &[("", f(self.process_starts))],
+        );
+        let exits: Vec<(String, f64)> = EXIT_REASONS
+            .iter()
+            .zip(self.process_exits)
+            .map(|(r, n)| (format!("reason=\"{r}\""), f(n)))
+            .collect();
+        let exits: Vec<(&str, f64)> = exits.iter().map(|(l, n)| (l.as_str(), *n)).collect();
+        metric(
+            &mut o,
+            "profiler_process_exits_total",
+            "Process exits by how they ended (exit_zero, exit_nonzero, signal, unknown).",
+            "counter",
+            &exits,
+        );
+        metric(
+            &mut o,
+            "profiler_crash_loops",
+            "Programs restarted with failing exits at 5 or more a minute in the last window \
+             (same executable and parent; see docs/doctor.md).",
+            "gauge",
+            &[("", f(self.crash_loops))],
+        );
         let (cpu, rss) = own_usage();
         metric(
             &mut o,
@@ -279,6 +341,51 @@ mod tests {
         assert_eq!(c.0.len(), MAX_SERIES + 1);
         assert_eq!(c.0[OTHER], 10.0);
         assert_eq!(c.0["p0"], 2.0);
+    }
+
+    #[test]
+    fn lifecycle_metrics_count_starts_exits_and_loops() {
+        use crate::profile::{Interner, Lifetime, Meta};
+        let mut i = Interner::new(Meta {
+            duration_ns: 60_000_000_000,
+            ..Meta::default()
+        });
+        // Six failing restarts by one parent (a loop), one clean run, one killed.
+        for k in 0..6u32 {
+            i.lifetime(Lifetime {
+                pid: 100 + k,
+                ppid: 9,
+                comm: "crashy".into(),
+                fork_ns: Some(u64::from(k + 1) * 1_000_000_000),
+                exit_ns: Some(u64::from(k + 1) * 1_000_000_000 + 5_000_000),
+                exit_status: Some(2 << 8),
+                ..Lifetime::default()
+            });
+        }
+        for (pid, status) in [(200, 0), (201, 9)] {
+            i.lifetime(Lifetime {
+                pid,
+                ppid: 1,
+                comm: "job".into(),
+                fork_ns: Some(1_000),
+                exit_ns: Some(2_000),
+                exit_status: Some(status),
+                ..Lifetime::default()
+            });
+        }
+        let mut m = Metrics::default();
+        m.add_lifecycle(&i.finish());
+        let text = m.render();
+        for line in [
+            "profiler_process_starts_total 8",
+            "profiler_process_exits_total{reason=\"exit_zero\"} 1",
+            "profiler_process_exits_total{reason=\"exit_nonzero\"} 6",
+            "profiler_process_exits_total{reason=\"signal\"} 1",
+            "profiler_process_exits_total{reason=\"unknown\"} 0",
+            "profiler_crash_loops 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The cgroup churn tracer, user side: loads `churn_mkdir` / `churn_rmdir` from the embedded
-//! object onto the cgroup_mkdir / cgroup_rmdir raw tracepoints and reads the counts.
+//! object onto the cgroup_mkdir / cgroup_rmdir raw tracepoints and reads the counts; and
+//! `churn_attach` on cgroup_attach_task, which says which process went into which cgroup.
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData},
@@ -7,7 +8,10 @@ use aya::{
 };
 use profiler_common::{
     MAP_SAMPLES,
-    churn::{ChurnKey, EVENT_MKDIR, MAP_CHURN, PROGRAM_MKDIR, PROGRAM_RMDIR},
+    churn::{
+        AttachKey, ChurnKey, EVENT_MKDIR, GLOBAL_TGID_OFFSET, MAP_ATTACH, MAP_CHURN,
+        PROGRAM_ATTACH, PROGRAM_MKDIR, PROGRAM_RMDIR,
+    },
 };
 
 use super::BpfError;
@@ -31,14 +35,20 @@ pub struct ChurnTracer {
     // Kept for the links: dropping it detaches.
     _ebpf: Ebpf,
     counts: HashMap<MapData, ChurnKey, u64>,
+    /// None when the kernel's BTF has no `task_struct.tgid` or the tracepoint is refused.
+    attach: Option<HashMap<MapData, AttachKey, u64>>,
 }
 
 impl ChurnTracer {
     /// Loads and attaches both programs. Needs CAP_BPF + CAP_PERFMON (or root).
     pub fn start() -> Result<Self, BpfError> {
         // The object also holds the sampler's 8 MiB ring buffer; this tracer needs none of it.
+        let tgid_offset = std::fs::read("/sys/kernel/btf/vmlinux")
+            .ok()
+            .and_then(|btf| super::exits::member_offset(&btf, "task_struct", "tgid"));
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(MAP_SAMPLES, 4096)
+            .override_global(GLOBAL_TGID_OFFSET, &tgid_offset.unwrap_or(0), true)
             .load(super::SAMPLER_OBJECT)?;
         for (name, tracepoint) in [
             (PROGRAM_MKDIR, "cgroup_mkdir"),
@@ -55,9 +65,22 @@ impl ChurnTracer {
             ebpf.take_map(MAP_CHURN)
                 .ok_or(BpfError::Missing("churn map"))?,
         )?;
+        // Which process ran in which cgroup is a nicety: churn is still counted without it.
+        let attach = match tgid_offset {
+            None => {
+                log::warn!(
+                    "cannot find task_struct.tgid in /sys/kernel/btf/vmlinux: processes are not linked to cgroups"
+                );
+                None
+            }
+            Some(_) => attach_program(&mut ebpf)
+                .map_err(|e| log::warn!("processes are not linked to cgroups: {e}"))
+                .ok(),
+        };
         Ok(Self {
             _ebpf: ebpf,
             counts,
+            attach,
         })
     }
 
@@ -88,6 +111,34 @@ impl ChurnTracer {
         v.sort_by_key(|c| std::cmp::Reverse(c.mkdirs + c.rmdirs));
         v
     }
+
+    /// Processes moved into cgroups so far: (pid, path within its hierarchy), sorted. A
+    /// process moved into several hierarchies (one per v1 controller) has one entry per
+    /// distinct path; None when attaches are not traced on this kernel.
+    pub fn attaches(&self) -> Option<Vec<(u32, String)>> {
+        let map = self.attach.as_ref()?;
+        let mut v: Vec<(u32, String)> = map
+            .iter()
+            .flatten()
+            .map(|(k, _)| (k.pid, comm_string(&k.path)))
+            .collect();
+        v.sort();
+        v.dedup();
+        Some(v)
+    }
+}
+
+fn attach_program(ebpf: &mut Ebpf) -> Result<HashMap<MapData, AttachKey, u64>, BpfError> {
+    let program: &mut RawTracePoint = ebpf
+        .program_mut(PROGRAM_ATTACH)
+        .ok_or(BpfError::Missing("attach program"))?
+        .try_into()?;
+    program.load()?;
+    program.attach("cgroup_attach_task")?;
+    Ok(HashMap::try_from(
+        ebpf.take_map(MAP_ATTACH)
+            .ok_or(BpfError::Missing("attach map"))?,
+    )?)
 }
 
 fn comm_string(comm: &[u8]) -> String {

@@ -40,7 +40,7 @@ pub(super) fn attach(ebpf: &mut Ebpf) -> Result<RingBuf<MapData>, BpfError> {
 
 /// Byte offset of `member` in the struct `name`, from raw BTF (little-endian, as the kernel
 /// writes it on the hosts we run on). Only plain (non-bitfield) members.
-fn member_offset(btf: &[u8], name: &str, member: &str) -> Option<u64> {
+pub(super) fn member_offset(btf: &[u8], name: &str, member: &str) -> Option<u64> {
     let u16_at = |at: usize| Some(u16::from_le_bytes(btf.get(at..at + 2)?.try_into().ok()?));
     let u32_at = |at: usize| Some(u32::from_le_bytes(btf.get(at..at + 4)?.try_into().ok()?));
     if u16_at(0)? != 0xeb9f {

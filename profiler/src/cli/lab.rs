@@ -1,7 +1,7 @@
-//! `profiler lab` (hidden): the zombie-memcg lab behind `cargo xtask lab zombie`.
+//! `profiler lab` (hidden): the zombie-memcg and crash-loop labs behind `cargo xtask lab`.
 use std::path::PathBuf;
 
-use crate::{lab, lab_synth};
+use crate::{lab, lab_crashloop, lab_synth};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LabCommand {
@@ -13,6 +13,21 @@ pub enum LabCommand {
         /// Stop the poller, free the page cache, remove the lab cgroup.
         #[arg(long)]
         cleanup: bool,
+    },
+    /// Start a `supervisor` that restarts `crashy-agent` (exit 2) in a memory cgroup it makes
+    /// anew each time, like Restart=always (--cleanup stops it and removes the lab).
+    Crashloop {
+        /// Pause between an exit and the next start, ms (systemd's RestartSec).
+        #[arg(long, default_value_t = 100)]
+        restart_ms: u64,
+        #[arg(long)]
+        cleanup: bool,
+    },
+    /// The supervisor itself (started by `lab crashloop`).
+    #[command(hide = true)]
+    Supervisor {
+        #[arg(long)]
+        restart_ms: u64,
     },
     /// Write a synthetic capture of CPUS x HZ x SECONDS samples (`cargo xtask bench heatmap`).
     Synth {
@@ -58,6 +73,24 @@ pub fn run(cmd: LabCommand) -> anyhow::Result<()> {
             );
         }
         LabCommand::Poller { parent } => lab::poller(&parent)?,
+        LabCommand::Crashloop { cleanup: true, .. } => {
+            let r = lab_crashloop::cleanup()?;
+            println!(
+                "supervisor stopped after {} starts; memory num_cgroups: {} -> {}",
+                r.starts, r.before, r.after
+            );
+        }
+        LabCommand::Crashloop { restart_ms, .. } => {
+            let pid = lab_crashloop::crashloop(restart_ms)?;
+            println!(
+                "supervisor pid {pid} restarts {} every {restart_ms} ms in {}/{}; log: {}/log",
+                lab_crashloop::PROGRAM,
+                lab_crashloop::CRASHLOOP_CGROUP,
+                lab_crashloop::SERVICE,
+                lab_crashloop::CRASHLOOP_DIR
+            );
+        }
+        LabCommand::Supervisor { restart_ms } => lab_crashloop::supervisor(restart_ms)?,
         LabCommand::Synth {
             cpus,
             hz,

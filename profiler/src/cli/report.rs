@@ -120,6 +120,37 @@ fn print_stats(p: &profile::Profile) {
         .map(|(how, n)| format!("{n} {how}"))
         .collect();
     println!("exits: {}", exits.join(", "));
+    // A capture keeps no cgroup per process: the parent stands in for the service's unit.
+    let programs = profile::lifecycle::programs(
+        &p.lifetimes,
+        &Default::default(),
+        true,
+        m.duration_ns as f64 / 1e9,
+    );
+    let mut programs = programs;
+    // Supervisors usually started before the recording: their comm is in its process table.
+    for prog in &mut programs {
+        for (pid, comm, _) in &mut prog.parents {
+            if comm.is_empty()
+                && let Some(proc) = p.processes.iter().find(|q| q.pid == *pid)
+            {
+                comm.clone_from(&proc.comm);
+            }
+        }
+    }
+    let loops: Vec<_> = programs.iter().filter(|p| p.crash_loop).collect();
+    println!("crash_loops: {}", loops.len());
+    for l in &loops {
+        println!(
+            "crash_loop: {} ({} failing exits, {:.1}/min)",
+            l.summary(),
+            l.failing,
+            l.failing_per_min
+        );
+    }
+    for l in programs.iter().filter(|p| !p.crash_loop).take(10) {
+        println!("program: {}", l.summary());
+    }
     println!("unique_stacks: {}", p.stacks.len());
     println!("unique_frames: {}", p.frames.len());
     for (reason, n) in truncated_by_reason(p) {

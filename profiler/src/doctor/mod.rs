@@ -3,6 +3,7 @@
 //! (`crate::cgroups`) into findings and a verdict. The incident it is built for: a CPU
 //! starved by kubelet reading memory statistics while tens of thousands of dying memcgs,
 //! left by a crash-looping creator, make every read slow.
+pub mod kmsg;
 pub mod memcg;
 mod report;
 pub mod verdict;
@@ -18,6 +19,7 @@ use crate::{
         churn::{ChurnCount, ChurnTracer},
     },
     cgroups::{self, Snapshot},
+    profile::lifecycle::{self, Program},
     record::{RecordConfig, RecordError, record_blocking},
 };
 
@@ -49,6 +51,17 @@ pub struct Findings {
     pub churn: Vec<ChurnCount>,
     /// Why churn could not be traced, if it could not.
     pub churn_error: Option<String>,
+    /// Programs that started or exited during the window, by executable and cgroup, most
+    /// failing first (crash loops all, others at most `PROGRAMS_SHOWN`).
+    pub programs: Vec<Program>,
+    /// Why processes could not be linked to cgroups, if they could not.
+    pub attach_error: Option<String>,
+    /// Starvation symptoms the kernel logged during the window.
+    pub kernel_events: Vec<kmsg::KernelEvent>,
+    /// Each symptom after the saturated CPU run before it (`kmsg::timeline`).
+    pub timeline: Vec<String>,
+    /// Why the kernel log could not be read, if it could not.
+    pub kernel_log_error: Option<String>,
     /// Per CPU: (cpu, busy percent).
     pub cpus: Vec<(u32, f64)>,
     /// Catalogue functions this kernel has / lacks.
@@ -58,11 +71,15 @@ pub struct Findings {
     pub memcg: Vec<memcg::MemcgShare>,
 }
 
+/// Programs listed besides crash loops.
+pub const PROGRAMS_SHOWN: usize = 10;
+
 /// Runs the window and gathers the findings.
 pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
     // Churn is counted in the kernel while the profile records; a failure to attach is
     // reported in the findings rather than stopping the rest.
     let tracer = ChurnTracer::start();
+    let kmsg = kmsg::KmsgWatch::start();
     let profile = record_blocking(&RecordConfig {
         event: Event::CpuClock,
         frequency_hz: config.frequency_hz,
@@ -81,6 +98,14 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
         Ok(t) => (t.counts(), None),
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
+    let (attaches, attach_error) = match tracer.as_ref().map(|t| t.attaches()) {
+        Ok(Some(a)) => (a, None),
+        Ok(None) => (
+            Vec::new(),
+            Some("the kernel refused the cgroup_attach_task tracer (see the warning)".to_owned()),
+        ),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
     drop(tracer);
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").map_err(RecordError::Kallsyms)?;
     let memcg_present = memcg::present_in_kallsyms(&kallsyms);
@@ -89,16 +114,44 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
         .copied()
         .filter(|n| !memcg_present.contains(n))
         .collect();
+    let duration_s = profile.meta.duration_ns as f64 / 1e9;
+    let cgroup_of = lifecycle::cgroup_of(&profile.lifetimes, &attaches);
+    let mut programs = lifecycle::programs(&profile.lifetimes, &cgroup_of, false, duration_s);
+    let mut shown = 0;
+    programs.retain(|p| {
+        shown += usize::from(!p.crash_loop);
+        p.crash_loop || shown <= PROGRAMS_SHOWN
+    });
+    // Supervisors usually started before the window: name them from /proc while they live.
+    for p in &mut programs {
+        for (pid, comm, _) in &mut p.parents {
+            if comm.is_empty()
+                && let Ok(c) = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            {
+                *comm = c.trim_end().to_owned();
+            }
+        }
+    }
+    let (kernel_events, kernel_log_error) = match kmsg {
+        Ok(k) => (k.finish(profile.meta.start_mono_ns), None),
+        Err(e) => (Vec::new(), Some(format!("/dev/kmsg: {e}"))),
+    };
+    let timeline = kmsg::timeline(&kernel_events, &profile);
     let mut shares = memcg::shares(&profile, &memcg_present);
     shares.truncate(10);
     Ok(Findings {
-        duration_s: profile.meta.duration_ns as f64 / 1e9,
+        duration_s,
         samples: profile.samples.len() as u64,
         frequency_hz: profile.meta.frequency_hz,
         kernel: profile.meta.kernel_release.clone(),
         cgroups: cgroups::snapshot(),
         churn,
         churn_error,
+        programs,
+        attach_error,
+        kernel_events,
+        timeline,
+        kernel_log_error,
         cpus: memcg::cpu_busy(&profile),
         memcg_present,
         memcg_absent,

@@ -4,8 +4,9 @@ use std::fmt::Write as _;
 
 use super::{
     Findings,
-    verdict::{CPU_SATURATED, Verdict, cpu_percent},
+    verdict::{CPU_SATURATED, Verdict, cpu_percent, crash_loop_line, creator},
 };
+use crate::profile::lifecycle::Program;
 
 const MIB: f64 = (1 << 20) as f64;
 
@@ -82,6 +83,29 @@ pub fn text(f: &Findings, v: &Verdict) -> String {
                 .join(", ")
         );
     }
+    let _ = writeln!(o, "\nprocess lifecycle ({:.1} s):", f.duration_s);
+    if let Some(e) = &f.attach_error {
+        let _ = writeln!(o, "  processes not linked to cgroups: {e}");
+    }
+    if f.programs.is_empty() {
+        let _ = writeln!(o, "  no process started or exited");
+    }
+    for p in &f.programs {
+        if p.crash_loop {
+            let _ = writeln!(o, "  CRASH LOOP: {}", crash_loop_line(p, f));
+        } else {
+            let _ = writeln!(o, "  {}", p.summary());
+        }
+    }
+    let _ = writeln!(o, "\nkernel log (starvation symptoms):");
+    if let Some(e) = &f.kernel_log_error {
+        let _ = writeln!(o, "  not read: {e}");
+    } else if f.timeline.is_empty() {
+        let _ = writeln!(o, "  none");
+    }
+    for line in &f.timeline {
+        let _ = writeln!(o, "  {line}");
+    }
     let _ = writeln!(o, "\nCPU ({} samples at {} Hz):", f.samples, f.frequency_hz);
     for (cpu, busy) in &f.cpus {
         let flag = if *busy >= CPU_SATURATED {
@@ -129,6 +153,52 @@ pub fn text(f: &Findings, v: &Verdict) -> String {
         }
     }
     o
+}
+
+/// One program as a JSON object; the pids of its starts only for a crash loop (bounded by
+/// the restarts a window can hold).
+fn program_json(p: &Program, f: &Findings) -> String {
+    let exits: Vec<String> = p
+        .exits
+        .iter()
+        .map(|(how, n)| format!(r#"{{"status":{},"count":{n}}}"#, q(how)))
+        .collect();
+    let parents: Vec<String> = p
+        .parents
+        .iter()
+        .map(|(pid, comm, n)| format!(r#"{{"pid":{pid},"comm":{},"starts":{n}}}"#, q(comm)))
+        .collect();
+    let creator = creator(p, &f.churn).map_or("null".to_owned(), |c| {
+        format!(
+            r#"{{"pid":{},"comm":{},"mkdirs":{},"rmdirs":{}}}"#,
+            c.pid,
+            q(&c.comm),
+            c.mkdirs,
+            c.rmdirs
+        )
+    });
+    let pids: Vec<String> = if p.crash_loop {
+        p.pids.iter().map(u32::to_string).collect()
+    } else {
+        Vec::new()
+    };
+    format!(
+        r#"{{"comm":{},"exe":{},"cgroup":{},"starts":{},"starts_per_min":{:.2},"failing_exits":{},"failing_per_min":{:.2},"failing_status":{},"exits":[{}],"median_lifetime_ms":{},"parents":[{}],"crash_loop":{},"creator":{creator},"pids":[{}]}}"#,
+        q(&p.comm),
+        q(&p.exe),
+        q(&p.cgroup),
+        p.starts(),
+        p.starts_per_min,
+        p.failing,
+        p.failing_per_min,
+        p.failing_status().map_or("null".to_owned(), q),
+        exits.join(","),
+        p.median_lifetime_ns
+            .map_or("null".to_owned(), |ns| format!("{:.3}", ns as f64 / 1e6)),
+        parents.join(","),
+        p.crash_loop,
+        pids.join(",")
+    )
 }
 
 /// The same figures as JSON (one object).
@@ -215,11 +285,27 @@ pub fn json(f: &Findings, v: &Verdict) -> String {
             )
         })
         .collect();
+    let programs: Vec<String> = f.programs.iter().map(|p| program_json(p, f)).collect();
+    let kernel_events: Vec<String> = f
+        .kernel_events
+        .iter()
+        .zip(&f.timeline)
+        .map(|(e, line)| {
+            format!(
+                r#"{{"ts_us":{},"offset_s":{:.3},"kind":{},"message":{},"timeline":{}}}"#,
+                e.ts_us,
+                e.offset_s,
+                q(e.kind),
+                q(&e.message),
+                q(line)
+            )
+        })
+        .collect();
     let opt = |v: Option<u64>| v.map_or("null".to_owned(), |n| n.to_string());
     let v2 = f.cgroups.v2.as_ref().map(|p| p.1);
     let list = |v: &[&str]| strs(&v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
     format!(
-        r#"{{"verdict":{},"holder":{},"problems":{},"remedies":{},"duration_s":{:.3},"samples":{},"frequency_hz":{},"kernel":{},"controllers":[{}],"v2_nr_dying_descendants":{},"mem_cgroup_slab":{},"percpu_kb":{},"cache_holders":[{}],"churn":[{}],"churn_error":{},"cpus":[{}],"memcg":[{}],"memcg_functions_present":{},"memcg_functions_absent":{}}}"#,
+        r#"{{"verdict":{},"holder":{},"problems":{},"remedies":{},"duration_s":{:.3},"samples":{},"frequency_hz":{},"kernel":{},"controllers":[{}],"v2_nr_dying_descendants":{},"mem_cgroup_slab":{},"percpu_kb":{},"cache_holders":[{}],"churn":[{}],"churn_error":{},"programs":[{}],"crash_loops":{},"attach_error":{},"kernel_events":[{}],"kernel_log_error":{},"cpus":[{}],"memcg":[{}],"memcg_functions_present":{},"memcg_functions_absent":{}}}"#,
         q(v.level.name()),
         v.holder.as_deref().map_or("null".to_owned(), q),
         strs(&v.problems),
@@ -235,6 +321,11 @@ pub fn json(f: &Findings, v: &Verdict) -> String {
         holders.join(","),
         churn.join(","),
         f.churn_error.as_deref().map_or("null".to_owned(), q),
+        programs.join(","),
+        f.programs.iter().filter(|p| p.crash_loop).count(),
+        f.attach_error.as_deref().map_or("null".to_owned(), q),
+        kernel_events.join(","),
+        f.kernel_log_error.as_deref().map_or("null".to_owned(), q),
         cpus.join(","),
         memcg.join(","),
         list(&f.memcg_present),

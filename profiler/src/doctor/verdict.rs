@@ -79,6 +79,58 @@ impl Findings {
     }
 }
 
+/// Who made a crash loop's cgroup: the process that creates cgroups beside it (under the same
+/// parent), the program's own starter first. A service manager (systemd, containerd, a
+/// supervisor) creates the cgroup anew on every restart; it is the creator, not the cause.
+pub fn creator<'a>(
+    p: &crate::profile::lifecycle::Program,
+    churn: &'a [crate::bpf::churn::ChurnCount],
+) -> Option<&'a crate::bpf::churn::ChurnCount> {
+    let parent = match p.cgroup.rfind('/') {
+        Some(0) => "/",
+        Some(i) => &p.cgroup[..i],
+        None => return None,
+    };
+    let beside = |c: &&crate::bpf::churn::ChurnCount| {
+        c.mkdirs > 0 && c.parents.iter().any(|(path, _)| path == parent)
+    };
+    let starter = p.parents.first().map(|s| s.0);
+    churn
+        .iter()
+        .filter(beside)
+        .find(|c| Some(c.pid) == starter)
+        .or_else(|| churn.iter().find(beside))
+}
+
+/// One line naming a crash loop, its cause and its creator (for problems and the text report).
+pub fn crash_loop_line(p: &crate::profile::lifecycle::Program, f: &Findings) -> String {
+    let mut line = format!(
+        "{} in cgroup {} exited with {} and was restarted {} times in {:.1} s ({:.0}/min, {} failing exits), median life {}",
+        p.name(),
+        p.cgroup,
+        p.failing_status().unwrap_or("a failure"),
+        p.starts(),
+        f.duration_s,
+        p.starts_per_min,
+        p.failing,
+        p.median_lifetime_ns
+            .map_or("unknown".to_owned(), |ns| format!(
+                "{:.1} ms",
+                ns as f64 / 1e6
+            ))
+    );
+    if let Some((pid, comm, _)) = p.parents.first() {
+        line.push_str(&format!("; started by {comm} (pid {pid})"));
+    }
+    if let Some(c) = creator(p, &f.churn) {
+        line.push_str(&format!(
+            "; {} (pid {}) created {} cgroups beside it and removed {}",
+            c.comm, c.pid, c.mkdirs, c.rmdirs
+        ));
+    }
+    line
+}
+
 /// The v1 memory cgroup most likely holding the dying memcgs: the cache holder under which a
 /// churning process makes cgroups, else the top-ranked holder.
 pub fn holder<'a>(
@@ -172,7 +224,32 @@ pub fn judge(f: &Findings) -> Verdict {
             ));
         }
     }
-    if dying >= DYING_WARN && churners.is_empty() {
+    for line in &f.timeline {
+        level = level.max(Level::Warning);
+        problems.push(format!("the kernel logged: {line}"));
+    }
+    let loops: Vec<_> = f.programs.iter().filter(|p| p.crash_loop).collect();
+    for p in &loops {
+        level = Level::Alarm;
+        problems.push(format!("crash loop: {}", crash_loop_line(p, f)));
+        let manager = creator(p, &f.churn)
+            .map(|c| format!("{} (pid {})", c.comm, c.pid))
+            .or_else(|| p.parents.first().map(|s| format!("{} (pid {})", s.1, s.0)))
+            .unwrap_or_else(|| "its service manager".to_owned());
+        let unit = p.cgroup.rsplit('/').next().unwrap_or("");
+        let stop = if unit.ends_with(".service") {
+            format!("`systemctl stop {unit}` or ")
+        } else {
+            String::new()
+        };
+        remedies.push(format!(
+            "root cause: {} keeps failing ({}); {manager} only restarts it, making {} anew each              time. Fix its failure, or {stop}stop it in {manager}",
+            p.name(),
+            p.failing_status().unwrap_or("a failure"),
+            p.cgroup
+        ));
+    }
+    if dying >= DYING_WARN && churners.is_empty() && loops.is_empty() {
         remedies.push(
             "no process made cgroups in this window: the creator may be periodic (a \
              crash-looping unit); run a longer window, e.g. --duration 60s"
@@ -226,6 +303,11 @@ mod tests {
                 parents: vec![("/lab".into(), 2 * mkdirs)],
             }],
             churn_error: None,
+            programs: vec![],
+            attach_error: None,
+            kernel_events: vec![],
+            timeline: vec![],
+            kernel_log_error: None,
             cpus: vec![(0, 100.0), (1, 5.0)],
             memcg_present: vec!["memory_stat_show"],
             memcg_absent: vec![],
@@ -258,6 +340,51 @@ mod tests {
             v.remedies
                 .iter()
                 .any(|r| r.contains("stop or fix agent (pid 9)"))
+        );
+    }
+
+    #[test]
+    fn a_crash_loop_names_the_program_as_cause_and_the_supervisor_as_creator() {
+        use crate::profile::lifecycle::{cgroup_of, programs};
+        let mut f = findings(28, 10, 30);
+        f.churn[0].parents = vec![("/lab".into(), 60)];
+        let ls: Vec<crate::profile::Lifetime> = (0..30)
+            .map(|i| crate::profile::Lifetime {
+                pid: 100 + i,
+                ppid: 9,
+                comm: "crashy-agent".into(),
+                exe: "/usr/bin/dash".into(),
+                fork_ns: Some(u64::from(i + 1) * 300_000_000),
+                exec_ns: None,
+                exit_ns: Some(u64::from(i + 1) * 300_000_000 + 5_000_000),
+                exit_status: Some(2 << 8),
+            })
+            .collect();
+        let at: Vec<(u32, String)> = (0..30).map(|i| (100 + i, "/lab/svc".into())).collect();
+        f.programs = programs(&ls, &cgroup_of(&ls, &at), false, f.duration_s);
+        let v = judge(&f);
+        assert_eq!(v.level, Level::Alarm, "{v:?}");
+        let line = v
+            .problems
+            .iter()
+            .find(|p| p.starts_with("crash loop"))
+            .unwrap();
+        assert!(line.contains("crashy-agent (/usr/bin/dash) in cgroup /lab/svc exited with code 2 and was restarted 30 times"), "{line}");
+        assert!(line.contains("agent (pid 9) created 30 cgroups"), "{line}");
+        assert!(
+            v.remedies
+                .iter()
+                .any(|r| r.starts_with("root cause: crashy-agent"))
+        );
+        // The same processes exiting 0 raise nothing.
+        for p in &mut f.programs {
+            p.crash_loop = false;
+        }
+        assert!(
+            judge(&f)
+                .problems
+                .iter()
+                .all(|p| !p.starts_with("crash loop"))
         );
     }
 

@@ -1,0 +1,291 @@
+//! Process lifecycle per program, over `Profile::lifetimes` (the kernel's fork/exec/exit
+//! records with exit statuses): starts, exits by status and median lifetime per executable
+//! and cgroup, and crash-loop detection. The doctor adds the cgroup each process was moved
+//! into (`bpf::churn` attach map) and links it to the cgroup churn; `report --stats` has no
+//! cgroups in a capture and groups by executable and parent instead.
+use std::collections::{BTreeMap, HashMap};
+
+use super::model::Lifetime;
+
+/// A crash loop restarts its program at least this often with failing exits, per minute
+/// (docs/doctor.md)...
+pub const CRASH_LOOP_PER_MIN: f64 = 5.0;
+/// ...and at least this many failing exits were seen (a short window's single failure is
+/// not a loop, whatever its rate).
+pub const CRASH_LOOP_MIN_FAILS: u64 = 5;
+
+/// One program in one place: the same executable (and comm, which tells scripts of one
+/// interpreter apart) in the same cgroup.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Program {
+    pub comm: String,
+    /// Executable path ("" unknown).
+    pub exe: String,
+    /// Path of its cgroup within its hierarchy ("" unknown: not moved into one during the
+    /// window, nor was its parent).
+    pub cgroup: String,
+    /// Processes that started (forked or exec'd) during the window, by start time.
+    pub pids: Vec<u32>,
+    /// Exits by how they ended: ("code 2", n), ("signal 9", n), ("unknown", n); most first.
+    pub exits: Vec<(String, u64)>,
+    /// Exits that count as failures (`failed`).
+    pub failing: u64,
+    /// Median time from start to exit of the processes that did both in the window, ns.
+    pub median_lifetime_ns: Option<u64>,
+    /// Who started them: (parent pid, parent comm or "", starts), most first.
+    pub parents: Vec<(u32, String, u64)>,
+    /// Failing exits per minute over the window.
+    pub failing_per_min: f64,
+    /// Starts per minute over the window.
+    pub starts_per_min: f64,
+    /// Judged a crash loop (`is_crash_loop`).
+    pub crash_loop: bool,
+}
+
+impl Program {
+    pub fn starts(&self) -> u64 {
+        self.pids.len() as u64
+    }
+
+    /// The most common failing status ("code 2"), if any failed.
+    pub fn failing_status(&self) -> Option<&str> {
+        self.exits
+            .iter()
+            .find(|(how, _)| how != "code 0" && how != "unknown" && !is_clean_signal_name(how))
+            .map(|(how, _)| how.as_str())
+    }
+
+    /// One program's lifecycle in a line (also `report --stats`).
+    pub fn summary(&self) -> String {
+        let p = self;
+        let exits: Vec<String> = p
+            .exits
+            .iter()
+            .map(|(how, n)| format!("{n} {how}"))
+            .collect();
+        format!(
+            "{}{}: {} started ({:.1}/min), exits: {}; median life {}{}",
+            p.name(),
+            if p.cgroup.is_empty() {
+                String::new()
+            } else {
+                format!(" in {}", p.cgroup)
+            },
+            p.starts(),
+            p.starts_per_min,
+            if exits.is_empty() {
+                "none".to_owned()
+            } else {
+                exits.join(", ")
+            },
+            p.median_lifetime_ns
+                .map_or("unknown".to_owned(), |ns| format!(
+                    "{:.1} ms",
+                    ns as f64 / 1e6
+                )),
+            p.parents
+                .first()
+                .map_or(String::new(), |(pid, comm, _)| format!(
+                    "; started by {} (pid {pid})",
+                    if comm.is_empty() { "?" } else { comm }
+                ))
+        )
+    }
+
+    /// Name for people: comm, with the executable when it says more.
+    pub fn name(&self) -> String {
+        let base = self.exe.rsplit('/').next().unwrap_or("");
+        if self.comm.is_empty() && self.exe.is_empty() {
+            "[unknown]".to_owned()
+        } else if self.exe.is_empty() || base == self.comm {
+            self.comm.clone()
+        } else {
+            format!("{} ({})", self.comm, self.exe)
+        }
+    }
+}
+
+/// Signals a service manager treats as a clean stop (systemd's SuccessExitStatus default):
+/// SIGHUP, SIGINT, SIGPIPE, SIGTERM.
+const CLEAN_SIGNALS: [u8; 4] = [1, 2, 13, 15];
+
+fn is_clean_signal_name(how: &str) -> bool {
+    how.strip_prefix("signal ")
+        .and_then(|s| s.parse::<u8>().ok())
+        .is_some_and(|s| CLEAN_SIGNALS.contains(&s))
+}
+
+/// An exit that counts as a failure: a non-zero code, or a signal other than a clean stop.
+/// Unknown statuses are not failures.
+pub fn failed(l: &Lifetime) -> bool {
+    match (l.exit_code(), l.exit_signal()) {
+        (Some(c), _) => c != 0,
+        (_, Some(s)) => !CLEAN_SIGNALS.contains(&(s & 0x7f)),
+        _ => false,
+    }
+}
+
+/// How a process ended, as `LifetimeStats::exits` names it.
+pub fn exit_name(l: &Lifetime) -> String {
+    match (l.exit_code(), l.exit_signal()) {
+        (Some(c), _) => format!("code {c}"),
+        (_, Some(s)) => format!("signal {s}"),
+        _ => "unknown".to_owned(),
+    }
+}
+
+/// The crash-loop rule (docs/doctor.md): at least `CRASH_LOOP_MIN_FAILS` failing exits, at
+/// `CRASH_LOOP_PER_MIN` or more per minute, and started again after failing (starts at least
+/// as many as failures less one, so a batch of failures that nobody restarts is not a loop).
+pub fn is_crash_loop(starts: u64, failing: u64, window_s: f64) -> bool {
+    let per_min = failing as f64 * 60.0 / window_s.max(0.001);
+    failing >= CRASH_LOOP_MIN_FAILS && per_min >= CRASH_LOOP_PER_MIN && starts + 1 >= failing
+}
+
+/// Where each process ran: `attaches` are (pid, cgroup path) moves seen during the window; a
+/// process never moved inherits its parent's (fork keeps the cgroup). Pids are assumed not
+/// reused within the window.
+pub fn cgroup_of(lifetimes: &[Lifetime], attaches: &[(u32, String)]) -> HashMap<u32, String> {
+    let mut of: HashMap<u32, String> = HashMap::new();
+    for (pid, path) in attaches {
+        // Moved into several hierarchies (one per v1 controller): the deepest path names the
+        // service best (a controller the manager does not use keeps the process at `/`).
+        let e = of.entry(*pid).or_default();
+        if path.len() > e.len() {
+            e.clone_from(path);
+        }
+    }
+    let parent: HashMap<u32, u32> = lifetimes
+        .iter()
+        .filter(|l| l.ppid != 0)
+        .map(|l| (l.pid, l.ppid))
+        .collect();
+    for l in lifetimes {
+        if of.contains_key(&l.pid) {
+            continue;
+        }
+        // Walk up a few generations (a shell that forks a helper that forks a worker).
+        let mut p = l.ppid;
+        for _ in 0..8 {
+            if let Some(path) = of.get(&p) {
+                let path = path.clone();
+                of.insert(l.pid, path);
+                break;
+            }
+            match parent.get(&p) {
+                Some(&pp) if pp != 0 => p = pp,
+                _ => break,
+            }
+        }
+    }
+    of
+}
+
+/// Groups the lifetimes of a window of `window_s` into programs, most failing exits first
+/// (then most starts). With
+/// `by_parent` (captures, which keep no cgroups) the parent pid stands in for the cgroup: one
+/// supervisor restarting one program. `comm_of` names parents.
+pub fn programs(
+    lifetimes: &[Lifetime],
+    cgroups: &HashMap<u32, String>,
+    by_parent: bool,
+    window_s: f64,
+) -> Vec<Program> {
+    let comm_of: HashMap<u32, &str> = lifetimes.iter().map(|l| (l.pid, l.comm.as_str())).collect();
+    // Records read after the window closed (the last drain) belong to no window: a start
+    // after it is dropped, an exit after it is not yet an exit (the exit-status tracepoint is
+    // detached by then, so its status would read as unknown).
+    // Records from before the window (read at its start, before the exit-status tracepoint
+    // was attached) carry offset 0 (`collect::lifetimes` clamps them there): a process that
+    // ended there is left out, one that started there counts as started before the window.
+    let window_ns = (window_s.max(0.0) * 1e9) as u64;
+    let in_window: Vec<Lifetime> = lifetimes
+        .iter()
+        .filter(|l| l.fork_ns.or(l.exec_ns).is_none_or(|t| t <= window_ns))
+        .filter(|l| l.exit_ns != Some(0))
+        .map(|l| {
+            let mut l = l.clone();
+            if l.exit_ns.is_some_and(|t| t > window_ns) {
+                (l.exit_ns, l.exit_status) = (None, None);
+            }
+            if l.fork_ns == Some(0) {
+                l.fork_ns = None;
+            }
+            if l.exec_ns == Some(0) {
+                l.exec_ns = None;
+            }
+            l
+        })
+        .collect();
+    let mut groups: BTreeMap<(String, String, String), Vec<&Lifetime>> = BTreeMap::new();
+    for l in &in_window {
+        let place = if by_parent {
+            format!("parent {}", l.ppid)
+        } else {
+            cgroups.get(&l.pid).cloned().unwrap_or_default()
+        };
+        groups
+            .entry((l.comm.clone(), l.exe.clone(), place))
+            .or_default()
+            .push(l);
+    }
+    let mut out: Vec<Program> = groups
+        .into_iter()
+        .map(|((comm, exe, place), mut ls)| {
+            ls.sort_by_key(|l| l.fork_ns.or(l.exec_ns).unwrap_or(0));
+            let started: Vec<&&Lifetime> = ls.iter().filter(|l| l.started()).collect();
+            let mut exits: BTreeMap<String, u64> = BTreeMap::new();
+            let mut lives: Vec<u64> = Vec::new();
+            let mut failing = 0;
+            let mut parents: BTreeMap<u32, u64> = BTreeMap::new();
+            for l in &ls {
+                if l.started() {
+                    *parents.entry(l.ppid).or_default() += 1;
+                }
+                let Some(exit) = l.exit_ns else { continue };
+                *exits.entry(exit_name(l)).or_default() += 1;
+                failing += u64::from(failed(l));
+                if let Some(start) = l.fork_ns.or(l.exec_ns) {
+                    lives.push(exit.saturating_sub(start));
+                }
+            }
+            lives.sort_unstable();
+            let mut exits: Vec<(String, u64)> = exits.into_iter().collect();
+            exits.sort_by_key(|e| std::cmp::Reverse(e.1));
+            let mut parents: Vec<(u32, String, u64)> = parents
+                .into_iter()
+                .map(|(p, n)| (p, comm_of.get(&p).copied().unwrap_or("").to_owned(), n))
+                .collect();
+            parents.sort_by_key(|p| std::cmp::Reverse(p.2));
+            let starts = started.len() as u64;
+            let minutes = window_s.max(0.001) / 60.0;
+            Program {
+                comm,
+                exe,
+                cgroup: if by_parent { String::new() } else { place },
+                pids: started.iter().map(|l| l.pid).collect(),
+                exits,
+                failing,
+                median_lifetime_ns: lives.get(lives.len() / 2).copied(),
+                parents,
+                failing_per_min: failing as f64 / minutes,
+                starts_per_min: starts as f64 / minutes,
+                crash_loop: is_crash_loop(starts, failing, window_s),
+            }
+        })
+        .collect();
+    if !by_parent {
+        // Only a program moved into a cgroup by its starter, as a service manager or container
+        // runtime starts a service, can be a crash loop in the doctor: a shell loop running
+        // `grep` (exit 1) is not.
+        for p in &mut out {
+            p.crash_loop &= !p.cgroup.is_empty();
+        }
+    }
+    out.sort_by_key(|p| std::cmp::Reverse((p.failing, p.starts())));
+    out
+}
+
+#[cfg(test)]
+#[path = "lifecycle_tests.rs"]
+mod tests;

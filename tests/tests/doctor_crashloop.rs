@@ -1,0 +1,350 @@
+//! `profiler doctor` against the crash-loop lab (`profiler lab crashloop`, the code behind
+//! `cargo xtask lab crashloop`): a supervisor restarting a script that fails with status 2 in
+//! a memory cgroup it makes anew each time. The doctor must name the program, its status, its
+//! restart rate, the cgroup and the supervisor, and see every start the lab's log records.
+
+use std::time::Duration;
+
+use profiler_tests::{Agent, TempDir, exclusive, expect_success, require_bpf, run_profiler};
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(180);
+const LOG: &str = "/var/tmp/profiler-crashloop/log";
+const CGROUP: &str = "/profiler-crashloop/crashy-agent.service";
+
+/// Undoes the lab even when an assertion fails, so no supervisor keeps looping.
+struct LabGuard;
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    }
+}
+
+fn has_memory_v1() -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let found = mounts
+        .lines()
+        .any(|l| l.contains(" - cgroup ") && l.split(',').any(|o| o == "memory"));
+    if !found {
+        // The lab needs a v1 memory hierarchy; under CI its absence is a failure.
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "no v1 memory cgroup hierarchy on this host (CI=true)"
+        );
+        eprintln!("skipped: no v1 memory cgroup hierarchy on this host");
+    }
+    found
+}
+
+fn doctor_json(stdout: &[u8]) -> Value {
+    serde_json::from_slice(stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json is not JSON ({e}): {}",
+            String::from_utf8_lossy(stdout)
+        )
+    })
+}
+
+/// The lab's log: (pid, start ns) per start, and (pid -> wait status) per exit.
+fn read_log() -> (Vec<(u32, u64)>, std::collections::HashMap<u32, u32>) {
+    let text = std::fs::read_to_string(LOG).expect("the lab's log");
+    let mut starts = Vec::new();
+    let mut exits = std::collections::HashMap::new();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        match f.as_slice() {
+            ["start", pid, ns] => starts.push((pid.parse().unwrap(), ns.parse().unwrap())),
+            ["exit", pid, status, _] => {
+                exits.insert(pid.parse().unwrap(), status.parse().unwrap());
+            }
+            _ => {}
+        }
+    }
+    (starts, exits)
+}
+
+#[test]
+fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
+    if !require_bpf() || !has_memory_v1() {
+        return;
+    }
+    let _lock = exclusive();
+    let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    let lab = run_profiler(&["lab", "crashloop"], TIMEOUT);
+    let guard = LabGuard;
+    expect_success(&lab, "profiler lab crashloop");
+    let said = String::from_utf8_lossy(&lab.stdout).into_owned();
+    eprintln!("lab: {said}");
+    // "supervisor pid N restarts ..."
+    let supervisor: u64 = said
+        .split_whitespace()
+        .nth(2)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no supervisor pid in {said:?}"));
+    let out = run_profiler(&["doctor", "--duration", "20s", "--json"], TIMEOUT);
+    expect_success(&out, "profiler doctor");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("{text}");
+    let v = doctor_json(&out.stdout);
+    // Read before cleanup removes it.
+    let (log_starts, log_exits) = read_log();
+
+    let loops: Vec<&Value> = v["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["crash_loop"] == true)
+        .collect();
+    let p = loops
+        .iter()
+        .find(|p| p["comm"] == "crashy-agent")
+        .unwrap_or_else(|| panic!("crashy-agent is not a crash loop: {}", v["programs"]));
+    let sh = std::fs::canonicalize("/bin/sh").unwrap();
+    assert_eq!(p["exe"], sh.to_str().unwrap(), "the script's interpreter");
+    assert_eq!(p["cgroup"], CGROUP);
+    assert_eq!(p["failing_status"], "code 2");
+    assert_eq!(p["parents"][0]["pid"], supervisor);
+    assert_eq!(p["parents"][0]["comm"], "supervisor");
+    assert_eq!(p["creator"]["comm"], "supervisor", "{p}");
+    assert_eq!(p["creator"]["pid"], supervisor);
+
+    // Every start the lab logged inside the window, and no other: the doctor's pids are one
+    // unbroken run of the log's starts.
+    let pids: Vec<u32> = p["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let n = pids.len();
+    assert!(n >= 20, "only {n} starts seen in 20 s");
+    let first = log_starts
+        .iter()
+        .position(|s| s.0 == pids[0])
+        .unwrap_or_else(|| panic!("pid {} not in the lab's log", pids[0]));
+    let logged: Vec<u32> = log_starts[first..].iter().take(n).map(|s| s.0).collect();
+    assert_eq!(pids, logged, "the doctor's starts are not the lab's");
+    // Every exit the doctor counted is code 2, as the log says of each of these pids.
+    let exits = p["exits"].as_array().unwrap();
+    assert_eq!(exits.len(), 1, "{exits:?}");
+    assert_eq!(exits[0]["status"], "code 2");
+    let counted = exits[0]["count"].as_u64().unwrap();
+    assert_eq!(p["failing_exits"].as_u64().unwrap(), counted);
+    // The last start may still run when the window closes.
+    assert!(
+        counted == n as u64 || counted + 1 == n as u64,
+        "{counted} exits of {n} starts"
+    );
+    for pid in &pids[..n - 1] {
+        assert_eq!(log_exits.get(pid), Some(&(2 << 8)), "pid {pid} in the log");
+    }
+    // The restart rate, against the lab's own clock over the same starts.
+    let span_s = (log_starts[first + n - 1].1 - log_starts[first].1) as f64 / 1e9;
+    let lab_rate = (n - 1) as f64 * 60.0 / span_s;
+    let rate = p["starts_per_min"].as_f64().unwrap();
+    eprintln!("{n} starts, {counted} exits: doctor {rate:.1}/min, the lab's log {lab_rate:.1}/min");
+    assert!(
+        (rate - lab_rate).abs() <= lab_rate * 0.10,
+        "doctor says {rate:.1}/min, the lab's log {lab_rate:.1}/min"
+    );
+
+    assert_eq!(v["verdict"], "alarm");
+    assert!(
+        v["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x.as_str().unwrap().starts_with("crash loop: crashy-agent")),
+        "{}",
+        v["problems"]
+    );
+    assert!(
+        v["remedies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x.as_str().unwrap().starts_with("root cause: crashy-agent")),
+        "{}",
+        v["remedies"]
+    );
+    assert!(text.contains(&format!(
+        "CRASH LOOP: crashy-agent ({}) in cgroup {CGROUP} exited with code 2 and was restarted {n} times",
+        sh.display()
+    )));
+
+    let cleanup = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    expect_success(&cleanup, "profiler lab crashloop --cleanup");
+    std::mem::forget(guard);
+    assert!(!std::path::Path::new(LOG).exists(), "cleanup left the log");
+    assert!(
+        !std::path::Path::new("/sys/fs/cgroup/memory/profiler-crashloop").exists(),
+        "cleanup left the lab's cgroup"
+    );
+}
+
+#[test]
+fn doctor_on_a_host_without_the_lab_raises_no_crash_loop() {
+    if !require_bpf() {
+        return;
+    }
+    let _lock = exclusive();
+    let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    let out = run_profiler(&["doctor", "--duration", "5s", "--json"], TIMEOUT);
+    expect_success(&out, "profiler doctor");
+    let text = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{text}");
+    let v = doctor_json(&out.stdout);
+    assert_eq!(v["crash_loops"], 0, "{}", v["programs"]);
+    assert!(!text.contains("CRASH LOOP"));
+    // The lifecycle and cgroup moves are traced all the same.
+    assert!(v["attach_error"].is_null(), "{}", v["attach_error"]);
+    for p in v["programs"].as_array().unwrap() {
+        assert_eq!(p["crash_loop"], false);
+    }
+}
+
+#[test]
+fn report_stats_of_a_capture_names_the_crash_loop() {
+    if !require_bpf() || !has_memory_v1() {
+        return;
+    }
+    let _lock = exclusive();
+    let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    let lab = run_profiler(&["lab", "crashloop"], TIMEOUT);
+    let guard = LabGuard;
+    expect_success(&lab, "profiler lab crashloop");
+    let dir = TempDir::new("crashloop");
+    let capture = dir.file("loop.capture");
+    let rec = run_profiler(&["record", "-d", "8s", "-o", &capture], TIMEOUT);
+    expect_success(&rec, "profiler record");
+    let (log_starts, _) = read_log();
+    drop(guard);
+    let out = run_profiler(&["report", &capture, "--stats"], TIMEOUT);
+    expect_success(&out, "profiler report --stats");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("crash_loop: crashy-agent"))
+        .unwrap_or_else(|| panic!("no crash loop of crashy-agent in the stats"));
+    // "... : N started (R/min), exits: M code 2; ... started by supervisor (pid P) ..."
+    let started: usize = line
+        .split(": ")
+        .nth(2)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no start count in {line:?}"));
+    assert!(started >= 8 && started <= log_starts.len(), "{line}");
+    assert!(line.contains(" code 2;"), "{line}");
+    assert!(!line.contains("unknown"), "{line}");
+    assert!(line.contains("started by supervisor (pid "), "{line}");
+}
+
+/// A value of an unlabelled or labelled series in Prometheus text.
+fn series(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn agent_metrics_count_the_loops_starts_and_failing_exits() {
+    if !require_bpf() || !has_memory_v1() {
+        return;
+    }
+    let _lock = exclusive();
+    let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    let lab = run_profiler(&["lab", "crashloop"], TIMEOUT);
+    let _guard = LabGuard;
+    expect_success(&lab, "profiler lab crashloop");
+    let dir = TempDir::new("crashloop-agent");
+    let data = dir.file("data");
+    let agent = Agent::start(&data, &["--window", "5s", "-F", "19"]);
+    let start = std::time::Instant::now();
+    let m = loop {
+        let m = String::from_utf8_lossy(&agent.get("/metrics").1).into_owned();
+        if series(&m, "profiler_windows_total{outcome=\"stored\"}").unwrap_or(0.0) >= 2.0 {
+            break m;
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "fewer than 2 windows stored:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let loops = series(&m, "profiler_crash_loops").expect("profiler_crash_loops");
+    let starts = series(&m, "profiler_process_starts_total").expect("starts");
+    let failing =
+        series(&m, "profiler_process_exits_total{reason=\"exit_nonzero\"}").expect("exit_nonzero");
+    eprintln!("crash loops {loops}, starts {starts}, failing exits {failing}");
+    // The gauge is of the last window: the lab loops in every one.
+    assert!(loops >= 1.0, "{m}");
+    // Two 5 s windows of a loop restarting several times a second.
+    assert!(failing >= 10.0 && starts >= failing, "{m}");
+    for reason in ["exit_zero", "exit_nonzero", "signal", "unknown"] {
+        assert!(m.contains(&format!(
+            "profiler_process_exits_total{{reason=\"{reason}\"}}"
+        )));
+    }
+}
+
+fn uptime_s() -> f64 {
+    std::fs::read_to_string("/proc/uptime")
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_network_watchdog_line_in_the_kernel_log_lands_on_the_doctors_timeline() {
+    if !require_bpf() {
+        return;
+    }
+    let _lock = exclusive();
+    let doctor =
+        std::thread::spawn(|| run_profiler(&["doctor", "--duration", "8s", "--json"], TIMEOUT));
+    // Well inside the window, whatever the load time: the doctor reads the log from its start.
+    std::thread::sleep(Duration::from_secs(5));
+    let msg = format!(
+        "NETDEV WATCHDOG: eth9 (profiler-test-{}): transmit queue 0 timed out 5000 ms",
+        std::process::id()
+    );
+    let before = uptime_s();
+    std::fs::write("/dev/kmsg", format!("<4>{msg}\n")).expect("write /dev/kmsg");
+    let after = uptime_s();
+    let out = doctor.join().unwrap();
+    expect_success(&out, "profiler doctor");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("{text}");
+    let v = doctor_json(&out.stdout);
+    let e = v["kernel_events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["message"] == msg.as_str())
+        .unwrap_or_else(|| panic!("our line is not among {}", v["kernel_events"]));
+    assert_eq!(e["kind"], "network watchdog");
+    // The record's own kernel timestamp (the monotonic clock /proc/uptime also reads here).
+    let ts = e["ts_us"].as_f64().unwrap() / 1e6;
+    assert!(
+        ts >= before - 0.5 && ts <= after + 0.5,
+        "logged at {ts}, written between {before} and {after}"
+    );
+    // On the profile's clock: inside the window.
+    let offset = e["offset_s"].as_f64().unwrap();
+    assert!(
+        offset > 0.0 && offset < v["duration_s"].as_f64().unwrap(),
+        "offset {offset}"
+    );
+    let line = e["timeline"].as_str().unwrap();
+    assert!(
+        line.contains(&format!("(+{offset:.1} s): network watchdog: {msg}")),
+        "{line}"
+    );
+    assert!(text.contains(line), "{line} not in the text");
+    assert_ne!(v["verdict"], "healthy");
+}
