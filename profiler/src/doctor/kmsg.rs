@@ -134,7 +134,11 @@ fn runs(t: &CpuTable) -> Vec<(u32, u64, u64, f64, f64)> {
 /// One line per symptom, after the saturated run that ended last before it (or overlaps it):
 /// "CPU1 at 100% (97% sys) for 14 s from +2 s; 2.0 s later (+18.0 s): network watchdog: ...".
 pub fn timeline(events: &[KernelEvent], profile: &Profile) -> Vec<String> {
-    let runs = runs(&crate::profile::cpu_table(profile, &Default::default()));
+    // The doctor's window is seconds long; a span too long for a table leaves the symptoms
+    // without their CPU context rather than failing the report.
+    let runs = crate::profile::cpu_table(profile, &Default::default())
+        .map(|t| runs(&t))
+        .unwrap_or_default();
     events
         .iter()
         .map(|e| {
