@@ -52,8 +52,8 @@ impl KernelFeatures {
         }
         if !self.bpf_loop {
             lines.push(
-                "this kernel has no bpf_loop helper (Linux 5.17+): nothing in this version needs \
-                 it; stacks are walked by frame pointers",
+                "this kernel has no bpf_loop helper (Linux 5.17+): the table unwinder and Python \
+                 frames walk with it; if the sampler is rejected, run with --unwind fp --python off",
             );
         }
         lines
