@@ -165,10 +165,17 @@ extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     w.frame = h[(w.prev_i & 7) as usize];
     let byte = (h[8] >> (w.entry_shift & 63)) & 0xff;
     let n = w.n as usize;
+    // Indexes come from `slot`, masked on a value read again (volatile), not from `n`: LLVM
+    // drops a mask that a range check on `n` makes redundant, and some verifiers (6.12's)
+    // do not carry that check over to the shifted copy used as the index ("math between
+    // map_value pointer and register with unbounded min value", found by the kernel matrix).
+    // SAFETY: a plain read of the walk state on our stack.
+    let slot = unsafe { core::ptr::read_volatile(&raw const w.n) } as usize & (MAX_PY_FRAMES - 1);
     if w.entry_mode == u64::from(entry::CSTACK_SHIM) && byte == 3 {
-        // The shim below an eval-loop call's outermost frame: mark that frame.
+        // The shim below an eval-loop call's outermost frame: mark that frame (slot 0 is
+        // n == MAX_PY_FRAMES here, whose last index is the array's last too).
         if n > 0 && n <= MAX_PY_FRAMES {
-            out[(2 * n - 1) & (2 * MAX_PY_FRAMES - 1)] |= ENTRY_BIT;
+            out[(2 * slot).wrapping_sub(1) & (2 * MAX_PY_FRAMES - 1)] |= ENTRY_BIT;
         }
         return 0;
     }
@@ -181,8 +188,8 @@ extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     } else {
         0
     };
-    out[(2 * n) & (2 * MAX_PY_FRAMES - 1)] = code;
-    out[(2 * n + 1) & (2 * MAX_PY_FRAMES - 1)] = (instr & !ENTRY_BIT) | entry_bit;
+    out[(2 * slot) & (2 * MAX_PY_FRAMES - 1)] = code;
+    out[(2 * slot + 1) & (2 * MAX_PY_FRAMES - 1)] = (instr & !ENTRY_BIT) | entry_bit;
     w.n += 1;
     0
 }
