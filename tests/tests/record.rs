@@ -218,9 +218,9 @@ fn pid_filter_keeps_only_that_process() {
     );
 }
 
-/// `-F` and `-d` against the sample count: every CPU is sampled F times a second for d
-/// seconds (idle included; samples of other processes count as filtered), and the fixture,
-/// filtered by pid, gets F samples per second of CPU it used.
+/// `-F` and `-d` against the sample count: no CPU is sampled more than F times a second for d
+/// seconds (samples of other processes count as filtered), and the fixture, filtered by pid,
+/// gets F samples per second of CPU it used.
 #[test]
 fn sample_count_follows_frequency_and_duration() {
     if !require_bpf() {
@@ -255,8 +255,11 @@ fn sample_count_follows_frequency_and_duration() {
             "-F {hz} -d {duration}: {all} samples on {cpus} CPUs (F x d x CPUs = {want}); \
              fx-chain {fixture_samples}, {min:.0}..{max:.0} from its CPU time"
         );
+        // At most F x d per CPU; fewer where a CPU idled (cpu-clock does not tick in the
+        // idle task here: a quiet 2-CPU machine gives ~55% of F x d x CPUs), so the fixture's
+        // own count against its CPU time below is the exact check of -F and -d.
         assert!(
-            all >= 0.9 * want && all <= 1.1 * want,
+            all >= fixture_samples && all <= 1.1 * want,
             "-F {hz} -d {duration}: {all} samples in all, F x d x CPUs = {want}:\n{stats}"
         );
         assert!(
