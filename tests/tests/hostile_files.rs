@@ -29,7 +29,8 @@ const MAX_RSS_KB: i64 = 100 << 10;
 
 /// fx-jit as `nobody` in a private mount namespace with a tmpfs /tmp owned by nobody (not
 /// sticky: the container case, where no kernel protection of /tmp links applies). Killed on
-/// drop.
+/// drop. The fixture is opened before the tmpfs goes over /tmp: a checkout under /tmp (a CI
+/// clone) would otherwise be hidden by it.
 struct Hostile {
     child: Child,
 }
@@ -37,8 +38,9 @@ struct Hostile {
 impl Hostile {
     fn start() -> Self {
         let script = format!(
-            "mount -t tmpfs -o mode=0755,uid={NOBODY},gid={NOBODY} none /tmp && \
-             cp \"$0\" /tmp/fx-jit && \
+            "exec 3<\"$0\" && \
+             mount -t tmpfs -o mode=0755,uid={NOBODY},gid={NOBODY} none /tmp && \
+             cat <&3 >/tmp/fx-jit && exec 3<&- && chmod 0755 /tmp/fx-jit && \
              exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups /tmp/fx-jit 30 - {JIT_ADDR}"
         );
         let child = Command::new("unshare")
