@@ -227,19 +227,29 @@ fn unreachable_push_url_is_a_clear_log_line() {
     let port = free_port(); // nothing listens there
     let url = format!("http://127.0.0.1:{port}");
     let stderr = Stdio::from(std::fs::File::create(&log).unwrap());
+    // Only the fixture, as above: whole-machine windows of a debug build under load took longer
+    // than a fixed wait (a run under load 22 had stored no window after 3 s, so no push was tried).
+    let _fixture = spawn_fixture(Path::new(env!("FIXTURE_FX_CHAIN")), 90);
     let mut agent = Agent::start_with(
         &dir.file("data"),
-        &["--window", "1s", "--push-url", &url],
+        &["--window", "1s", "--push-url", &url, "--comm", "fx-chain"],
         stderr,
     );
-    std::thread::sleep(Duration::from_secs(3));
+    let want = format!("push to {url}/ingest failed");
+    let spool = dir.path().join("data/push");
+    let spooled = || std::fs::read_dir(&spool).map_or(0, |d| d.count());
+    // Wait for what is checked (the log line, two windows on disk), not for a fixed time.
+    let start = Instant::now();
+    while !(std::fs::read_to_string(&log).is_ok_and(|t| t.contains(&want)) && spooled() >= 2) {
+        if start.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     assert!(agent.stop().success());
     let text = std::fs::read_to_string(&log).unwrap();
-    let want = format!("push to {url}/ingest failed");
     assert!(text.contains(&want), "no {want:?} in the log:\n{text}");
     // The windows wait on disk for the server.
-    let spooled = std::fs::read_dir(dir.path().join("data/push"))
-        .unwrap()
-        .count();
+    let spooled = spooled();
     assert!(spooled >= 2, "only {spooled} windows spooled");
 }
