@@ -99,8 +99,11 @@ struct Recorded {
     max_rss_kb: i64,
 }
 
-/// `record --comm fx-jit -d 3s` into .folded and .pb.gz, run as a child whose peak RSS is
-/// taken from wait4 (this child's alone). Its address space is capped at 2 GiB (record needs
+/// `record --comm fx-jit -F 999 --unwind fp -d 3s` into .folded and .pb.gz, run as a child whose
+/// peak RSS is taken from wait4 (this child's alone). 999 Hz: under a load of 22 on 2 CPUs fx-jit
+/// got 25-44 samples in 3 s at the default rate, fewer than `jit_samples` needs. `--unwind fp`:
+/// the table walk's row array (64 MiB, mapped into record) would count in the peak RSS and
+/// leave no room under MAX_RSS_KB for what is tested here, the perf map's reading. Its address space is capped at 2 GiB (record needs
 /// less than 1 GiB) so a build that reads /dev/zero to the end fails this test instead of
 /// exhausting the machine.
 #[expect(
@@ -111,7 +114,8 @@ fn record_hostile(label: &str) -> Recorded {
     let dir = TempDir::new(label);
     let (folded, pprof) = (dir.file("out.folded"), dir.file("out.pb.gz"));
     let args = [
-        "record", "--comm", "fx-jit", "-d", "3s", "-o", &folded, "-o", &pprof,
+        "record", "--comm", "fx-jit", "-F", "999", "--unwind", "fp", "-d", "3s", "-o", &folded,
+        "-o", &pprof,
     ];
     let mut cmd = Command::new(profiler_tests::profiler_bin());
     cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null());
