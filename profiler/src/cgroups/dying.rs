@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use super::{
-    ControllerLine, Hierarchy, count_dirs, hierarchies, meminfo_kb, mount_of, parse_proc_cgroups,
-    slab_active_objects, stat_value, subdirs,
+    ControllerLine, Hierarchy, V2Memory, count_dirs, hierarchies, meminfo_kb, mount_of,
+    parse_proc_cgroups, slab_active_objects, stat_value, subdirs, v2_memory, v2_mount,
 };
 
 /// Dying cgroups of one v1 controller.
@@ -70,6 +70,9 @@ pub struct Snapshot {
     pub v2: Option<(PathBuf, u64)>,
     /// cgroup2 children of the root with the most dying descendants (at most 5).
     pub v2_top: Vec<V2Subtree>,
+    /// Dying memcgs on cgroup2 per subtree, and their holder; None unless memory is enabled
+    /// below the cgroup2 root.
+    pub v2_memory: Option<V2Memory>,
     /// Active `mem_cgroup` slab objects (one per memcg, live or dying), if readable.
     pub mem_cgroup_slab: Option<u64>,
     /// `Percpu:` of /proc/meminfo, kB (each memcg costs a few kB of it).
@@ -103,6 +106,7 @@ pub fn snapshot() -> Snapshot {
         controllers,
         v2,
         v2_top,
+        v2_memory: v2_mount(&mounts).and_then(v2_memory),
         mem_cgroup_slab: slab_active_objects(&read("/proc/slabinfo"), "mem_cgroup"),
         percpu_kb: meminfo_kb(&read("/proc/meminfo"), "Percpu"),
         cache_holders: memory.map(|m| cache_holders(&m, 5)).unwrap_or_default(),

@@ -1,6 +1,6 @@
 //! The cgroup filesystem, the one copy of it: mounted hierarchies (mountinfo), a process's
 //! cgroups (/proc/PID/cgroup), the cgroups `--cgroup` names, path predicates, the tree walker
-//! and the dying-cgroup figures. Used by the collector (process facts, cgroup ids, the
+//! and the dying-cgroup figures (v1 per controller, cgroup2 per subtree). Used by the collector (process facts, cgroup ids, the
 //! userspace `--cgroup` filter), the CLI (`record --cgroup`), the doctor, the agent's metrics
 //! and the lab. Pure parsers are tested on text shaped like the real files.
 mod dying;
@@ -9,6 +9,7 @@ mod parse;
 mod proc;
 mod target;
 mod tree;
+mod v2memory;
 
 pub use dying::{
     CacheHolder, ControllerDying, Snapshot, V2Subtree, cache_holders, dying_counts, num_cgroups,
@@ -23,6 +24,7 @@ pub use proc::{
 };
 pub use target::{CgroupTarget, resolve_target};
 pub use tree::{cgroup2_paths, count_dirs, is_at_or_below, subdirs, walk};
+pub use v2memory::{MemorySubtree, V2Memory, dying_memcgs, v2_memory};
 
 /// Text shaped like the real files, shared by the tests of the parsers and their users.
 #[cfg(test)]
