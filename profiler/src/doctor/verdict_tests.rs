@@ -333,3 +333,33 @@ fn on_cgroup2_a_hot_poller_and_a_churner_count_the_v2_dying_memcgs() {
         "{v:?}"
     );
 }
+
+#[test]
+fn cgroup2_figures_in_text_and_json() {
+    let f = v2_findings(DYING_ALARM, 0, 0);
+    let v = judge(&f);
+    let text = super::super::report::text(&f, &v);
+    assert!(
+        text.contains(
+            "  memory v2     400 dying  (nr_dying_descendants of /sys/fs/cgroup/cgroup.stat)\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "    holder: 398 dying memcgs under /sys/fs/cgroup/system.slice (6.0 MiB page cache)\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("the dying memory cgroups hang under: /sys/fs/cgroup/system.slice"));
+    let json = super::super::report::json(&f, &v);
+    assert!(
+        json.contains(
+            r#""v2_memory":{"mount":"/sys/fs/cgroup","dying":400,"source":"nr_dying_descendants","subtrees":[],"holder":{"path":"/sys/fs/cgroup/system.slice","dying":398,"file_bytes":6291456}}"#
+        ),
+        "{json}"
+    );
+    // A host without memory on cgroup2 says so with null.
+    let f = findings(0, 0, 0);
+    assert!(super::super::report::json(&f, &judge(&f)).contains(r#""v2_memory":null"#));
+}
