@@ -10,9 +10,8 @@ use tokio::{
 
 use crate::{
     bpf::{BpfError, Event, Sampler, SamplerConfig},
-    collect::{
-        CgroupFilter, Collection, CommFilter, KernelRecords, ProcessEvents, cgroup::CgroupTarget,
-    },
+    cgroups::CgroupTarget,
+    collect::{CgroupFilter, Collection, CommFilter, KernelRecords, ProcessEvents},
     profile::{Counters, Meta, Profile},
     symbolize::{self, KernelSymbols, UserSymbolizer},
     unwind::{BackgroundLoader, LoaderStats, UnwindMode},

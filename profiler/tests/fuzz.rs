@@ -312,7 +312,7 @@ fn proc_pid_cgroup() {
             b"0::/system.slice/app.service\n",
         ],
         |bytes| {
-            let _ = collect::cgroup::parse_proc_cgroup(&String::from_utf8_lossy(bytes));
+            let _ = cgroups::parse_proc_cgroup(&String::from_utf8_lossy(bytes));
             linear(bytes, 8, 4 << 10)
         },
     );
@@ -332,7 +332,7 @@ fn mountinfo() {
         let text = String::from_utf8_lossy(bytes);
         let mounts = cgroups::parse_mountinfo(&text);
         let _ = cgroups::mount_of(&mounts, "memory");
-        let _ = collect::cgroup::parse_hierarchies(&text);
+        let _ = cgroups::v2_mount(&mounts);
         linear(bytes, 64, 4 << 10)
     });
 }

@@ -26,10 +26,9 @@ fn has_memory_v1() -> bool {
     let found = mounts
         .lines()
         .any(|l| l.contains(" - cgroup ") && l.split(',').any(|o| o == "memory"));
-    if !found {
-        eprintln!("skipped: no v1 memory cgroup hierarchy on this host");
-    }
-    found
+    // Under CI=true this fails rather than passing with nothing tested; the cgroup2 case
+    // runs in the kernel matrix (`doctor-v2` in xtask/src/kernels/init.sh).
+    found || profiler_tests::cannot_run("no v1 memory cgroup hierarchy on this host")
 }
 
 /// Undoes the lab even when an assertion fails, so no poller keeps burning a CPU.

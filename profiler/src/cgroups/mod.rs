@@ -1,275 +1,52 @@
-//! Dying ("zombie") cgroup figures, beside the profiling pipeline: the one place that reads
-//! /proc/cgroups, mountinfo, cgroup.stat, slabinfo, meminfo and v1 memory.stat. The doctor and
-//! the agent's metrics both use `snapshot`; the parsers (`parse`) are pure functions tested on
-//! text shaped like the real files.
-//!
-//! Why several sources: /proc/cgroups `num_cgroups` counts dying cgroups but directories do
-//! not, so their difference is the dying count per controller (v1). cgroup2 reports it
-//! directly (`nr_dying_descendants`). Slab and per-CPU memory corroborate, and the v1 memory
-//! parent whose cached bytes its live children do not explain points at where they hang.
+//! The cgroup filesystem, the one copy of it: mounted hierarchies (mountinfo), a process's
+//! cgroups (/proc/PID/cgroup), the cgroups `--cgroup` names, path predicates, the tree walker
+//! and the dying-cgroup figures (v1 per controller, cgroup2 per subtree). Used by the collector (process facts, cgroup ids, the
+//! userspace `--cgroup` filter), the CLI (`record --cgroup`), the doctor, the agent's metrics
+//! and the lab. Pure parsers are tested on text shaped like the real files.
+mod dying;
+mod mounts;
 mod parse;
+mod proc;
+mod target;
+mod tree;
+mod v2memory;
 
-use std::path::{Path, PathBuf};
-
-pub use parse::{
-    CgroupMount, ControllerLine, meminfo_kb, mount_of, parse_mountinfo, parse_proc_cgroups,
-    slab_active_objects, stat_value,
+pub use dying::{
+    CacheHolder, ControllerDying, Snapshot, V2Subtree, cache_holders, dying_counts, num_cgroups,
+    snapshot,
 };
+pub use mounts::{
+    Hierarchy, cgroup2_mount, hierarchies, memory_mount, mount_of, parse_mountinfo, v2_mount,
+};
+pub use parse::{ControllerLine, meminfo_kb, parse_proc_cgroups, slab_active_objects, stat_value};
+pub use proc::{
+    ProcLine, ProcessCgroups, parse_proc_cgroup, proc_cgroup_lines, read_process_cgroups,
+};
+pub use target::{CgroupTarget, resolve_target};
+pub use tree::{cgroup2_paths, count_dirs, is_at_or_below, subdirs, walk};
+pub use v2memory::{MemorySubtree, V2Memory, dying_memcgs, v2_memory};
 
-/// Dying cgroups of one v1 controller.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ControllerDying {
-    pub controller: String,
-    /// Where its hierarchy is mounted ("" when not on v1).
-    pub mount: PathBuf,
-    /// From /proc/cgroups, dying included.
-    pub num_cgroups: u64,
-    /// Directories under the mount, the root included.
-    pub live: u64,
-    /// `num_cgroups - live`.
-    pub dying: u64,
-}
-
-/// A cgroup2 subtree and its dying descendants.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct V2Subtree {
-    pub path: PathBuf,
-    pub nr_dying_descendants: u64,
-}
-
-/// A v1 memory cgroup whose cached bytes its live children do not account for: the dying
-/// children that still hold page cache are charged here (hierarchically).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CacheHolder {
-    pub path: PathBuf,
-    /// `total_cache` of this cgroup, bytes.
-    pub total_cache: u64,
-    /// Sum of the live children's `total_cache`, bytes.
-    pub children_cache: u64,
-    /// `cache` charged to this cgroup itself (not to descendants), bytes.
-    pub own_cache: u64,
-    pub live_children: u64,
-}
-
-impl CacheHolder {
-    /// More than half of its cache is unexplained by itself and its live children.
-    pub fn mostly_dying(&self) -> bool {
-        self.unexplained() * 2 > self.total_cache
-    }
-
-    /// Bytes attributable to dying descendants: total minus own minus live children.
-    pub fn unexplained(&self) -> u64 {
-        self.total_cache
-            .saturating_sub(self.children_cache)
-            .saturating_sub(self.own_cache)
-    }
-}
-
-/// Everything known about dying cgroups at one moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Snapshot {
-    /// v1 controllers with a hierarchy, and their dying counts.
-    pub controllers: Vec<ControllerDying>,
-    /// cgroup2 mount and its root's `nr_dying_descendants`, if mounted.
-    pub v2: Option<(PathBuf, u64)>,
-    /// cgroup2 children of the root with the most dying descendants (at most 5).
-    pub v2_top: Vec<V2Subtree>,
-    /// Active `mem_cgroup` slab objects (one per memcg, live or dying), if readable.
-    pub mem_cgroup_slab: Option<u64>,
-    /// `Percpu:` of /proc/meminfo, kB (each memcg costs a few kB of it).
-    pub percpu_kb: Option<u64>,
-    /// v1 memory cgroups with cache their live children don't explain, largest first (<= 5).
-    pub cache_holders: Vec<CacheHolder>,
-}
-
-impl Snapshot {
-    /// Dying count of `controller`, if it has a v1 hierarchy.
-    pub fn dying(&self, controller: &str) -> Option<u64> {
-        self.controllers
-            .iter()
-            .find(|c| c.controller == controller)
-            .map(|c| c.dying)
-    }
-}
-
-/// Reads the current figures. Missing files give empty parts, never an error: the doctor
-/// reports what it could see.
-pub fn snapshot() -> Snapshot {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let mounts = parse_mountinfo(&read("/proc/self/mountinfo"));
-    let (controllers, v2) = dying_in(&mounts);
-    let v2_top = v2
-        .as_ref()
-        .map(|(p, _)| v2_top_subtrees(p))
-        .unwrap_or_default();
-    let memory = mount_of(&mounts, "memory");
-    Snapshot {
-        controllers,
-        v2,
-        v2_top,
-        mem_cgroup_slab: slab_active_objects(&read("/proc/slabinfo"), "mem_cgroup"),
-        percpu_kb: meminfo_kb(&read("/proc/meminfo"), "Percpu"),
-        cache_holders: memory.map(|m| cache_holders(&m, 5)).unwrap_or_default(),
-    }
-}
-
-/// Just the dying counts: per v1 controller, and the cgroup2 root's. The cheap part of
-/// `snapshot` (no slab figures, no memory.stat walk) that the agent reads every window.
-pub fn dying_counts() -> Vec<(String, u64)> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let (controllers, v2) = dying_in(&parse_mountinfo(&mountinfo));
-    controllers
-        .into_iter()
-        .map(|c| (c.controller, c.dying))
-        .chain(v2.map(|(_, n)| ("v2".to_owned(), n)))
-        .collect()
-}
-
-fn dying_in(mounts: &[CgroupMount]) -> (Vec<ControllerDying>, Option<(PathBuf, u64)>) {
-    let proc_cgroups = std::fs::read_to_string("/proc/cgroups").unwrap_or_default();
-    let controllers = dying_per_controller(&parse_proc_cgroups(&proc_cgroups), mounts);
-    let v2 = mounts.iter().find(|m| m.v2).map(|m| {
-        let stat = std::fs::read_to_string(m.path.join("cgroup.stat")).unwrap_or_default();
-        (
-            m.path.clone(),
-            stat_value(&stat, "nr_dying_descendants").unwrap_or(0),
-        )
-    });
-    (controllers, v2)
-}
-
-/// The v1 memory mount of this host (read from /proc/self/mountinfo).
-pub fn memory_mount() -> Option<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mount_of(&parse_mountinfo(&text), "memory")
-}
-
-/// `num_cgroups` of one controller right now (dying included).
-pub fn num_cgroups(controller: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/cgroups").ok()?;
-    parse_proc_cgroups(&text)
-        .into_iter()
-        .find(|c| c.name == controller)
-        .map(|c| c.num_cgroups)
-}
-
-fn dying_per_controller(lines: &[ControllerLine], mounts: &[CgroupMount]) -> Vec<ControllerDying> {
-    lines
-        .iter()
-        .filter(|l| l.enabled && l.hierarchy != 0)
-        .filter_map(|l| {
-            let mount = mount_of(mounts, &l.name)?;
-            let live = count_dirs(&mount);
-            Some(ControllerDying {
-                controller: l.name.clone(),
-                mount,
-                num_cgroups: l.num_cgroups,
-                live,
-                dying: l.num_cgroups.saturating_sub(live),
-            })
-        })
-        .collect()
-}
-
-/// Directories in the tree at `root`, `root` included: the live cgroups of a hierarchy.
-pub fn count_dirs(root: &Path) -> u64 {
-    1 + subdirs(root).iter().map(|d| count_dirs(d)).sum::<u64>()
-}
-
-fn subdirs(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        // file_type does not follow symlinks, so a loop cannot recurse forever.
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.path())
-        .collect()
-}
-
-fn v2_top_subtrees(root: &Path) -> Vec<V2Subtree> {
-    let mut top: Vec<V2Subtree> = subdirs(root)
-        .into_iter()
-        .filter_map(|path| {
-            let stat = std::fs::read_to_string(path.join("cgroup.stat")).ok()?;
-            let n = stat_value(&stat, "nr_dying_descendants")?;
-            (n > 0).then_some(V2Subtree {
-                path,
-                nr_dying_descendants: n,
-            })
-        })
-        .collect();
-    top.sort_by_key(|t| std::cmp::Reverse(t.nr_dying_descendants));
-    top.truncate(5);
-    top
-}
-
-/// v1 memory cgroups under `root` (root included) ranked by cache their live children don't
-/// explain; only those with at least 1 MiB unexplained.
-pub fn cache_holders(root: &Path, max: usize) -> Vec<CacheHolder> {
-    let mut out = Vec::new();
-    collect_holders(root, &mut out);
-    out.retain(|h| h.unexplained() >= 1 << 20);
-    // A parent whose cache is mostly unexplained is where dying children hang (a busy parent
-    // with a little unexplained cache is the host's trickle); then by bytes.
-    out.sort_by(|a, b| {
-        (b.mostly_dying(), b.unexplained()).cmp(&(a.mostly_dying(), a.unexplained()))
-    });
-    out.truncate(max);
-    out
-}
-
-fn collect_holders(dir: &Path, out: &mut Vec<CacheHolder>) -> u64 {
-    let stat = std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
-    let total_cache = stat_value(&stat, "total_cache").unwrap_or(0);
-    let own_cache = stat_value(&stat, "cache").unwrap_or(0);
-    let children = subdirs(dir);
-    let children_cache = children.iter().map(|c| collect_holders(c, out)).sum();
-    out.push(CacheHolder {
-        path: dir.to_owned(),
-        total_cache,
-        children_cache,
-        own_cache,
-        live_children: children.len() as u64,
-    });
-    total_cache
-}
-
+/// Text shaped like the real files, shared by the tests of the parsers and their users.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const PROC_CGROUPS: &str = "#subsys_name\thierarchy\tnum_cgroups\tenabled\n\
+mod fixtures {
+    pub(crate) const PROC_CGROUPS: &str = "#subsys_name\thierarchy\tnum_cgroups\tenabled\n\
         cpuset\t3\t1\t1\ncpu\t1\t1\t1\ncpuacct\t1\t1\t1\nmemory\t4\t529\t1\n\
         net_cls\t0\t1\t1\nhugetlb\t0\t1\t1\n";
 
-    #[test]
-    fn holder_unexplained_cache() {
-        let h = CacheHolder {
-            path: "/x".into(),
-            total_cache: 10 << 20,
-            children_cache: 1 << 20,
-            own_cache: 0,
-            live_children: 1,
-        };
-        assert_eq!(h.unexplained(), 9 << 20);
-    }
+    pub(crate) const MOUNTINFO: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw,nsdelegate
+";
 
-    #[test]
-    fn dying_counts_from_a_fake_tree() {
-        let dir = std::env::temp_dir().join(format!("cgroups-test-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("a/b")).unwrap();
-        std::fs::create_dir_all(dir.join("c")).unwrap();
-        assert_eq!(count_dirs(&dir), 4);
-        let mounts = vec![CgroupMount {
-            path: dir.clone(),
-            controllers: vec!["memory".into()],
-            v2: false,
-        }];
-        let d = dying_per_controller(&parse_proc_cgroups(PROC_CGROUPS), &mounts);
-        assert_eq!(d.len(), 1);
-        assert_eq!((d[0].live, d[0].dying), (4, 525));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
+    pub(crate) const HYBRID: &str = "\
+35 25 0:30 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
+36 35 0:31 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
+37 35 0:32 / /sys/fs/cgroup/systemd rw,nosuid shared:11 - cgroup cgroup rw,xattr,name=systemd
+40 35 0:35 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:14 - cgroup cgroup rw,cpu,cpuacct
+41 35 0:36 / /sys/fs/cgroup/memory rw,nosuid shared:15 - cgroup cgroup rw,memory
+42 35 0:37 / /sys/fs/cgroup/cpuset rw,nosuid shared:16 - cgroup cgroup rw,cpuset,clone_children
+";
 }

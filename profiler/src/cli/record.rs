@@ -115,10 +115,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
             bail!("no process with pid {pid} is running (check it with `ps -p {pid}`)");
         }
     }
-    let hierarchies = crate::collect::cgroup::hierarchies();
+    let hierarchies = crate::cgroups::hierarchies();
     let mut cgroups = Vec::new();
     for path in &args.cgroups {
-        match crate::collect::cgroup::resolve_target(path, &hierarchies) {
+        match crate::cgroups::resolve_target(path, &hierarchies) {
             Ok(targets) => cgroups.extend(targets),
             Err(message) => bail!("{message}"),
         }

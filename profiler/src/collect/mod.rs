@@ -2,7 +2,6 @@
 //! stacks, and note what must be read while a process still lives: its exe, and where each
 //! user address falls in its mappings (`process`, from the kernel's own records:
 //! `kernel_records`). Symbolization comes after, from this.
-pub mod cgroup;
 mod files;
 mod kernel_records;
 mod lifetimes;
@@ -118,12 +117,12 @@ impl CommFilter {
 /// or below, decided at its first sample.
 #[derive(Clone, Debug, Default)]
 pub struct CgroupFilter {
-    targets: Vec<cgroup::CgroupTarget>,
+    targets: Vec<crate::cgroups::CgroupTarget>,
     decided: HashMap<u32, bool>,
 }
 
 impl CgroupFilter {
-    pub fn new(targets: Vec<cgroup::CgroupTarget>) -> Self {
+    pub fn new(targets: Vec<crate::cgroups::CgroupTarget>) -> Self {
         Self {
             targets,
             decided: HashMap::new(),
@@ -238,7 +237,7 @@ impl Collection {
         ids.sort_unstable();
         ids.dedup();
         ids.retain(|id| self.cgroup_paths.get(id).is_none_or(|p| p.is_empty()));
-        let found = cgroup::cgroup2_paths(&ids);
+        let found = crate::cgroups::cgroup2_paths(&ids);
         for id in ids {
             self.cgroup_paths
                 .insert(id, found.get(&id).cloned().unwrap_or_default());

@@ -463,7 +463,7 @@ fn read_process(pid: u32) -> Process {
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     let comm = read_comm(pid).unwrap_or_default();
-    let cgroups = super::cgroup::read_process_cgroups(pid);
+    let cgroups = crate::cgroups::read_process_cgroups(pid);
     Process {
         pid,
         comm,

@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use crate::profile::{FrameKind, Profile};
 
 /// Kernel functions whose presence on a stack means time spent on memory-cgroup work:
-/// statistics reads (what kubelet/cAdvisor polls), the memcg hierarchy walk, rstat flushing,
+/// statistics reads (what kubelet/cAdvisor polls; v1's and cgroup2's memory.stat readers
+/// differ), the memcg hierarchy walk, rstat flushing,
 /// and reclaim (which walks dying memcgs too).
 pub const CATALOGUE: &[&str] = &[
     "mem_cgroup_nr_lru_pages",
@@ -18,8 +19,17 @@ pub const CATALOGUE: &[&str] = &[
     "memcg1_stat_format",
     "memcg_stat_show",
     "memory_stat_format",
+    // cgroup2's memory.stat reader flushes the rstat tree before printing (on 6.18:
+    // memory_stat_show -> mem_cgroup_flush_stats -> __mem_cgroup_flush_stats ->
+    // css_rstat_flush; memcg_page_state_output per counter); 6.1 flushes through
+    // cgroup_rstat_flush_irqsafe, 6.8+ through do_flush_stats.
+    "memcg_page_state_output",
     "mem_cgroup_iter",
     "mem_cgroup_flush_stats",
+    "mem_cgroup_flush_stats_ratelimited",
+    "__mem_cgroup_flush_stats",
+    "do_flush_stats",
+    "cgroup_rstat_flush_irqsafe",
     "mem_cgroup_css_rstat_flush",
     "css_rstat_flush",
     "cgroup_rstat_flush",
@@ -170,10 +180,15 @@ mod tests {
         let text = "ffffffff81300000 T memory_stat_show\n\
                     ffffffff81300100 t memcg_numa_stat_show\n\
                     ffffffff81300200 d mem_cgroup_iter\n\
-                    ffffffff81300300 T something_else\n";
+                    ffffffff81300300 T something_else\n\
+                    ffffffff81300400 t __mem_cgroup_flush_stats\n";
         assert_eq!(
             present_in_kallsyms(text),
-            ["memcg_numa_stat_show", "memory_stat_show"]
+            [
+                "memcg_numa_stat_show",
+                "memory_stat_show",
+                "__mem_cgroup_flush_stats"
+            ]
         );
     }
 

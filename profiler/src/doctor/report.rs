@@ -6,7 +6,10 @@ use super::{
     Findings,
     verdict::{CPU_SATURATED, Verdict, cpu_percent, crash_loop_line, creator},
 };
-use crate::profile::lifecycle::Program;
+use crate::{
+    cgroups::{MemorySubtree, V2Memory},
+    profile::lifecycle::Program,
+};
 
 const MIB: f64 = (1 << 20) as f64;
 
@@ -42,6 +45,21 @@ pub fn text(f: &Findings, v: &Verdict) -> String {
             t.nr_dying_descendants,
             t.path.display()
         );
+    }
+    if let Some(m) = &f.cgroups.v2_memory {
+        let _ = writeln!(
+            o,
+            "  memory v2  {:>6} dying  ({} of {}/cgroup.stat)",
+            m.dying,
+            m.source,
+            m.mount.display()
+        );
+        for s in &m.subtrees {
+            let _ = writeln!(o, "    {}", subtree_text(s));
+        }
+        if let Some(h) = &m.holder {
+            let _ = writeln!(o, "    holder: {}", subtree_text(h));
+        }
     }
     if let Some(n) = f.cgroups.mem_cgroup_slab {
         let _ = writeln!(o, "  mem_cgroup slab objects: {n}");
@@ -153,6 +171,41 @@ pub fn text(f: &Findings, v: &Verdict) -> String {
         }
     }
     o
+}
+
+/// `N dying memcgs under PATH (X MiB page cache)`.
+fn subtree_text(s: &MemorySubtree) -> String {
+    let cache = s.file_bytes.map_or(String::new(), |b| {
+        format!(" ({:.1} MiB page cache)", b as f64 / MIB)
+    });
+    format!("{} dying memcgs under {}{cache}", s.dying, s.path.display())
+}
+
+fn subtree_json(s: &MemorySubtree) -> String {
+    format!(
+        r#"{{"path":{},"dying":{},"file_bytes":{}}}"#,
+        q(&s.path.display().to_string()),
+        s.dying,
+        s.file_bytes.map_or("null".to_owned(), |b| b.to_string())
+    )
+}
+
+/// cgroup2's dying memcgs per subtree, or null when memory is not enabled on cgroup2.
+fn v2_memory_json(m: Option<&V2Memory>) -> String {
+    m.map_or("null".to_owned(), |m| {
+        format!(
+            r#"{{"mount":{},"dying":{},"source":{},"subtrees":[{}],"holder":{}}}"#,
+            q(&m.mount.display().to_string()),
+            m.dying,
+            q(m.source),
+            m.subtrees
+                .iter()
+                .map(subtree_json)
+                .collect::<Vec<_>>()
+                .join(","),
+            m.holder.as_ref().map_or("null".to_owned(), subtree_json)
+        )
+    })
 }
 
 /// One program as a JSON object; the pids of its starts only for a crash loop (bounded by
@@ -305,7 +358,7 @@ pub fn json(f: &Findings, v: &Verdict) -> String {
     let v2 = f.cgroups.v2.as_ref().map(|p| p.1);
     let list = |v: &[&str]| strs(&v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
     format!(
-        r#"{{"verdict":{},"holder":{},"problems":{},"remedies":{},"duration_s":{:.3},"samples":{},"frequency_hz":{},"kernel":{},"controllers":[{}],"v2_nr_dying_descendants":{},"mem_cgroup_slab":{},"percpu_kb":{},"cache_holders":[{}],"churn":[{}],"churn_error":{},"programs":[{}],"crash_loops":{},"attach_error":{},"kernel_events":[{}],"kernel_log_error":{},"cpus":[{}],"memcg":[{}],"memcg_functions_present":{},"memcg_functions_absent":{}}}"#,
+        r#"{{"verdict":{},"holder":{},"problems":{},"remedies":{},"duration_s":{:.3},"samples":{},"frequency_hz":{},"kernel":{},"controllers":[{}],"v2_nr_dying_descendants":{},"v2_memory":{},"mem_cgroup_slab":{},"percpu_kb":{},"cache_holders":[{}],"churn":[{}],"churn_error":{},"programs":[{}],"crash_loops":{},"attach_error":{},"kernel_events":[{}],"kernel_log_error":{},"cpus":[{}],"memcg":[{}],"memcg_functions_present":{},"memcg_functions_absent":{}}}"#,
         q(v.level.name()),
         v.holder.as_deref().map_or("null".to_owned(), q),
         strs(&v.problems),
@@ -316,6 +369,7 @@ pub fn json(f: &Findings, v: &Verdict) -> String {
         q(&f.kernel),
         controllers.join(","),
         opt(v2),
+        v2_memory_json(f.cgroups.v2_memory.as_ref()),
         opt(f.cgroups.mem_cgroup_slab),
         opt(f.cgroups.percpu_kb),
         holders.join(","),

@@ -1,6 +1,7 @@
 //! From findings to a verdict: thresholds (documented in docs/doctor.md), the problems with
 //! their evidence, and remedies that name the cgroup, the creator and the command.
 use super::{Findings, memcg::MemcgShare};
+use crate::cgroups::{MemorySubtree, V2Memory};
 
 /// Dying cgroups of one controller worth a warning: more than a host's own trickle.
 pub const DYING_WARN: u64 = 100;
@@ -42,7 +43,8 @@ pub struct Verdict {
     pub problems: Vec<String>,
     /// What to do, most direct first.
     pub remedies: Vec<String>,
-    /// The v1 memory cgroup judged to hold the dying memcgs (see `holder`).
+    /// The memory cgroup judged to hold the dying memcgs: v1 see `holder`, cgroup2 see
+    /// `cgroups::V2Memory::holder`.
     pub holder: Option<String>,
 }
 
@@ -150,6 +152,47 @@ pub fn holder<'a>(
         .or_else(|| holders.first())
 }
 
+const DROP_CACHES: &str = "sync; echo 1 > /proc/sys/vm/drop_caches";
+
+/// The host-wide remedy, v1 or v2.
+fn drop_caches() -> String {
+    format!("{DROP_CACHES}   # host-wide: frees all clean page cache, and with it the dying memcgs")
+}
+
+/// `N dying memory cgroups on cgroup2 (...)`, naming the subtree that holds most of them.
+fn v2_problem(m: &V2Memory) -> String {
+    let mut line = format!(
+        "{} dying memory cgroups on cgroup2 ({} of {}/cgroup.stat)",
+        m.dying,
+        m.source,
+        m.mount.display()
+    );
+    if let Some(h) = &m.holder {
+        line.push_str(&format!(", {} of them under {}", h.dying, h.path.display()));
+    }
+    line
+}
+
+/// cgroup2 has no memory.force_empty; memory.reclaim (Linux 5.19+) reclaims what is charged
+/// at and below a cgroup, the dying memcgs' page cache included.
+fn v2_reclaim(h: &MemorySubtree) -> String {
+    match h.file_bytes.filter(|b| *b > 0) {
+        Some(bytes) => format!(
+            "echo {bytes} > {}/memory.reclaim   # reclaims the {:.1} MiB of page cache charged \
+             below it, which keeps its {} dying memcgs alive (Linux 5.19+)",
+            h.path.display(),
+            bytes as f64 / f64::from(1 << 20),
+            h.dying
+        ),
+        None => format!(
+            "echo 1G > {}/memory.reclaim   # reclaims page cache charged below it, which keeps \
+             its {} dying memcgs alive (Linux 5.19+)",
+            h.path.display(),
+            h.dying
+        ),
+    }
+}
+
 /// Judges the findings.
 pub fn judge(f: &Findings) -> Verdict {
     let mut level = Level::Healthy;
@@ -157,7 +200,9 @@ pub fn judge(f: &Findings) -> Verdict {
     let mut remedies = Vec::new();
     let mut chosen = None;
     let worst = f.cgroups.controllers.iter().max_by_key(|c| c.dying);
-    let dying = worst.map_or(0, |c| c.dying);
+    // A v2-only host has no v1 controller to count: its dying memcgs come per subtree.
+    let v2 = f.cgroups.v2_memory.as_ref();
+    let dying = worst.map_or(0, |c| c.dying).max(v2.map_or(0, |m| m.dying));
     let hot = f.hot_memcg();
     let churners = f.churners();
 
@@ -181,11 +226,22 @@ pub fn judge(f: &Findings) -> Verdict {
                     h.unexplained() as f64 / f64::from(1 << 20)
                 ));
             }
-            remedies.push(
-                "sync; echo 1 > /proc/sys/vm/drop_caches   # host-wide: frees all clean page \
-                 cache, and with it the dying memcgs"
-                    .to_owned(),
-            );
+            remedies.push(drop_caches());
+        }
+    }
+    if let Some(m) = v2.filter(|m| m.dying >= DYING_WARN) {
+        level = level.max(if m.dying >= DYING_ALARM {
+            Level::Alarm
+        } else {
+            Level::Warning
+        });
+        problems.push(v2_problem(m));
+        if let Some(h) = &m.holder {
+            chosen = Some(h.path.display().to_string());
+            remedies.push(v2_reclaim(h));
+        }
+        if !remedies.iter().any(|r| r.starts_with(DROP_CACHES)) {
+            remedies.push(drop_caches());
         }
     }
     for s in &hot {
@@ -265,268 +321,5 @@ pub fn judge(f: &Findings) -> Verdict {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{
-        bpf::churn::ChurnCount,
-        cgroups::{CacheHolder, ControllerDying, Snapshot},
-    };
-
-    fn findings(dying: u64, kubelet_memcg: u64, mkdirs: u64) -> Findings {
-        Findings {
-            duration_s: 10.0,
-            samples: 2000,
-            frequency_hz: 100,
-            kernel: "6.18".into(),
-            cgroups: Snapshot {
-                controllers: vec![ControllerDying {
-                    controller: "memory".into(),
-                    mount: "/sys/fs/cgroup/memory".into(),
-                    num_cgroups: dying + 3,
-                    live: 3,
-                    dying,
-                }],
-                cache_holders: vec![CacheHolder {
-                    path: "/sys/fs/cgroup/memory/lab".into(),
-                    total_cache: 8 << 20,
-                    children_cache: 0,
-                    own_cache: 0,
-                    live_children: 0,
-                }],
-                ..Snapshot::default()
-            },
-            churn: vec![ChurnCount {
-                pid: 9,
-                comm: "agent".into(),
-                mkdirs,
-                rmdirs: mkdirs,
-                parents: vec![("/lab".into(), 2 * mkdirs)],
-            }],
-            churn_error: None,
-            programs: vec![],
-            attach_error: None,
-            kernel_events: vec![],
-            timeline: vec![],
-            kernel_log_error: None,
-            cpus: vec![(0, 100.0), (1, 5.0)],
-            memcg_present: vec!["memory_stat_show"],
-            memcg_absent: vec![],
-            memcg: vec![MemcgShare {
-                pid: 5,
-                comm: "kubelet".into(),
-                samples: 1000,
-                memcg_samples: kubelet_memcg,
-                functions: vec![("memory_stat_show".into(), kubelet_memcg)],
-            }],
-        }
-    }
-
-    #[test]
-    fn a_quiet_host_is_healthy() {
-        let v = judge(&findings(28, 10, 0));
-        assert_eq!(v.level, Level::Healthy, "{v:?}");
-        assert!(v.problems.is_empty() && v.remedies.is_empty());
-    }
-
-    #[test]
-    fn zombies_a_hot_poller_and_a_creator_make_an_alarm_with_remedies() {
-        let f = findings(5000, 450, 300);
-        let v = judge(&f);
-        assert_eq!(v.level, Level::Alarm);
-        assert_eq!(v.problems.len(), 3, "{v:?}");
-        assert!(v.problems[1].contains("kubelet (pid 5) spends 45%"));
-        assert!(v.remedies[0].starts_with("echo 0 > /sys/fs/cgroup/memory/lab/memory.force_empty"));
-        assert!(
-            v.remedies
-                .iter()
-                .any(|r| r.contains("stop or fix agent (pid 9)"))
-        );
-    }
-
-    #[test]
-    fn a_crash_loop_names_the_program_as_cause_and_the_supervisor_as_creator() {
-        use crate::profile::lifecycle::{cgroup_of, programs};
-        let mut f = findings(28, 10, 30);
-        f.churn[0].parents = vec![("/lab".into(), 60)];
-        let ls: Vec<crate::profile::Lifetime> = (0..30)
-            .map(|i| crate::profile::Lifetime {
-                pid: 100 + i,
-                ppid: 9,
-                comm: "crashy-agent".into(),
-                exe: "/usr/bin/dash".into(),
-                fork_ns: Some(u64::from(i + 1) * 300_000_000),
-                exec_ns: None,
-                exit_ns: Some(u64::from(i + 1) * 300_000_000 + 5_000_000),
-                exit_status: Some(2 << 8),
-            })
-            .collect();
-        let at: Vec<(u32, String)> = (0..30).map(|i| (100 + i, "/lab/svc".into())).collect();
-        f.programs = programs(&ls, &cgroup_of(&ls, &at), false, f.duration_s);
-        let v = judge(&f);
-        assert_eq!(v.level, Level::Alarm, "{v:?}");
-        let line = v
-            .problems
-            .iter()
-            .find(|p| p.starts_with("crash loop"))
-            .unwrap();
-        assert!(line.contains("crashy-agent (/usr/bin/dash) in cgroup /lab/svc exited with code 2 and was restarted 30 times"), "{line}");
-        assert!(line.contains("agent (pid 9) created 30 cgroups"), "{line}");
-        assert!(
-            v.remedies
-                .iter()
-                .any(|r| r.starts_with("root cause: crashy-agent"))
-        );
-        // The same processes exiting 0 raise nothing.
-        for p in &mut f.programs {
-            p.crash_loop = false;
-        }
-        assert!(
-            judge(&f)
-                .problems
-                .iter()
-                .all(|p| !p.starts_with("crash loop"))
-        );
-    }
-
-    #[test]
-    fn a_few_hundred_zombies_alone_warn() {
-        assert_eq!(judge(&findings(150, 0, 0)).level, Level::Warning);
-    }
-
-    // Boundaries of every documented threshold (docs/doctor.md): just below, at, just above.
-    // `findings(dying, kubelet_memcg, mkdirs)`: 10 s at 100 Hz, kubelet has 1000 samples, so
-    // its memcg share and its share of one CPU are both kubelet_memcg / 10 percent.
-
-    #[test]
-    fn dying_cgroups_alone_warn_from_100_and_alarm_from_400() {
-        for (dying, want) in [
-            (DYING_WARN - 1, Level::Healthy),
-            (DYING_WARN, Level::Warning),
-            (DYING_WARN + 1, Level::Warning),
-            (DYING_ALARM - 1, Level::Warning),
-            (DYING_ALARM, Level::Alarm),
-            (DYING_ALARM + 1, Level::Alarm),
-        ] {
-            // Nothing hot, nobody churning: the dying count alone decides.
-            let v = judge(&findings(dying, 0, 0));
-            assert_eq!(v.level, want, "{dying} dying: {v:?}");
-            assert_eq!(
-                v.problems.len(),
-                usize::from(want != Level::Healthy),
-                "{v:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn alarm_from_dying_cgroups_alone_names_the_holder_and_the_host_wide_remedy() {
-        let v = judge(&findings(DYING_ALARM, 0, 0));
-        assert_eq!(v.level, Level::Alarm);
-        assert_eq!(
-            v.problems,
-            ["400 dying memory cgroups (403 counted, 3 live)"]
-        );
-        assert_eq!(v.holder.as_deref(), Some("/sys/fs/cgroup/memory/lab"));
-        assert!(
-            v.remedies[0].contains("/sys/fs/cgroup/memory/lab/memory.force_empty"),
-            "{v:?}"
-        );
-        assert!(
-            v.remedies.iter().any(|r| r.contains("drop_caches")),
-            "{v:?}"
-        );
-        // No creator seen: the verdict says so rather than blaming nobody.
-        assert!(
-            v.remedies.iter().any(|r| r.contains("--duration 60s")),
-            "{v:?}"
-        );
-    }
-
-    #[test]
-    fn memcg_share_is_hot_from_20_percent() {
-        // 199, 200, 201 of 1000 samples: 19.9%, 20%, 20.1% of its CPU (and of one CPU).
-        for (memcg, hot) in [(199, false), (200, true), (201, true)] {
-            let f = findings(0, memcg, 0);
-            assert_eq!(f.hot_memcg().len(), usize::from(hot), "{memcg}/1000");
-            let want = if hot { Level::Warning } else { Level::Healthy };
-            assert_eq!(judge(&f).level, want, "{memcg}/1000 alone");
-        }
-    }
-
-    #[test]
-    fn memcg_hot_needs_10_percent_of_one_cpu() {
-        // 400 samples of the process: its share is >= 24.75% in every case; of one CPU
-        // (1000 samples in the window) 9.9%, 10%, 10.1%.
-        for (memcg, hot) in [(99, false), (100, true), (101, true)] {
-            let mut f = findings(0, memcg, 0);
-            f.memcg[0].samples = 400;
-            assert!(f.memcg[0].percent() >= MEMCG_SHARE_HOT);
-            assert_eq!(
-                f.hot_memcg().len(),
-                usize::from(hot),
-                "{memcg} memcg samples"
-            );
-        }
-    }
-
-    #[test]
-    fn a_hot_process_is_an_alarm_only_with_dying_cgroups_from_100() {
-        for (dying, want) in [
-            (DYING_WARN - 1, Level::Warning),
-            (DYING_WARN, Level::Alarm),
-            (DYING_WARN + 1, Level::Alarm),
-        ] {
-            let v = judge(&findings(dying, 300, 0));
-            assert_eq!(v.level, want, "{dying} dying and a hot kubelet: {v:?}");
-        }
-    }
-
-    #[test]
-    fn churn_warns_from_one_cgroup_per_second() {
-        // 9, 10, 11 mkdirs in 10 s.
-        for (mkdirs, want) in [
-            (9, Level::Healthy),
-            (10, Level::Warning),
-            (11, Level::Warning),
-        ] {
-            let f = findings(0, 0, mkdirs);
-            assert_eq!(f.churners().len(), usize::from(want == Level::Warning));
-            assert_eq!(judge(&f).level, want, "{mkdirs} mkdirs in 10 s");
-        }
-        // A churner with dying cgroups below the alarm stays a warning, and is named.
-        let v = judge(&findings(DYING_WARN, 0, 10));
-        assert_eq!(v.level, Level::Warning, "{v:?}");
-        assert!(
-            v.remedies
-                .iter()
-                .any(|r| r.contains("stop or fix agent (pid 9)"))
-        );
-    }
-
-    #[test]
-    fn a_cpu_is_saturated_from_90_percent() {
-        let mut f = findings(0, 0, 0);
-        f.cpus = vec![(0, 89.9), (1, 90.0), (2, 90.1)];
-        let v = judge(&f);
-        let json = super::super::report::json(&f, &v);
-        for (cpu, saturated) in [(0, false), (1, true), (2, true)] {
-            let want = format!(r#""cpu":{cpu},"busy_percent":"#);
-            let at = json
-                .find(&want)
-                .unwrap_or_else(|| panic!("cpu {cpu} in {json}"));
-            let rest = &json[at..];
-            let flag = &rest[..rest.find('}').unwrap()];
-            assert!(
-                flag.ends_with(&format!(r#""saturated":{saturated}"#)),
-                "cpu {cpu}: {flag}"
-            );
-        }
-        let text = super::super::report::text(&f, &v);
-        assert!(
-            text.contains("cpu0: 90% busy\n"),
-            "89.9% rounds to 90 but is not saturated:\n{text}"
-        );
-        assert!(text.contains("cpu1: 90% busy  SATURATED"), "{text}");
-        assert!(text.contains("cpu2: 90% busy  SATURATED"), "{text}");
-    }
-}
+#[path = "verdict_tests.rs"]
+mod tests;

@@ -137,7 +137,7 @@ impl Store {
                     continue;
                 }
                 if let Some(want) = &q.cgroup
-                    && !under(&cgroup, want)
+                    && !crate::cgroups::is_at_or_below(&cgroup, want)
                 {
                     continue;
                 }
@@ -215,16 +215,6 @@ impl Store {
         }
         Ok(total)
     }
-}
-
-/// `path` is `want` or below it.
-fn under(path: &str, want: &str) -> bool {
-    let want = want.trim_end_matches('/');
-    path == want
-        || path
-            .strip_prefix(want)
-            .is_some_and(|rest| rest.starts_with('/'))
-        || want.is_empty()
 }
 
 /// Interns a stored stack (frame ids, see `SCHEMA`) into the profile.

@@ -39,7 +39,14 @@ const UNWIND_MODES: &[(&str, &[&str])] = &[
 ];
 
 /// The tests init.sh runs besides one `record-<mode>` per unwind mode; all must pass.
-const SUITE: &[&str] = &["report", "record-cgroup", "doctor", "churn", "agent"];
+const SUITE: &[&str] = &[
+    "report",
+    "record-cgroup",
+    "doctor",
+    "churn",
+    "doctor-v2",
+    "agent",
+];
 
 /// A kernel that has not finished its suite by then is stopped and reported as hung (TCG
 /// runs the suite in a minute or two; the margin is for a busy machine).

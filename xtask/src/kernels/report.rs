@@ -60,7 +60,7 @@ pub fn programs_of(test: &str) -> &'static str {
     match test {
         t if t.starts_with("record") => "sample_cpu",
         "agent" => "sample_cpu",
-        "doctor" => "sample_cpu, churn_mkdir, churn_rmdir",
+        "doctor" | "doctor-v2" => "sample_cpu, churn_mkdir, churn_rmdir",
         _ => "",
     }
 }
