@@ -68,3 +68,36 @@ pub fn pprof_raw_counts(raw: &str) -> Vec<u64> {
         })
         .collect()
 }
+
+/// The function names of each sample of `go tool pprof -traces` output, leaf first. Samples
+/// are separated by `-----------+----...` lines; a sample's first line starts with its value
+/// (`10ms   main`); label lines look like `      comm:  fx-chain`. Names may hold spaces
+/// (Python frames: `c (chain.py:9)`).
+pub fn pprof_traces(text: &str) -> Vec<Vec<String>> {
+    text.split("-----------+")
+        .map(|block| {
+            block
+                .lines()
+                .skip(1) // the rest of the separator line
+                .filter(|line| {
+                    !line
+                        .split_whitespace()
+                        .next()
+                        .is_some_and(|key| key.ends_with(':'))
+                })
+                .filter_map(|line| {
+                    let line = line.trim();
+                    // The value column: a number with its unit, then at least two spaces.
+                    let name = match line.split_once("  ") {
+                        Some((value, rest)) if value.starts_with(|c: char| c.is_ascii_digit()) => {
+                            rest.trim()
+                        }
+                        _ => line,
+                    };
+                    (!name.is_empty()).then(|| name.to_owned())
+                })
+                .collect()
+        })
+        .filter(|names: &Vec<String>| !names.is_empty())
+        .collect()
+}

@@ -135,7 +135,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (taps_tx, taps_rx) = tokio::sync::mpsc::channel(sampler::MAX_TAPS);
-    let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel(pipeline::SYMBOLIZE_QUEUE);
+    let jobs = Arc::new(pipeline::Jobs::default());
     let (store_tx, store_rx) = std::sync::mpsc::sync_channel(pipeline::STORE_QUEUE);
     let (push_tx, mut push_rx) = tokio::sync::mpsc::channel(pipeline::PUSH_QUEUE);
     let (started_tx, started_rx) = std::sync::mpsc::channel();
@@ -152,7 +152,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             kernel_record_bytes: sampler::KERNEL_RECORD_BYTES,
         },
         window: config.window,
-        jobs: jobs_tx,
+        jobs: jobs.clone(),
         taps: taps_rx,
         stop: stop_rx,
         shared: shared.clone(),
@@ -176,7 +176,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         let push = pusher.is_some().then_some(push_tx);
         spawn(
             "symbolize",
-            Box::new(move || pipeline::symbolize(jobs_rx, kernel, store_tx, push, shared)),
+            Box::new(move || pipeline::symbolize(&jobs, kernel, store_tx, push, shared)),
         )?
     };
     let storing = {

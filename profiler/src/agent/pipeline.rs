@@ -5,7 +5,7 @@
 //! queue drops the window and counts its samples (`metrics::Pipeline`).
 use std::{
     collections::VecDeque,
-    sync::{Arc, mpsc},
+    sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc},
     time::{Duration, Instant},
 };
 
@@ -14,7 +14,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 use super::{MAX_PENDING, Shared, unix_now_ns};
 use crate::{
     cgroups,
-    profile::Profile,
+    profile::{Frame, Interner, Profile, Sample},
     session::Window,
     store::Store,
     symbolize::{KernelSymbols, NameCache, UserSymbolizer},
@@ -22,6 +22,8 @@ use crate::{
 
 /// Windows waiting for the symbolizer, at most; a window is a few KiB at 19 Hz.
 pub const SYMBOLIZE_QUEUE: usize = 4;
+/// /debug/pprof/profile taps waiting for the symbolizer, at most.
+pub const TAP_QUEUE: usize = 2 * super::sampler::MAX_TAPS;
 /// Symbolized windows waiting for the store, at most.
 pub const STORE_QUEUE: usize = 4;
 /// Symbolized windows waiting for the pusher, at most.
@@ -39,13 +41,85 @@ pub const STORE_DELAY_ENV: &str = "PROFILER_TEST_STORE_DELAY_MS";
 pub enum Job {
     /// A window to store (and push).
     Window(Window),
-    /// The samples of a /debug/pprof/profile request.
-    Tap(Window, oneshot::Sender<Result<Profile, String>>),
+    /// The samples of a /debug/pprof/profile request, in the parts the windows cut
+    /// meanwhile left it (oldest first).
+    Tap(Vec<Window>, Reply),
 }
 
-/// The symbolizer's thread: runs until the drain closes its queue, then closes the store's.
+/// Where a tap's profile goes.
+pub type Reply = oneshot::Sender<Result<Profile, String>>;
+
+/// The symbolizer's queue: windows and taps, each bounded; taps go first (a client waits
+/// for them; a window only has to be stored some time).
+#[derive(Default)]
+pub struct Jobs {
+    queue: Mutex<Queued>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct Queued {
+    windows: VecDeque<Window>,
+    taps: VecDeque<(Vec<Window>, Reply)>,
+    closed: bool,
+}
+
+impl Jobs {
+    fn queued(&self) -> MutexGuard<'_, Queued> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues a window, or hands it back when `SYMBOLIZE_QUEUE` wait already; `always`
+    /// queues it anyway (the last one, at stop: no more come).
+    pub fn push_window(&self, w: Window, always: bool) -> Result<(), Window> {
+        let mut q = self.queued();
+        if q.windows.len() >= SYMBOLIZE_QUEUE && !always {
+            return Err(w);
+        }
+        q.windows.push_back(w);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// Queues a tap, or hands its reply back when `TAP_QUEUE` wait already.
+    pub fn push_tap(&self, w: Vec<Window>, reply: Reply) -> Result<(), Reply> {
+        let mut q = self.queued();
+        if q.taps.len() >= TAP_QUEUE {
+            return Err(reply);
+        }
+        q.taps.push_back((w, reply));
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// No more jobs come: `next` returns None once the queue is empty.
+    pub fn close(&self) {
+        self.queued().closed = true;
+        self.ready.notify_one();
+    }
+
+    /// The next job, taps first; waits for one.
+    fn next(&self) -> Option<Job> {
+        let mut q = self.queued();
+        loop {
+            if let Some((w, r)) = q.taps.pop_front() {
+                return Some(Job::Tap(w, r));
+            }
+            if let Some(w) = q.windows.pop_front() {
+                return Some(Job::Window(w));
+            }
+            if q.closed {
+                return None;
+            }
+            q = self.ready.wait(q).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// The symbolizer's thread: runs until the drain closes its queue, then closes the store's
+/// (by dropping its sender).
 pub fn symbolize(
-    jobs: mpsc::Receiver<Job>,
+    jobs: &Jobs,
     kernel: KernelSymbols,
     store: mpsc::SyncSender<Arc<Profile>>,
     push: Option<tmpsc::Sender<Arc<Profile>>>,
@@ -54,11 +128,7 @@ pub fn symbolize(
     let mut names = NameCache::new();
     let mut generation = 0;
     let mut dying_read: Option<Instant> = None;
-    for job in jobs {
-        let (window, reply) = match job {
-            Job::Window(w) => (w, None),
-            Job::Tap(w, r) => (w, Some(r)),
-        };
+    let mut symbolize = |window: &Window| {
         if window.table_generation != generation || names.len() > MAX_NAMES {
             // File ids start afresh (or the cache is too big): names keyed by them go.
             names.clear();
@@ -66,11 +136,25 @@ pub fn symbolize(
         }
         // A fresh user symbolizer each window: names found are kept in `names`, so a window
         // parses only binaries with new addresses, and their mappings leave the RSS.
-        let profile = window.symbolize(&kernel, &UserSymbolizer::default(), &mut names);
-        if let Some(reply) = reply {
-            let _ = reply.send(Ok(profile));
-            continue;
-        }
+        let t = Instant::now();
+        let p = window.symbolize(&kernel, &UserSymbolizer::default(), &mut names);
+        log::debug!(
+            "symbolized {} samples in {:.3} s",
+            p.samples.len(),
+            t.elapsed().as_secs_f64()
+        );
+        p
+    };
+    while let Some(job) = jobs.next() {
+        let window = match job {
+            Job::Window(w) => w,
+            Job::Tap(parts, reply) => {
+                let profiles: Vec<Profile> = parts.iter().map(&mut symbolize).collect();
+                let _ = reply.send(Ok(join(profiles)));
+                continue;
+            }
+        };
+        let profile = symbolize(&window);
         let lost = window.collection.processes.lost_records;
         if lost > 0 {
             log::warn!(
@@ -108,6 +192,61 @@ pub fn symbolize(
                 .settle(n, |p| &mut p.dropped_store_queue);
         }
     }
+}
+
+/// One profile of consecutive ones (a tap's parts): their samples on one time line, from
+/// the first's start to the last's end.
+fn join(mut parts: Vec<Profile>) -> Profile {
+    if parts.len() <= 1 {
+        return parts.pop().unwrap_or_default();
+    }
+    let first = &parts[0].meta;
+    let last = &parts[parts.len() - 1].meta;
+    let mut meta = first.clone();
+    meta.duration_ns = (last.start_mono_ns + last.duration_ns).saturating_sub(first.start_mono_ns);
+    meta.counters.recorded = parts.iter().map(|p| p.meta.counters.recorded).sum();
+    let start = meta.start_mono_ns;
+    let mut out = Interner::new(meta);
+    let mut pids = std::collections::HashSet::new();
+    let mut cgroups = std::collections::HashSet::new();
+    for p in &parts {
+        let binaries: Vec<u32> = p.binaries.iter().map(|b| out.binary(b.clone())).collect();
+        let frames: Vec<u32> = p
+            .frames
+            .iter()
+            .map(|f| {
+                let frame = Frame {
+                    name: out.string(p.str(f.name)),
+                    module: out.string(p.str(f.module)),
+                    binary: binaries[f.binary as usize],
+                    ..f.clone()
+                };
+                out.frame(frame)
+            })
+            .collect();
+        let stacks: Vec<u32> = p
+            .stacks
+            .iter()
+            .map(|s| out.stack(s.frames.iter().map(|&f| frames[f as usize]).collect()))
+            .collect();
+        let shift = p.meta.start_mono_ns.saturating_sub(start);
+        for s in &p.samples {
+            let comm = out.string(p.str(s.comm));
+            out.sample(Sample {
+                offset_ns: s.offset_ns + shift,
+                comm,
+                stack: stacks[s.stack as usize],
+                ..*s
+            });
+        }
+        for proc in p.processes.iter().filter(|q| pids.insert(q.pid)) {
+            out.process(proc.clone());
+        }
+        for c in p.cgroups.iter().filter(|c| cgroups.insert(c.id)) {
+            out.cgroup(c.clone());
+        }
+    }
+    out.finish()
 }
 
 /// What the store thread needs.

@@ -13,11 +13,14 @@ use tokio::{
     time::Instant,
 };
 
-use super::{Shared, pipeline::Job};
+use super::{
+    Shared,
+    pipeline::{Jobs, Reply},
+};
 use crate::{
     profile::Profile,
     record::RecordError,
-    session::{Notice, Session, SessionConfig},
+    session::{Notice, Session, SessionConfig, Window},
     util,
 };
 
@@ -37,10 +40,12 @@ pub struct TapRequest {
     pub reply: oneshot::Sender<Result<Profile, String>>,
 }
 
-/// A request being sampled: its samples are those from `since_mono_ns` until `end`.
+/// A request being sampled: its samples are those from `since_mono_ns` until `end`; the
+/// windows cut meanwhile leave their share of them in `parts`.
 struct Tap {
     since_mono_ns: u64,
     end: Instant,
+    parts: Vec<Window>,
     reply: oneshot::Sender<Result<Profile, String>>,
 }
 
@@ -48,7 +53,7 @@ struct Tap {
 pub(crate) struct Stage {
     pub config: SessionConfig,
     pub window: Duration,
-    pub jobs: mpsc::SyncSender<Job>,
+    pub jobs: Arc<Jobs>,
     pub taps: tmpsc::Receiver<TapRequest>,
     pub stop: watch::Receiver<bool>,
     pub shared: Arc<Shared>,
@@ -121,6 +126,7 @@ impl Stage {
                     taps.push(Tap {
                         since_mono_ns: util::monotonic_ns(),
                         end: Instant::now() + r.duration,
+                        parts: Vec::new(),
                         reply: r.reply,
                     });
                     continue;
@@ -133,11 +139,15 @@ impl Stage {
             let (done, running): (Vec<Tap>, Vec<Tap>) =
                 taps.into_iter().partition(|t| stopping || t.end <= now);
             taps = running;
-            for tap in done {
-                let window = session.copy_since(tap.since_mono_ns).await?;
-                self.queue_tap(window, tap.reply);
+            for mut tap in done {
+                tap.parts.push(session.copy_since(tap.since_mono_ns).await?);
+                self.queue_tap(tap.parts, tap.reply);
             }
             if stopping || now >= window_end {
+                // The running taps keep their share of the window about to go.
+                for tap in &mut taps {
+                    tap.parts.push(session.copy_since(tap.since_mono_ns).await?);
+                }
                 let window = session.cut().await?;
                 self.queue_window(window, stopping);
                 window_end = now + self.window;
@@ -150,15 +160,10 @@ impl Stage {
 
     /// Hands a window to the symbolizer; counts it dropped when its queue is full. At stop
     /// it waits instead: the last window should be stored and sampling is over.
-    fn queue_window(&self, window: crate::session::Window, stopping: bool) {
+    fn queue_window(&self, window: Window, stopping: bool) {
         let n = window.meta.counters.recorded;
         self.shared.metrics().add_cut(&window.meta.counters);
-        let sent = if stopping {
-            self.jobs.send(Job::Window(window)).is_ok()
-        } else {
-            self.jobs.try_send(Job::Window(window)).is_ok()
-        };
-        if !sent {
+        if self.jobs.push_window(window, stopping).is_err() {
             self.shared
                 .metrics()
                 .pipeline
@@ -167,22 +172,20 @@ impl Stage {
     }
 
     /// Hands a tap's window to the symbolizer; a full queue answers the request at once.
-    fn queue_tap(
-        &self,
-        window: crate::session::Window,
-        reply: oneshot::Sender<Result<Profile, String>>,
-    ) {
-        if let Err(e) = self.jobs.try_send(Job::Tap(window, reply)) {
-            let (mpsc::TrySendError::Full(Job::Tap(_, reply))
-            | mpsc::TrySendError::Disconnected(Job::Tap(_, reply))) = e
-            else {
-                return;
-            };
+    fn queue_tap(&self, parts: Vec<Window>, reply: Reply) {
+        if let Err(reply) = self.jobs.push_tap(parts, reply) {
             self.shared.metrics().pipeline.pprof_refused += 1;
             let _ = reply.send(Err(
                 "the agent is behind on symbolizing; try again later".to_owned()
             ));
         }
+    }
+}
+
+impl Drop for Stage {
+    /// However the thread ends (a panic too), the symbolizer learns no more jobs come.
+    fn drop(&mut self) {
+        self.jobs.close();
     }
 }
 
