@@ -40,7 +40,7 @@ pub const STORE_DELAY_ENV: &str = "PROFILER_TEST_STORE_DELAY_MS";
 /// Work for the symbolizer.
 pub enum Job {
     /// A window to store (and push).
-    Window(Window),
+    Window(Box<Window>),
     /// The samples of a /debug/pprof/profile request, in the parts the windows cut
     /// meanwhile left it (oldest first).
     Tap(Vec<Window>, Reply),
@@ -59,7 +59,7 @@ pub struct Jobs {
 
 #[derive(Default)]
 struct Queued {
-    windows: VecDeque<Window>,
+    windows: VecDeque<Box<Window>>,
     taps: VecDeque<(Vec<Window>, Reply)>,
     closed: bool,
 }
@@ -69,16 +69,16 @@ impl Jobs {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues a window, or hands it back when `SYMBOLIZE_QUEUE` wait already; `always`
-    /// queues it anyway (the last one, at stop: no more come).
-    pub fn push_window(&self, w: Window, always: bool) -> Result<(), Window> {
+    /// Queues a window; false (the window dropped) when `SYMBOLIZE_QUEUE` wait already.
+    /// `always` queues it anyway (the last one, at stop: no more come).
+    pub fn push_window(&self, w: Window, always: bool) -> bool {
         let mut q = self.queued();
         if q.windows.len() >= SYMBOLIZE_QUEUE && !always {
-            return Err(w);
+            return false;
         }
-        q.windows.push_back(w);
+        q.windows.push_back(Box::new(w));
         self.ready.notify_one();
-        Ok(())
+        true
     }
 
     /// Queues a tap, or hands its reply back when `TAP_QUEUE` wait already.

@@ -163,7 +163,7 @@ impl Stage {
     fn queue_window(&self, window: Window, stopping: bool) {
         let n = window.meta.counters.recorded;
         self.shared.metrics().add_cut(&window.meta.counters);
-        if self.jobs.push_window(window, stopping).is_err() {
+        if !self.jobs.push_window(window, stopping) {
             self.shared
                 .metrics()
                 .pipeline
