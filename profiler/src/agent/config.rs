@@ -266,6 +266,32 @@ mod tests {
         assert_eq!(c.max_size_bytes, 2 << 30);
     }
 
+    #[test]
+    fn unwind_and_python_keys() {
+        let f: FileConfig =
+            toml::from_str("unwind = \"dwarf\"\nunwind-memory = \"16M\"\npython = \"off\"")
+                .unwrap();
+        let mut c = AgentConfig::default();
+        assert_eq!((c.unwind, c.python), (UnwindMode::Auto, true));
+        f.apply(&mut c).unwrap();
+        assert_eq!(
+            (c.unwind, c.unwind_memory, c.python),
+            (UnwindMode::Dwarf, 16 << 20, false)
+        );
+        for (text, want) in [
+            (
+                "unwind = \"frames\"",
+                "unwind must be auto, fp or dwarf, got `frames`",
+            ),
+            ("python = \"yes\"", "python must be on or off, got `yes`"),
+            ("unwind-memory = \"lots\"", "unwind-memory: expected a size"),
+        ] {
+            let f: FileConfig = toml::from_str(text).unwrap();
+            let e = f.apply(&mut AgentConfig::default()).unwrap_err();
+            assert!(e.starts_with(want), "{text}: {e}");
+        }
+    }
+
     /// A config path pointing at a device, a FIFO nobody writes or a huge file is one error,
     /// at once: not a hang, not memory exhaustion.
     #[test]

@@ -343,3 +343,128 @@ impl StoreStage {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{FrameKind, Meta};
+
+    /// A one-sample profile of `func` at `offset_ns`, starting at `start_mono_ns`.
+    fn one(func: &str, start_mono_ns: u64, offset_ns: u64) -> Profile {
+        let mut i = Interner::new(Meta {
+            start_mono_ns,
+            duration_ns: 1_000,
+            counters: crate::profile::Counters {
+                recorded: 1,
+                ..Default::default()
+            },
+            ..Meta::default()
+        });
+        let name = i.string(func);
+        let frame = i.frame(Frame {
+            name,
+            module: 0,
+            kind: FrameKind::User,
+            addr: 0,
+            binary: 0,
+        });
+        let stack = i.stack(vec![frame]);
+        let comm = i.string("worker");
+        i.sample(Sample {
+            offset_ns,
+            cpu: 1,
+            pid: 7,
+            tid: 7,
+            cgroup_id: 0,
+            comm,
+            stack,
+        });
+        i.finish()
+    }
+
+    #[test]
+    fn joined_parts_share_one_time_line() {
+        let p = join(vec![one("a", 1_000, 10), one("b", 1_500, 20)]);
+        assert_eq!(p.meta.start_mono_ns, 1_000);
+        assert_eq!(
+            p.meta.duration_ns, 1_500,
+            "from the first start to the last end"
+        );
+        assert_eq!(p.meta.counters.recorded, 2);
+        let got: Vec<(u64, String)> = p
+            .samples
+            .iter()
+            .map(|s| {
+                let f = p.stack_frames(s.stack).next().unwrap();
+                (s.offset_ns, p.str(f.name).to_owned())
+            })
+            .collect();
+        assert_eq!(got, [(10, "a".to_owned()), (520, "b".to_owned())]);
+        assert!(p.samples.iter().all(|s| p.str(s.comm) == "worker"));
+        assert_eq!(join(vec![one("x", 5, 1)]), one("x", 5, 1));
+    }
+
+    fn window(start_mono_ns: u64) -> Window {
+        Window {
+            collection: crate::collect::Collection::default(),
+            meta: Meta {
+                start_mono_ns,
+                ..Meta::default()
+            },
+            table_generation: 0,
+        }
+    }
+
+    #[test]
+    fn taps_go_first_and_windows_are_bounded() {
+        let jobs = Jobs::default();
+        for i in 0..SYMBOLIZE_QUEUE as u64 {
+            assert!(jobs.push_window(window(i), false));
+        }
+        assert!(
+            !jobs.push_window(window(99), false),
+            "past the bound: dropped"
+        );
+        assert!(
+            jobs.push_window(window(100), true),
+            "the last window always goes"
+        );
+        let (reply, _answer) = oneshot::channel();
+        assert!(jobs.push_tap(vec![window(50)], reply).is_ok());
+        jobs.close();
+        let mut order = Vec::new();
+        while let Some(job) = jobs.next() {
+            order.push(match job {
+                Job::Tap(parts, _) => (true, parts[0].meta.start_mono_ns),
+                Job::Window(w) => (false, w.meta.start_mono_ns),
+            });
+        }
+        assert_eq!(
+            order,
+            [
+                (true, 50),
+                (false, 0),
+                (false, 1),
+                (false, 2),
+                (false, 3),
+                (false, 100)
+            ]
+        );
+    }
+
+    #[test]
+    fn settled_samples_leave_the_flight() {
+        let mut m = crate::agent::metrics::Metrics::default();
+        m.add_cut(&crate::profile::Counters {
+            recorded: 10,
+            ..Default::default()
+        });
+        m.pipeline.settle(4, |q| &mut q.stored);
+        m.pipeline.settle(6, |q| &mut q.dropped_store_queue);
+        let q = m.pipeline;
+        assert_eq!(
+            (q.cut, q.in_flight, q.stored, q.dropped_store_queue),
+            (10, 0, 4, 6)
+        );
+    }
+}
