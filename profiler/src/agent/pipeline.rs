@@ -30,6 +30,8 @@ pub const STORE_QUEUE: usize = 4;
 pub const PUSH_QUEUE: usize = 4;
 /// User frame names cached across windows at most; then the cache starts afresh.
 const MAX_NAMES: usize = 1_000_000;
+/// How long the symbolizer keeps the binaries it parsed.
+const SYMBOLIZER_KEEP: Duration = Duration::from_secs(60);
 /// How often the dying-cgroup figures are read (a walk of every v1 hierarchy).
 const DYING_EVERY: Duration = Duration::from_secs(60);
 /// Test hook: milliseconds the store thread sleeps before each write, to show that a slow
@@ -128,16 +130,26 @@ pub fn symbolize(
     let mut names = NameCache::new();
     let mut generation = 0;
     let mut dying_read: Option<Instant> = None;
+    let mut user: Option<(UserSymbolizer, Instant)> = None;
     let mut symbolize = |window: &Window| {
         if window.table_generation != generation || names.len() > MAX_NAMES {
             // File ids start afresh (or the cache is too big): names keyed by them go.
             names.clear();
             generation = window.table_generation;
         }
-        // A fresh user symbolizer each window: names found are kept in `names`, so a window
-        // parses only binaries with new addresses, and their mappings leave the RSS.
+        // Names found are kept in `names`, so a window parses only binaries with new
+        // addresses; the symbolizer keeps the binaries it parsed for `SYMBOLIZER_KEEP`, so a
+        // big one with a few new addresses each window (a compiler) is parsed once a minute,
+        // not every window, and binaries no longer run leave the RSS within a minute.
+        if user
+            .as_ref()
+            .is_none_or(|(_, born)| born.elapsed() >= SYMBOLIZER_KEEP)
+        {
+            user = Some((UserSymbolizer::default(), Instant::now()));
+        }
         let t = Instant::now();
-        let p = window.symbolize(&kernel, &UserSymbolizer::default(), &mut names);
+        let u = &user.as_ref().expect("made above").0;
+        let p = window.symbolize(&kernel, u, &mut names);
         log::debug!(
             "symbolized {} samples in {:.3} s",
             p.samples.len(),
