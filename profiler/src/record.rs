@@ -7,38 +7,22 @@ use std::{future::Future, time::Duration};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::{
-    bpf::{BpfError, Event},
-    collect::cgroup::CgroupTarget,
+    bpf::BpfError,
     profile::{Counters, Profile},
     session::{Notice, Session, SessionConfig, SessionReport},
     symbolize::{KernelSymbols, NameCache, UserSymbolizer},
-    unwind::UnwindMode,
     util,
 };
 
 /// What to record.
 #[derive(Clone, Debug)]
 pub struct RecordConfig {
-    pub event: Event,
-    /// Samples per second per CPU.
-    pub frequency_hz: u32,
+    /// What to sample and how; `kernel_record_bytes` as `KERNEL_RECORD_BYTES` says.
+    pub session: SessionConfig,
     /// How long; Ctrl-C or SIGTERM stop earlier.
     pub duration: Duration,
-    /// Only these processes (in the kernel); empty = all.
-    pub pids: Vec<u32>,
-    /// Only these comms; empty = all.
-    pub comms: Vec<String>,
-    /// Only tasks in these cgroups or below (`--cgroup`); empty = all. When all are cgroup2
-    /// ones they are filtered in the kernel, otherwise all in the collector.
-    pub cgroups: Vec<CgroupTarget>,
     /// Expand inlined functions from DWARF into frames of their own (`--inline`).
     pub inline: bool,
-    /// How user stacks are walked (`--unwind`).
-    pub unwind: UnwindMode,
-    /// Kernel memory for unwind rows, bytes (`--unwind-memory`).
-    pub unwind_memory: u64,
-    /// Name Python frames in CPython processes (`--python on`, the default).
-    pub python: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,23 +93,12 @@ pub async fn record(
     stop: impl Future<Output = ()>,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Profile, RecordError> {
-    let session_config = SessionConfig {
-        event: config.event,
-        frequency_hz: config.frequency_hz,
-        pids: config.pids.clone(),
-        comms: config.comms.clone(),
-        cgroups: config.cgroups.clone(),
-        unwind: config.unwind,
-        unwind_memory: config.unwind_memory,
-        python: config.python,
-        kernel_record_bytes: KERNEL_RECORD_BYTES,
-    };
-    let mut session = Session::start(&session_config, &mut |n| progress(Progress::Notice(n)))?;
+    let mut session = Session::start(&config.session, &mut |n| progress(Progress::Notice(n)))?;
     let secs = config.duration.as_secs_f64();
     progress(Progress::Sampling {
         cpus: session.cpus().len(),
-        frequency_hz: config.frequency_hz,
-        event: config.event.name(),
+        frequency_hz: config.session.frequency_hz,
+        event: config.session.event.name(),
         secs,
     });
     let start_mono_ns = session.window_start_mono_ns();
@@ -165,7 +138,7 @@ pub async fn record(
 
 /// Bytes of ring per CPU for the kernel's process records. `record` drains every 100 ms:
 /// 512 KiB holds thousands of execs per CPU in that time.
-const KERNEL_RECORD_BYTES: usize = 512 << 10;
+pub const KERNEL_RECORD_BYTES: usize = 512 << 10;
 
 /// Completes after `duration`, or at Ctrl-C / SIGTERM.
 pub async fn stop_signal(duration: Duration) {

@@ -6,7 +6,8 @@ use anyhow::bail;
 use crate::{
     bpf::Event,
     profile::GroupBy,
-    record::{RecordConfig, record_blocking},
+    record::{KERNEL_RECORD_BYTES, RecordConfig, record_blocking},
+    session::SessionConfig,
     unwind::UnwindMode,
     util,
 };
@@ -126,16 +127,19 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     super::check_privileges()?;
 
     let config = RecordConfig {
-        event: args.event,
-        frequency_hz: args.frequency,
+        session: SessionConfig {
+            event: args.event,
+            frequency_hz: args.frequency,
+            pids: args.pids.clone(),
+            comms: args.comms.clone(),
+            cgroups,
+            unwind: args.unwind,
+            unwind_memory: args.unwind_memory,
+            python: args.python == OnOff::On,
+            kernel_record_bytes: KERNEL_RECORD_BYTES,
+        },
         duration: args.duration,
-        pids: args.pids.clone(),
-        comms: args.comms.clone(),
-        cgroups,
         inline: args.inline,
-        unwind: args.unwind,
-        unwind_memory: args.unwind_memory,
-        python: args.python == OnOff::On,
     };
     // A perf event per CPU, and a file per binary mapped: more than the default 1024.
     util::raise_fd_limit();

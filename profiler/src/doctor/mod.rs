@@ -20,7 +20,8 @@ use crate::{
     },
     cgroups::{self, Snapshot},
     profile::lifecycle::{self, Program},
-    record::{Progress, RecordConfig, RecordError, record_blocking},
+    record::{KERNEL_RECORD_BYTES, Progress, RecordConfig, RecordError, record_blocking},
+    session::SessionConfig,
 };
 
 /// What to look at.
@@ -88,16 +89,19 @@ pub fn examine(
     let kmsg = kmsg::KmsgWatch::start();
     let profile = record_blocking(
         &RecordConfig {
-            event: Event::CpuClock,
-            frequency_hz: config.frequency_hz,
+            session: SessionConfig {
+                event: Event::CpuClock,
+                frequency_hz: config.frequency_hz,
+                pids: Vec::new(),
+                comms: Vec::new(),
+                cgroups: Vec::new(),
+                unwind: config.unwind,
+                unwind_memory: config.unwind_memory,
+                python: config.python,
+                kernel_record_bytes: KERNEL_RECORD_BYTES,
+            },
             duration: config.duration,
-            pids: Vec::new(),
-            comms: Vec::new(),
-            cgroups: Vec::new(),
             inline: false,
-            unwind: config.unwind,
-            unwind_memory: config.unwind_memory,
-            python: config.python,
         },
         progress,
     )?;
