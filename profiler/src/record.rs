@@ -55,6 +55,8 @@ pub enum Progress<'a> {
         secs: f64,
         samples: usize,
     },
+    /// Sampling stopped, and why.
+    Stopped(Stop),
     /// Sampling ended; symbolizing starts.
     Collected(&'a RecordReport),
     /// Symbolizing ended.
@@ -90,7 +92,7 @@ pub fn record_blocking(
 /// Records until `stop` completes.
 pub async fn record(
     config: &RecordConfig,
-    stop: impl Future<Output = ()>,
+    stop: impl Future<Output = Stop>,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Profile, RecordError> {
     let mut session = Session::start(&config.session, &mut |n| progress(Progress::Notice(n)))?;
@@ -103,6 +105,8 @@ pub async fn record(
     });
     let start_mono_ns = session.window_start_mono_ns();
     let tick = Duration::from_millis(profiler_common::DRAIN_INTERVAL_MS);
+    let mut stopped = Stop::Elapsed;
+    let stop = async { stopped = stop.await };
     session
         .run_until(stop, tick, |c| {
             progress(Progress::Tick {
@@ -112,6 +116,7 @@ pub async fn record(
             });
         })
         .await?;
+    progress(Progress::Stopped(stopped));
     let (window, session_report) = session.finish().await?;
     let symbolize_start = std::time::Instant::now();
     let kernel = KernelSymbols::load().map_err(RecordError::Kallsyms)?;
@@ -140,11 +145,6 @@ pub async fn record(
 /// 512 KiB holds thousands of execs per CPU in that time.
 pub const KERNEL_RECORD_BYTES: usize = 512 << 10;
 
-/// Completes after `duration`, or at Ctrl-C / SIGTERM.
-pub async fn stop_signal(duration: Duration) {
-    StopSignals::install().until(duration).await;
-}
-
 /// SIGINT and SIGTERM handlers, installed when this is made: a signal that arrives before
 /// anyone waits (while BPF loads) is kept and ends the wait at once.
 pub struct StopSignals {
@@ -163,14 +163,25 @@ impl StopSignals {
     }
 
     /// Completes `duration` after its first poll (when sampling starts), or at a signal
-    /// received since `install`.
-    pub async fn until(mut self, duration: Duration) {
+    /// received since `install`; says which.
+    pub async fn until(mut self, duration: Duration) -> Stop {
         tokio::select! {
-            () = tokio::time::sleep(duration) => {}
-            () = recv(self.interrupt.as_mut()) => eprintln!("\ninterrupted: writing what was collected"),
-            () = recv(self.terminate.as_mut()) => eprintln!("terminated: writing what was collected"),
+            () = tokio::time::sleep(duration) => Stop::Elapsed,
+            () = recv(self.interrupt.as_mut()) => Stop::Interrupted,
+            () = recv(self.terminate.as_mut()) => Stop::Terminated,
         }
     }
+}
+
+/// What ended a recording.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Its duration passed (or the caller's own stop completed).
+    Elapsed,
+    /// SIGINT (Ctrl-C).
+    Interrupted,
+    /// SIGTERM.
+    Terminated,
 }
 
 async fn recv(signal: Option<&mut Signal>) {

@@ -227,9 +227,15 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             config.listen
         );
         // Forever, in practice: only a signal ends it.
-        signals
+        match signals
             .until(Duration::from_secs(u64::from(u32::MAX)))
-            .await;
+            .await
+        {
+            crate::record::Stop::Interrupted => {
+                eprintln!("\ninterrupted: writing what was collected")
+            }
+            _ => eprintln!("terminated: writing what was collected"),
+        }
         let _ = stop_tx.send(true);
         // The drain cuts the last window, the symbolizer and the store finish theirs; the
         // API goes on answering meanwhile.

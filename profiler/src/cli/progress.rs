@@ -1,7 +1,7 @@
 //! How the CLI shows a recording's progress and report on stderr (`record`, `doctor`): the
 //! library reports through `record::Progress`; only this prints.
 use crate::{
-    record::{Progress, RecordReport},
+    record::{Progress, RecordReport, Stop},
     session::{Notice, PythonReport},
     unwind::LoaderStats,
 };
@@ -54,6 +54,13 @@ pub fn printer(verbose: bool) -> impl FnMut(Progress<'_>) {
                 eprint!("\r  {elapsed_s:5.1} s / {secs:.1} s, {samples} samples ");
             }
         }
+        Progress::Stopped(Stop::Interrupted) => {
+            eprintln!("\ninterrupted: writing what was collected");
+        }
+        Progress::Stopped(Stop::Terminated) => {
+            eprintln!("terminated: writing what was collected");
+        }
+        Progress::Stopped(Stop::Elapsed) => {}
         Progress::Collected(r) => collected(r, verbose, tty),
         Progress::Symbolized { samples, secs } => {
             if verbose {
