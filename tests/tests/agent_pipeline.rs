@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use profiler_tests::{
-    Agent, TempDir, exclusive, go_tool_pprof, head, pprof_traces, read_folded, require_bpf,
-    run_profiler, samples, spawn_fixture, spawn_fixture_args, tool,
+    Agent, TempDir, exclusive, go_tool_pprof, head, pprof_weighted_traces, read_folded,
+    require_bpf, run_profiler, samples, spawn_fixture, spawn_fixture_args, tool,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -38,21 +38,42 @@ fn metric(text: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in:\n{text}")) as u64
 }
 
-/// The agent's profile of the next `secs` seconds, as `go tool pprof -traces` shows it
-/// (each sample's function names, leaf first), and `-raw`'s period line.
-fn live_traces(go: &Path, dir: &TempDir, agent: &Agent, secs: u32) -> (Vec<Vec<String>>, String) {
+/// The agent's profile of the next `secs` seconds, as `go tool pprof -traces` shows it (each
+/// distinct stack's function names, leaf first, with its samples), and `-raw`'s period line.
+fn live_traces(
+    go: &Path,
+    dir: &TempDir,
+    agent: &Agent,
+    secs: u32,
+) -> (Vec<(u64, Vec<String>)>, String) {
     let (status, body) = agent.get(&format!("/debug/pprof/profile?seconds={secs}"));
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let file = dir.file("live.pb.gz");
     std::fs::write(&file, body).unwrap();
-    let traces = pprof_traces(&go_tool_pprof(go, dir.path(), &["-traces", &file]));
+    let traces = pprof_weighted_traces(&go_tool_pprof(go, dir.path(), &["-traces", &file]));
     let raw = go_tool_pprof(go, dir.path(), &["-raw", &file]);
     let period = raw
         .lines()
         .find(|l| l.starts_with("Period:"))
         .unwrap_or("")
         .to_owned();
+    let ns: f64 = period
+        .trim_start_matches("Period:")
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no period in -raw: {}", head(&raw, 5)));
+    let traces = traces
+        .into_iter()
+        .map(|(value, names)| ((value / ns).round() as u64, names))
+        .collect();
     (traces, period)
+}
+
+/// Samples whose stack passes `pred`, and all samples.
+fn share(traces: &[(u64, Vec<String>)], pred: impl Fn(&[String]) -> bool) -> (u64, u64) {
+    let total = traces.iter().map(|(n, _)| n).sum();
+    let matching = traces.iter().filter(|(_, t)| pred(t)).map(|(n, _)| n).sum();
+    (matching, total)
 }
 
 #[test]
@@ -200,36 +221,35 @@ fn agent_defaults_walk_whole_stacks() {
     let dir = TempDir::new("agent-unwind");
     // Built without frame pointers, sorting in Debian's libc (none either): only a table
     // walk reaches _start (tests/tests/unwind.rs has the fp negative control).
-    let _fx = spawn_fixture_args(Path::new(env!("FIXTURE_FX_UNWIND")), &["60", "qsort"]);
+    // Under a comm of its own: other fx-unwind runs on the machine are not sampled.
+    let comm = format!("fxu-{}", std::process::id());
+    let copy = dir.path().join(&comm);
+    std::fs::copy(env!("FIXTURE_FX_UNWIND"), &copy).expect("copying fx-unwind");
+    let _fx = spawn_fixture_args(&copy, &["60", "qsort"]);
     let whole = |extra: &[&str]| {
-        let mut args = vec!["--window", "2s", "-F", "49", "--comm", "fx-unwind"];
+        let mut args = vec!["--window", "2s", "-F", "49", "--comm", &comm];
         args.extend_from_slice(extra);
         let agent = Agent::start(&dir.file("data"), &args);
         // The tables load at the process's first samples; its stacks from then on are whole.
         std::thread::sleep(Duration::from_secs(3));
-        let (traces, _) = live_traces(&go, &dir, &agent, 3);
-        let whole = traces
-            .iter()
-            .filter(|t| {
-                t.last().is_some_and(|root| root == "_start")
-                    && t.windows(3).any(|w| w == ["b", "a", "main"])
-            })
-            .count();
-        (whole, traces)
+        let (traces, _) = live_traces(&go, &dir, &agent, 5);
+        let (whole, total) = share(&traces, |t| {
+            t.last().is_some_and(|root| root == "_start")
+                && t.windows(3).any(|w| w == ["b", "a", "main"])
+        });
+        (whole, total, traces)
     };
-    let (n, traces) = whole(&[]);
+    let (n, total, traces) = whole(&[]);
     assert!(
-        traces.len() >= 20 && n * 100 >= traces.len() * 80,
-        "{n} of {} samples reach _start -> main -> a -> b; {:?}",
-        traces.len(),
+        total >= 20 && n * 100 >= total * 80,
+        "{n} of {total} samples reach _start -> main -> a -> b; {:?}",
         traces.iter().take(5).collect::<Vec<_>>()
     );
     // Negative control: the agent's --unwind fp loses them.
-    let (n, traces) = whole(&["--unwind", "fp"]);
+    let (n, total, _) = whole(&["--unwind", "fp"]);
     assert!(
-        n * 100 < traces.len() * 80,
-        "{n} of {} samples whole by frame pointers: the fixture must lack them",
-        traces.len()
+        total >= 20 && n * 100 < total * 80,
+        "{n} of {total} samples whole by frame pointers: the fixture must lack them"
     );
 }
 
@@ -254,7 +274,12 @@ fn agent_defaults_name_python_frames() {
     let _serial = exclusive();
     let dir = TempDir::new("agent-python");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/python/chain.py");
-    let mut child = Command::new(python)
+    // A comm of its own (exec through a symlink names the process after the link): other
+    // Python processes on the machine are not sampled.
+    let comm = format!("pyfx-{}", std::process::id());
+    let link = dir.path().join(&comm);
+    std::os::unix::fs::symlink(python, &link).unwrap();
+    let mut child = Command::new(&link)
         .args([script, "60"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -262,26 +287,24 @@ fn agent_defaults_name_python_frames() {
         .expect("starting python");
     let agent = Agent::start(
         &dir.file("data"),
-        &["--window", "2s", "-F", "49", "--comm", "python3.11"],
+        &["--window", "2s", "-F", "49", "--comm", &comm],
     );
     std::thread::sleep(Duration::from_secs(2));
-    let (traces, _) = live_traces(&go, &dir, &agent, 3);
+    let (traces, _) = live_traces(&go, &dir, &agent, 5);
     let _ = child.kill();
     let _ = child.wait();
     // Leaf first: c, then b, then a. (go's pprof shows `<module> (...)` as an empty name,
     // taking `<module>` for C++ template arguments, so the chain ends at a here.)
-    let named = |t: &Vec<String>| {
+    let (good, total) = share(&traces, |t| {
         let at = |f: &str| t.iter().position(|n| n.starts_with(f));
         matches!(
             (at("c (chain.py:"), at("b (chain.py:"), at("a (chain.py:")),
             (Some(c), Some(b), Some(a)) if c < b && b < a
         )
-    };
-    let good = traces.iter().filter(|t| named(t)).count();
+    });
     assert!(
-        traces.len() >= 20 && good * 100 >= traces.len() * 80,
-        "{good} of {} samples show a -> b -> c named with their files and lines; {:?}",
-        traces.len(),
+        total >= 20 && good * 100 >= total * 80,
+        "{good} of {total} samples show a -> b -> c named with their files and lines; {:?}",
         traces.iter().take(5).collect::<Vec<_>>()
     );
 }
