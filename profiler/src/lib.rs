@@ -18,6 +18,7 @@ pub mod output;
 pub mod profile;
 pub mod python;
 pub mod record;
+pub mod session;
 pub mod store;
 pub mod symbolize;
 pub mod unwind;

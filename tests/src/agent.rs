@@ -26,11 +26,17 @@ impl Agent {
 
     /// Like `start`, with the agent's stderr (its log) going to `stderr`.
     pub fn start_with(data_dir: &str, extra: &[&str], stderr: Stdio) -> Agent {
+        Self::start_env(data_dir, extra, &[], stderr)
+    }
+
+    /// Like `start_with`, with these environment variables set (test hooks).
+    pub fn start_env(data_dir: &str, extra: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Agent {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let child = Command::new(profiler_bin())
             .args(["agent", "--data-dir", data_dir, "--listen", &listen])
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)

@@ -24,7 +24,9 @@ pub use process::{
     spawn_fixture_args, wait_timeout,
 };
 pub use tempdir::TempDir;
-pub use tools::{cannot_run, go_tool_pprof, in_ci, pprof_raw_counts, tool};
+pub use tools::{
+    cannot_run, go_tool_pprof, in_ci, pprof_raw_counts, pprof_traces, pprof_weighted_traces, tool,
+};
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

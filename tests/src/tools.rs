@@ -68,3 +68,68 @@ pub fn pprof_raw_counts(raw: &str) -> Vec<u64> {
         })
         .collect()
 }
+
+/// The function names of each stack of `go tool pprof -traces` output, leaf first (one per
+/// distinct stack: see `pprof_weighted_traces` for how many samples each holds).
+pub fn pprof_traces(text: &str) -> Vec<Vec<String>> {
+    pprof_weighted_traces(text)
+        .into_iter()
+        .map(|(_, names)| names)
+        .collect()
+}
+
+/// Each distinct stack of `go tool pprof -traces` output with its value in ns (a CPU
+/// profile's time: samples x period). Stacks are separated by `-----------+----...` lines
+/// (the header before the first is skipped); a stack's first line starts with its value
+/// (`10.10ms   main`); label lines look like `      comm:  fx-chain`. Names may hold spaces
+/// (Python frames: `c (chain.py:9)`).
+pub fn pprof_weighted_traces(text: &str) -> Vec<(f64, Vec<String>)> {
+    text.split("-----------+")
+        .skip(1) // the header: File, Build ID, Type, Duration
+        .map(|block| {
+            let mut value = 0.0;
+            let names = block
+                .lines()
+                .skip(1) // the rest of the separator line
+                .filter(|line| {
+                    !line
+                        .split_whitespace()
+                        .next()
+                        .is_some_and(|key| key.ends_with(':'))
+                })
+                .filter_map(|line| {
+                    let line = line.trim();
+                    // The value column: a number with its unit, then at least two spaces.
+                    let name = match line.split_once("  ") {
+                        Some((v, rest)) if v.starts_with(|c: char| c.is_ascii_digit()) => {
+                            value = duration_ns(v);
+                            rest.trim()
+                        }
+                        _ => line,
+                    };
+                    (!name.is_empty()).then(|| name.to_owned())
+                })
+                .collect();
+            (value, names)
+        })
+        .filter(|(_, names): &(f64, Vec<String>)| !names.is_empty())
+        .collect()
+}
+
+/// `10.10ms`, `1.01s`, `250us` in ns; 0 when not a duration.
+fn duration_ns(text: &str) -> f64 {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale = match unit {
+        "ns" => 1.0,
+        "us" | "\u{b5}s" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        "min" => 60e9,
+        "hrs" => 3600e9,
+        _ => 0.0,
+    };
+    number.parse::<f64>().unwrap_or(0.0) * scale
+}

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use profiler_tests::{
-    TempDir, exclusive, expect_success, go_tool_pprof, head, record, report, require_bpf,
-    spawn_fixture, tool,
+    TempDir, exclusive, expect_success, go_tool_pprof, head, pprof_traces, record, report,
+    require_bpf, spawn_fixture, tool,
 };
 
 /// The `go` command, or None (after saying why) when it is missing outside CI.
@@ -17,27 +17,6 @@ fn go() -> Option<PathBuf> {
 /// `go tool pprof <args>` with its state in the scratch directory.
 fn pprof(go: &Path, dir: &TempDir, args: &[&str]) -> String {
     go_tool_pprof(go, dir.path(), args)
-}
-
-/// The function names of each `-traces` sample, leaf first. Samples are separated by
-/// `-----------+----...` lines; label lines look like `      comm:  fx-chain`.
-fn traces(text: &str) -> Vec<Vec<String>> {
-    text.split("-----------+")
-        .map(|block| {
-            block
-                .lines()
-                .skip(1) // the rest of the separator line
-                .filter(|line| {
-                    !line
-                        .split_whitespace()
-                        .next()
-                        .is_some_and(|key| key.ends_with(':'))
-                })
-                .filter_map(|line| line.split_whitespace().last().map(str::to_owned))
-                .collect()
-        })
-        .filter(|names: &Vec<String>| !names.is_empty())
-        .collect()
 }
 
 #[test]
@@ -69,7 +48,7 @@ fn go_tool_pprof_reads_record_and_report_output() {
 
     // Leaf first in pprof: c called by b called by a called by main.
     let text = pprof(&go, &dir, &["-traces", &pb]);
-    let all = traces(&text);
+    let all = pprof_traces(&text);
     let chained = all
         .iter()
         .filter(|t| t.windows(4).any(|w| w == ["c", "b", "a", "main"]))

@@ -2,12 +2,15 @@
 //! one line saying what is wrong.
 use std::{rc::Rc, time::Duration};
 
-use super::{State, time_ago, unix_now_ns};
+use super::{
+    State,
+    sampler::{MAX_TAPS, TapRequest},
+    time_ago, unix_now_ns,
+};
 use crate::{
     http::{Request, Response},
     output,
     profile::{GroupBy, Profile},
-    record::{RecordConfig, record},
     store::{Query, ReadLimits, Store, StoreError},
 };
 
@@ -15,8 +18,6 @@ use crate::{
 pub const MAX_RANGE: Duration = Duration::from_secs(31 * 24 * 3600);
 /// Longest fresh profile /debug/pprof/profile records, s.
 pub const MAX_PPROF_SECONDS: u64 = 60;
-/// Rate of the fresh profiles of /debug/pprof/profile, Hz (pprof's usual 100 Hz, off-beat).
-pub const PPROF_HZ: u32 = 99;
 /// Store reads (flame graphs, heat maps) running at once; more are a 503 with Retry-After.
 pub const MAX_HEAVY: usize = 2;
 /// What one API request may read from the store: with `MAX_HEAVY` of them at once this
@@ -31,12 +32,12 @@ const RETRY_AFTER_S: u32 = 5;
 
 pub(crate) async fn handle(state: Rc<State>, req: Request) -> Response {
     let result = match req.path.as_str() {
-        "/healthz" => only(&req, &[]).map(|()| match &*state.store_problem.borrow() {
+        "/healthz" => only(&req, &[]).map(|()| match &*state.shared.store_problem() {
             None => Response::ok("text/plain", b"ok\n".to_vec()),
             Some(problem) => Response::text(503, problem),
         }),
         "/metrics" => only(&req, &[]).map(|()| {
-            let body = state.metrics.borrow().render();
+            let body = state.shared.metrics().render();
             Response::ok(
                 "text/plain; version=0.0.4; charset=utf-8",
                 body.into_bytes(),
@@ -72,7 +73,8 @@ fn bad(message: &str) -> Response {
     Response::text(400, message)
 }
 
-/// `?seconds=N` (default 30, 1..=60): records a fresh profile and returns it as pprof.
+/// `?seconds=N` (default 30, 1..=60): the next N seconds of the running sampler (at the
+/// agent's rate) as pprof. Requests at once share the sampler; none loads another.
 async fn pprof(state: &State, req: &Request) -> Result<Response, Response> {
     only(req, &["seconds"])?;
     let secs = match req.param("seconds") {
@@ -86,32 +88,31 @@ async fn pprof(state: &State, req: &Request) -> Result<Response, Response> {
             }
         },
     };
-    if state.pprof_busy.replace(true) {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let request = TapRequest {
+        duration: Duration::from_secs(secs),
+        reply,
+    };
+    if state.taps.try_send(request).is_err() {
+        state.shared.metrics().pipeline.pprof_refused += 1;
         return Err(Response::busy(
-            "a profile is being recorded already; try again later",
+            &format!("{MAX_TAPS} profiles are being taken already; try again later"),
             RETRY_AFTER_S,
         ));
     }
-    let config = RecordConfig {
-        event: crate::bpf::Event::CpuClock,
-        frequency_hz: PPROF_HZ,
-        duration: Duration::from_secs(secs),
-        pids: Vec::new(),
-        comms: state.config.comms.clone(),
-        cgroups: Vec::new(),
-        verbose: false,
-        inline: false,
-        // The agent does not feed the table walk yet (see docs/unwinding.md).
-        unwind: crate::unwind::UnwindMode::Fp,
-        unwind_memory: 0,
-        python: false,
+    let profile = match answer.await {
+        Ok(Ok(p)) => p,
+        Ok(Err(why)) => return Err(Response::busy(&why, RETRY_AFTER_S)),
+        Err(_) => return Err(Response::text(503, "the agent is stopping")),
     };
-    let result = record(&config, tokio::time::sleep(config.duration)).await;
-    state.pprof_busy.set(false);
-    let profile = result.map_err(|e| Response::text(500, &format!("recording failed: {e}")))?;
-    let mut body = Vec::new();
-    output::write_pprof(&profile, &mut body)
-        .map_err(|e| Response::text(500, &format!("encoding failed: {e}")))?;
+    // Encoding takes a while for a long profile: off the thread that serves HTTP.
+    let body = tokio::task::spawn_blocking(move || {
+        let mut body = Vec::new();
+        output::write_pprof(&profile, &mut body).map(|()| body)
+    })
+    .await
+    .map_err(|e| Response::text(500, &format!("encoding failed: {e}")))?
+    .map_err(|e| Response::text(500, &format!("encoding failed: {e}")))?;
     Ok(Response::ok("application/octet-stream", body))
 }
 

@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-use crate::util::parse_duration;
+use crate::{unwind::UnwindMode, util::parse_duration};
 
 /// Everything the agent needs to run.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,6 +29,12 @@ pub struct AgentConfig {
     pub token_file: Option<PathBuf>,
     /// Serve a non-loopback `listen` address without a token (on purpose).
     pub insecure_listen: bool,
+    /// How user stacks are walked (as `record --unwind`).
+    pub unwind: UnwindMode,
+    /// Kernel memory for unwind tables, bytes.
+    pub unwind_memory: u64,
+    /// Name Python frames in CPython processes.
+    pub python: bool,
 }
 
 impl Default for AgentConfig {
@@ -45,6 +51,10 @@ impl Default for AgentConfig {
             comms: Vec::new(),
             token_file: None,
             insecure_listen: false,
+            // As `record`: whole stacks through code without frame pointers, Python named.
+            unwind: UnwindMode::Auto,
+            unwind_memory: 64 << 20,
+            python: true,
         }
     }
 }
@@ -72,6 +82,12 @@ pub struct FileConfig {
     pub token_file: Option<PathBuf>,
     #[serde(alias = "insecure_listen")]
     pub insecure_listen: Option<bool>,
+    /// `auto`, `fp` or `dwarf`.
+    pub unwind: Option<String>,
+    #[serde(alias = "unwind_memory")]
+    pub unwind_memory: Option<String>,
+    /// `on` or `off`.
+    pub python: Option<String>,
 }
 
 impl FileConfig {
@@ -107,6 +123,9 @@ impl FileConfig {
             comm,
             token_file,
             insecure_listen,
+            unwind,
+            unwind_memory,
+            python,
         } = self;
         if let Some(hz) = frequency {
             c.frequency_hz = check_frequency(hz)?;
@@ -137,6 +156,21 @@ impl FileConfig {
         }
         if let Some(insecure) = insecure_listen {
             c.insecure_listen = insecure;
+        }
+        if let Some(u) = unwind {
+            c.unwind = <UnwindMode as clap::ValueEnum>::from_str(&u, false)
+                .map_err(|_| format!("unwind must be auto, fp or dwarf, got `{u}`"))?;
+        }
+        if let Some(m) = unwind_memory {
+            c.unwind_memory =
+                crate::cli::parse_bytes(&m).map_err(|e| format!("unwind-memory: {e}"))?;
+        }
+        if let Some(p) = python {
+            c.python = match p.as_str() {
+                "on" => true,
+                "off" => false,
+                _ => return Err(format!("python must be on or off, got `{p}`")),
+            };
         }
         Ok(())
     }
@@ -230,6 +264,32 @@ mod tests {
         let mut c = AgentConfig::default();
         ok.apply(&mut c).unwrap();
         assert_eq!(c.max_size_bytes, 2 << 30);
+    }
+
+    #[test]
+    fn unwind_and_python_keys() {
+        let f: FileConfig =
+            toml::from_str("unwind = \"dwarf\"\nunwind-memory = \"16M\"\npython = \"off\"")
+                .unwrap();
+        let mut c = AgentConfig::default();
+        assert_eq!((c.unwind, c.python), (UnwindMode::Auto, true));
+        f.apply(&mut c).unwrap();
+        assert_eq!(
+            (c.unwind, c.unwind_memory, c.python),
+            (UnwindMode::Dwarf, 16 << 20, false)
+        );
+        for (text, want) in [
+            (
+                "unwind = \"frames\"",
+                "unwind must be auto, fp or dwarf, got `frames`",
+            ),
+            ("python = \"yes\"", "python must be on or off, got `yes`"),
+            ("unwind-memory = \"lots\"", "unwind-memory: expected a size"),
+        ] {
+            let f: FileConfig = toml::from_str(text).unwrap();
+            let e = f.apply(&mut AgentConfig::default()).unwrap_err();
+            assert!(e.starts_with(want), "{text}: {e}");
+        }
     }
 
     /// A config path pointing at a device, a FIFO nobody writes or a huge file is one error,

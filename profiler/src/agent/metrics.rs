@@ -7,7 +7,6 @@ use std::{
 };
 
 use crate::{
-    cgroups,
     doctor::memcg,
     profile::{Counters, Profile, lifecycle},
 };
@@ -36,6 +35,8 @@ pub struct Metrics {
     /// Windows pushed to --push-url, and those dropped from the full push spool.
     pub push_sent: u64,
     pub push_dropped: u64,
+    /// Where every sample the drain cut went (`Pipeline`).
+    pub pipeline: Pipeline,
     /// Dying cgroups by controller (v1) and `v2` for cgroup2, at the last window.
     dying: Vec<(String, u64)>,
     /// Processes started (forked or exec'd) since the agent started.
@@ -44,6 +45,37 @@ pub struct Metrics {
     process_exits: [u64; 4],
     /// Programs in a crash loop in the last window (`profile::lifecycle`).
     crash_loops: u64,
+}
+
+/// The agent's stages pass windows through bounded queues (docs/agent.md): a full queue drops
+/// the window, never waits. Every sample the drain cut is in exactly one of these, so
+/// `cut = stored + in_flight + the drops` holds in every scrape (one lock updates them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pipeline {
+    /// Samples cut into windows by the drain.
+    pub cut: u64,
+    /// Samples cut but not yet stored nor dropped (queued, symbolizing, writing).
+    pub in_flight: u64,
+    /// Samples written to the store.
+    pub stored: u64,
+    /// Samples of windows dropped because the symbolizer's queue was full.
+    pub dropped_symbolize_queue: u64,
+    /// Samples of windows dropped because the store's queue was full (a slow store).
+    pub dropped_store_queue: u64,
+    /// Samples of windows dropped because the store failed for too long (`MAX_PENDING`).
+    pub dropped_store_failing: u64,
+    /// Windows not handed to the pusher because its queue was full.
+    pub push_queue_dropped_windows: u64,
+    /// /debug/pprof/profile requests refused because the symbolizer's queue was full.
+    pub pprof_refused: u64,
+}
+
+impl Pipeline {
+    /// `n` samples of a window leave the pipeline into `to` (a drop counter or `stored`).
+    pub fn settle(&mut self, n: u64, to: fn(&mut Self) -> &mut u64) {
+        self.in_flight = self.in_flight.saturating_sub(n);
+        *to(self) += n;
+    }
 }
 
 /// `reason` labels of `profiler_process_exits_total`: exit(0), another code, a signal, and a
@@ -74,7 +106,27 @@ impl BoundedCounter {
 }
 
 impl Metrics {
-    /// Adds one window's samples and reads the dying-cgroup figures.
+    /// Adds one window's sample accounting (the drain calls this as it cuts the window, so
+    /// windows dropped later are counted too) and puts its samples in flight.
+    pub fn add_cut(&mut self, c: &Counters) {
+        self.counters = Counters {
+            recorded: self.counters.recorded + c.recorded,
+            lost_ringbuf_full: self.counters.lost_ringbuf_full + c.lost_ringbuf_full,
+            filtered: self.counters.filtered + c.filtered,
+            kstack_failed: self.counters.kstack_failed + c.kstack_failed,
+            ustack_failed: self.counters.ustack_failed + c.ustack_failed,
+        };
+        self.pipeline.cut += c.recorded;
+        self.pipeline.in_flight += c.recorded;
+    }
+
+    /// Dying cgroups by controller, as the caller read them (`cgroups::dying_counts`; the
+    /// agent reads them once a minute, not every window).
+    pub fn set_dying(&mut self, dying: Vec<(String, u64)>) {
+        self.dying = dying;
+    }
+
+    /// Adds one symbolized window's samples to the attribution figures.
     pub fn add_window(&mut self, p: &Profile) {
         let hz = f64::from(p.meta.frequency_hz.max(1));
         let paths: HashMap<u64, &str> = p.cgroups.iter().map(|c| (c.id, c.path.as_str())).collect();
@@ -116,15 +168,6 @@ impl Metrics {
         for (comm, n) in memcg_by_comm {
             self.memcg_by_comm.add(&comm, n as f64 / hz);
         }
-        let c = p.meta.counters;
-        self.counters = Counters {
-            recorded: self.counters.recorded + c.recorded,
-            lost_ringbuf_full: self.counters.lost_ringbuf_full + c.lost_ringbuf_full,
-            filtered: self.counters.filtered + c.filtered,
-            kstack_failed: self.counters.kstack_failed + c.kstack_failed,
-            ustack_failed: self.counters.ustack_failed + c.ustack_failed,
-        };
-        self.dying = cgroups::dying_counts();
         self.add_lifecycle(p);
     }
 
@@ -226,6 +269,45 @@ impl Metrics {
             &[
                 ("outcome=\"sent\"", f(self.push_sent)),
                 ("outcome=\"dropped\"", f(self.push_dropped)),
+            ],
+        );
+        let q = self.pipeline;
+        metric(
+            &mut o,
+            "profiler_pipeline_samples_total",
+            "Samples cut into windows, and where they went: stored, or dropped where a queue was \
+             full or the store failed too long (cut = stored + in flight + dropped).",
+            "counter",
+            &[
+                ("stage=\"cut\"", f(q.cut)),
+                ("stage=\"stored\"", f(q.stored)),
+                (
+                    "stage=\"dropped_symbolize_queue\"",
+                    f(q.dropped_symbolize_queue),
+                ),
+                ("stage=\"dropped_store_queue\"", f(q.dropped_store_queue)),
+                (
+                    "stage=\"dropped_store_failing\"",
+                    f(q.dropped_store_failing),
+                ),
+            ],
+        );
+        metric(
+            &mut o,
+            "profiler_pipeline_samples_in_flight",
+            "Samples cut but not yet stored or dropped (queued, symbolizing, being written).",
+            "gauge",
+            &[("", f(q.in_flight))],
+        );
+        metric(
+            &mut o,
+            "profiler_pipeline_refused_total",
+            "Work refused because a queue was full: windows not handed to the pusher, \
+             /debug/pprof/profile requests answered 503.",
+            "counter",
+            &[
+                ("what=\"push_window\"", f(q.push_queue_dropped_windows)),
+                ("what=\"pprof_request\"", f(q.pprof_refused)),
             ],
         );
         metric(

@@ -1,23 +1,29 @@
-//! `profiler agent`, the always-on front end: the sampler stays attached (`sampler`), every
-//! window becomes a profile that goes to the store (`crate::store`), the metrics, and the
-//! push target; the HTTP API (`api`) serves all of it. One thread: a tokio `LocalSet`.
+//! `profiler agent`, the always-on front end: a `Session` stays attached and its drain cuts
+//! windows (`sampler`); each is symbolized and goes to the metrics, the push target and the
+//! store (`pipeline`), every stage on its own thread behind a bounded queue, so the drain
+//! never waits; the HTTP API (`api`) serves all of it from the main thread.
 mod api;
 pub mod config;
 pub mod metrics;
+mod pipeline;
 pub mod push;
 pub mod sampler;
 
-use std::{cell::RefCell, collections::VecDeque, rc::Rc, time::Duration};
+use std::{
+    rc::Rc,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
 
 pub use config::AgentConfig;
 use metrics::Metrics;
-pub use sampler::Recorder;
 
 use crate::{
     bpf::Event,
-    profile::Profile,
     record::RecordError,
+    session::SessionConfig,
     store::{Store, StoreError},
+    symbolize::KernelSymbols,
 };
 
 /// Windows kept in memory while the store fails, at most (then the oldest are dropped and
@@ -47,19 +53,41 @@ pub enum AgentError {
     Exposure(String),
 }
 
-/// What the HTTP API shares with the sampling loop.
+/// What the stages share with each other and the HTTP API, each behind its own short lock.
+pub(crate) struct Shared {
+    metrics: Mutex<Metrics>,
+    /// Why the store fails, while it does (/healthz says it).
+    store_problem: Mutex<Option<String>>,
+}
+
+impl Shared {
+    /// The metrics; a stage that panicked while holding them leaves them usable.
+    pub fn metrics(&self) -> MutexGuard<'_, Metrics> {
+        self.metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn store_problem(&self) -> MutexGuard<'_, Option<String>> {
+        self.store_problem
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// What the HTTP API (on the main thread) holds.
 pub(crate) struct State {
     pub config: AgentConfig,
-    pub metrics: RefCell<Metrics>,
-    /// A /debug/pprof/profile recording is running (one at a time).
-    pub pprof_busy: std::cell::Cell<bool>,
+    pub shared: Arc<Shared>,
+    /// /debug/pprof/profile requests, to the sampling thread.
+    pub taps: tokio::sync::mpsc::Sender<sampler::TapRequest>,
     /// Store reads running now (`api::MAX_HEAVY` at most).
     pub heavy: std::cell::Cell<usize>,
-    /// Why the store fails, while it does (/healthz says it).
-    pub store_problem: RefCell<Option<String>>,
 }
 
 /// Runs the agent until SIGTERM or SIGINT, then stores the current window and returns.
+/// Threads: the drain (`sampler`), the symbolizer and the store (`pipeline`), and this one,
+/// which serves HTTP and pushes.
 pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     // Every check before loading BPF, so a bad data dir, port or token fails fast and clearly.
     config.check_exposure().map_err(AgentError::Exposure)?;
@@ -68,7 +96,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         .as_deref()
         .map(crate::http::Token::from_file)
         .transpose()?;
-    let mut store = Store::open(&config.data_dir)?;
+    let store = Store::open(&config.data_dir)?;
     let listener = std::net::TcpListener::bind(config.listen)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .map_err(|source| AgentError::Listen {
@@ -85,10 +113,83 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         Some(url) => Some(push::Pusher::new(url, &config.data_dir).map_err(AgentError::Spool)?),
         None => None,
     };
+    let delay = store_delay()?;
+    let kernel = KernelSymbols::load().map_err(RecordError::Kallsyms)?;
+    if kernel.hidden() {
+        log::warn!(
+            "kernel addresses are hidden by kernel.kptr_restrict; kernel frames show as [kernel]"
+        );
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(AgentError::Runtime)?;
+    // Before the sampler loads: a signal while it does still ends in a stored window.
+    let signals = {
+        let _enter = runtime.enter();
+        crate::record::StopSignals::install()
+    };
+    let shared = Arc::new(Shared {
+        metrics: Mutex::new(Metrics::default()),
+        store_problem: Mutex::new(None),
+    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (taps_tx, taps_rx) = tokio::sync::mpsc::channel(sampler::MAX_TAPS);
+    let jobs = Arc::new(pipeline::Jobs::default());
+    let (store_tx, store_rx) = std::sync::mpsc::sync_channel(pipeline::STORE_QUEUE);
+    let (push_tx, mut push_rx) = tokio::sync::mpsc::channel(pipeline::PUSH_QUEUE);
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let stage = sampler::Stage {
+        config: SessionConfig {
+            event: Event::CpuClock,
+            frequency_hz: config.frequency_hz,
+            pids: Vec::new(),
+            comms: config.comms.clone(),
+            cgroups: Vec::new(),
+            unwind: config.unwind,
+            unwind_memory: config.unwind_memory,
+            python: config.python,
+            kernel_record_bytes: sampler::KERNEL_RECORD_BYTES,
+        },
+        window: config.window,
+        jobs: jobs.clone(),
+        taps: taps_rx,
+        stop: stop_rx,
+        shared: shared.clone(),
+    };
+    let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(f)
+            .map_err(AgentError::Runtime)
+    };
+    let sampling = spawn("sampler", Box::new(move || stage.run(started_tx)))?;
+    let cpus = match started_rx.recv() {
+        Ok(Ok(cpus)) => cpus,
+        Ok(Err(e)) => return Err(e.into()),
+        Err(_) => {
+            return Err(RecordError::Io(std::io::Error::other("the sampler thread died")).into());
+        }
+    };
+    let symbolizer = {
+        let shared = shared.clone();
+        let push = pusher.is_some().then_some(push_tx);
+        spawn(
+            "symbolize",
+            Box::new(move || pipeline::symbolize(&jobs, kernel, store_tx, push, shared)),
+        )?
+    };
+    let storing = {
+        let stage = pipeline::StoreStage {
+            store,
+            windows: store_rx,
+            retention: config.retention,
+            max_size_bytes: config.max_size_bytes,
+            shared: shared.clone(),
+            delay,
+        };
+        spawn("store", Box::new(move || stage.run()))?
+    };
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
         let listener =
@@ -96,124 +197,76 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
                 addr: config.listen,
                 source,
             })?;
-        let mut recorder =
-            Recorder::start(Event::CpuClock, config.frequency_hz, config.comms.clone())?;
         let state = Rc::new(State {
             config: config.clone(),
-            metrics: RefCell::new(Metrics::default()),
-            pprof_busy: std::cell::Cell::new(false),
+            shared: shared.clone(),
+            taps: taps_tx,
             heavy: std::cell::Cell::new(0),
-            store_problem: RefCell::new(None),
-        });
-        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-        tokio::task::spawn_local(async move {
-            // Forever, in practice: only a signal ends it.
-            crate::record::stop_signal(Duration::from_secs(u64::from(u32::MAX))).await;
-            let _ = stop_tx.send(true);
         });
         if let Some(p) = &pusher {
             tokio::task::spawn_local(p.clone().run());
+            let (p, shared) = (p.clone(), shared.clone());
+            tokio::task::spawn_local(async move {
+                while let Some(profile) = push_rx.recv().await {
+                    p.enqueue(&profile, &profile.meta.hostname);
+                    let mut m = shared.metrics();
+                    m.push_sent = p.sent.get();
+                    m.push_dropped = p.dropped.get();
+                }
+            });
         }
         let api_state = state.clone();
         tokio::task::spawn_local(crate::http::serve(listener, token, move |req| {
             api::handle(api_state.clone(), req)
         }));
         eprintln!(
-            "agent: sampling every CPU at {} Hz, {:?} windows into {}, API on http://{}",
+            "agent: sampling every CPU ({cpus}) at {} Hz, {:?} windows into {}, API on http://{}",
             config.frequency_hz,
             config.window,
             config.data_dir.display(),
             config.listen
         );
-        let mut pending: VecDeque<Profile> = VecDeque::new();
-        let mut failing = false;
-        let mut retention_failing = false;
-        loop {
-            let deadline = tokio::time::Instant::now() + config.window;
-            let stop = async {
-                tokio::select! {
-                    () = tokio::time::sleep_until(deadline) => {}
-                    _ = stop_rx.changed() => {}
-                }
-            };
-            let profile = recorder.window(stop).await?;
-            let stopping = *stop_rx.borrow();
-            state.metrics.borrow_mut().add_window(&profile);
-            if let Some(p) = &pusher {
-                p.enqueue(&profile, &profile.meta.hostname);
-                let mut m = state.metrics.borrow_mut();
-                m.push_sent = p.sent.get();
-                m.push_dropped = p.dropped.get();
+        // Forever, in practice: only a signal ends it.
+        match signals
+            .until(Duration::from_secs(u64::from(u32::MAX)))
+            .await
+        {
+            crate::record::Stop::Interrupted => {
+                eprintln!("\ninterrupted: writing what was collected")
             }
-            pending.push_back(profile);
-            failing = store_pending(&mut store, &mut pending, &state, failing);
-            let now = unix_now_ns();
-            let retained = store.retain(
-                now,
-                config.retention.as_nanos() as u64,
-                config.max_size_bytes,
-            );
-            // Once per failing spell, like writes: on a full disk it fails every window.
-            match retained {
-                Err(e) if !retention_failing => {
-                    log::error!("store retention failed: {e}");
-                    retention_failing = true;
-                }
-                Err(_) => {}
-                Ok(_) => retention_failing = false,
-            }
-            if stopping {
-                if pending.is_empty() {
-                    eprintln!("agent: stopped; the last window is stored");
-                } else {
-                    log::error!(
-                        "agent: stopped; {} windows could not be stored and are lost",
-                        pending.len()
-                    );
-                }
-                return Ok(());
-            }
+            _ => eprintln!("terminated: writing what was collected"),
         }
+        let _ = stop_tx.send(true);
+        // The drain cuts the last window, the symbolizer and the store finish theirs; the
+        // API goes on answering meanwhile.
+        let joined = tokio::task::spawn_blocking(move || {
+            [sampling, symbolizer, storing]
+                .into_iter()
+                .all(|t| t.join().is_ok())
+        })
+        .await
+        .unwrap_or(false);
+        if !joined {
+            log::error!("agent: a stage panicked; see the messages above");
+        }
+        Ok(())
     })
 }
 
-/// Writes the pending windows, oldest first; on failure keeps them (bounded) for the next
-/// try. Returns whether the store is failing, to log a failure once rather than per window.
-fn store_pending(
-    store: &mut Store,
-    pending: &mut VecDeque<Profile>,
-    state: &State,
-    failing: bool,
-) -> bool {
-    while let Some(p) = pending.front() {
-        match store.write_window(p) {
-            Ok(()) => {
-                pending.pop_front();
-                state.metrics.borrow_mut().windows_stored += 1;
-            }
-            Err(e) => {
-                *state.store_problem.borrow_mut() = Some(format!(
-                    "cannot write to the store: {e}; {} windows wait in memory",
-                    pending.len().min(MAX_PENDING)
-                ));
-                if !failing {
-                    log::error!(
-                        "cannot write to the store: {e}; sampling goes on, keeping up to {MAX_PENDING} windows in memory"
-                    );
-                }
-                while pending.len() > MAX_PENDING {
-                    pending.pop_front();
-                    state.metrics.borrow_mut().windows_dropped += 1;
-                }
-                return true;
-            }
-        }
+/// `pipeline::STORE_DELAY_ENV`, the slow-store test hook.
+fn store_delay() -> Result<Option<Duration>, AgentError> {
+    match std::env::var(pipeline::STORE_DELAY_ENV) {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .parse::<u64>()
+            .map(|ms| Some(Duration::from_millis(ms)))
+            .map_err(|_| {
+                AgentError::Exposure(format!(
+                    "{} must be a whole number of milliseconds, got `{v}`",
+                    pipeline::STORE_DELAY_ENV
+                ))
+            }),
     }
-    if failing {
-        log::warn!("the store works again; every kept window is written");
-    }
-    *state.store_problem.borrow_mut() = None;
-    false
 }
 
 /// Wall-clock now, ns since the Unix epoch.

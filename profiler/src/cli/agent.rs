@@ -2,15 +2,18 @@
 //! (docs/agent.md). Flags override the `--config` file, which overrides the defaults.
 use std::{path::PathBuf, time::Duration};
 
+use super::OnOff;
 use crate::agent::{
     AgentConfig,
     config::{FileConfig, check_frequency, parse_listen, parse_size, parse_window},
 };
+use crate::unwind::UnwindMode;
 
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
     /// TOML file with the same keys as these flags (frequency, window, data-dir, retention,
-    /// max-size, listen, push-url, comm, token-file, insecure-listen); flags given here win.
+    /// max-size, listen, push-url, comm, token-file, insecure-listen, unwind, unwind-memory,
+    /// python); flags given here win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Samples per second on each CPU (1..=1000; default 19).
@@ -46,6 +49,16 @@ pub struct AgentArgs {
     /// Serve a non-loopback --listen without a token, to anyone who can reach it.
     #[arg(long)]
     pub insecure_listen: bool,
+    /// How user stacks are walked, as for `record` (default auto: by table except binaries
+    /// that keep frame pointers).
+    #[arg(long, value_enum)]
+    pub unwind: Option<UnwindMode>,
+    /// Kernel memory for unwind tables: 64M (default), 512K...
+    #[arg(long, value_name = "BYTES", value_parser = super::parse_bytes)]
+    pub unwind_memory: Option<u64>,
+    /// Name Python functions in CPython 3.11-3.13 processes (default on).
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub python: Option<OnOff>,
 }
 
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
@@ -67,7 +80,13 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         comms,
         token_file,
         insecure_listen,
+        unwind,
+        unwind_memory,
+        python,
     } = args;
+    config.unwind = unwind.unwrap_or(config.unwind);
+    config.unwind_memory = unwind_memory.unwrap_or(config.unwind_memory);
+    config.python = python.map_or(config.python, |p| p == OnOff::On);
     config.frequency_hz = frequency.unwrap_or(config.frequency_hz);
     config.window = window.unwrap_or(config.window);
     config.data_dir = data_dir.unwrap_or(config.data_dir);
@@ -87,6 +106,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     // Before the privilege check: a refusal that needs no root should not wait for it.
     config.check_exposure().map_err(anyhow::Error::msg)?;
     super::check_privileges()?;
+    // A perf event per CPU, and a file per binary mapped: more than the default 1024.
+    crate::util::raise_fd_limit();
     crate::agent::run(config)?;
     Ok(())
 }

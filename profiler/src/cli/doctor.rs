@@ -1,8 +1,10 @@
 //! `profiler doctor`: one command for a zombie-cgroup CPU drain (see docs/doctor.md).
 use std::time::Duration;
 
+use super::record::OnOff;
 use crate::{
     doctor::{self, DoctorConfig},
+    unwind::UnwindMode,
     util,
 };
 
@@ -17,15 +19,31 @@ pub struct DoctorArgs {
     /// Print the findings as JSON on stdout (the text report then goes to stderr).
     #[arg(long)]
     pub json: bool,
+    /// How user stacks are walked (as for `record`). The doctor reads kernel stacks, so
+    /// frame pointers, the cheapest, are the default.
+    #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
+    pub unwind: UnwindMode,
+    /// Kernel memory for unwind tables with --unwind auto|dwarf: 64M, 512K...
+    #[arg(long, default_value = "64M", value_name = "BYTES", value_parser = super::record::parse_bytes)]
+    pub unwind_memory: u64,
+    /// Name Python functions in CPython processes (as for `record`; off by default here).
+    #[arg(long, value_enum, default_value_t = OnOff::Off, value_name = "on|off")]
+    pub python: OnOff,
 }
 
 pub fn run(args: DoctorArgs, verbose: bool) -> anyhow::Result<()> {
     super::check_privileges()?;
-    let findings = doctor::examine(&DoctorConfig {
-        duration: args.duration,
-        frequency_hz: args.frequency,
-        verbose,
-    })?;
+    util::raise_fd_limit();
+    let findings = doctor::examine(
+        &DoctorConfig {
+            duration: args.duration,
+            frequency_hz: args.frequency,
+            unwind: args.unwind,
+            unwind_memory: args.unwind_memory,
+            python: args.python == OnOff::On,
+        },
+        &mut super::progress::printer(verbose),
+    )?;
     let verdict = doctor::verdict::judge(&findings);
     let text = doctor::text(&findings, &verdict);
     if args.json {

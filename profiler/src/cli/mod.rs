@@ -3,6 +3,7 @@ mod agent;
 mod diff;
 mod doctor;
 mod lab;
+mod progress;
 mod query;
 mod record;
 mod report;
@@ -12,6 +13,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 pub use record::RecordArgs;
+pub(crate) use record::{OnOff, parse_bytes};
 pub use report::ReportArgs;
 
 /// An eBPF CPU profiler: samples kernel and user stacks on every CPU and writes flame graphs,

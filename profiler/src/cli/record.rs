@@ -6,7 +6,8 @@ use anyhow::bail;
 use crate::{
     bpf::Event,
     profile::GroupBy,
-    record::{RecordConfig, record_blocking},
+    record::{KERNEL_RECORD_BYTES, RecordConfig, record_blocking},
+    session::SessionConfig,
     unwind::UnwindMode,
     util,
 };
@@ -71,7 +72,7 @@ pub enum OnOff {
 }
 
 /// `64M`, `512K`, `1G` or plain bytes.
-fn parse_bytes(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(text: &str) -> Result<u64, String> {
     let (digits, unit) = match text.strip_suffix(['K', 'M', 'G']) {
         Some(d) => (d, &text[d.len()..]),
         None => (text, ""),
@@ -126,19 +127,23 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
     super::check_privileges()?;
 
     let config = RecordConfig {
-        event: args.event,
-        frequency_hz: args.frequency,
+        session: SessionConfig {
+            event: args.event,
+            frequency_hz: args.frequency,
+            pids: args.pids.clone(),
+            comms: args.comms.clone(),
+            cgroups,
+            unwind: args.unwind,
+            unwind_memory: args.unwind_memory,
+            python: args.python == OnOff::On,
+            kernel_record_bytes: KERNEL_RECORD_BYTES,
+        },
         duration: args.duration,
-        pids: args.pids.clone(),
-        comms: args.comms.clone(),
-        cgroups,
-        verbose: true,
         inline: args.inline,
-        unwind: args.unwind,
-        unwind_memory: args.unwind_memory,
-        python: args.python == OnOff::On,
     };
-    let profile = record_blocking(&config)?;
+    // A perf event per CPU, and a file per binary mapped: more than the default 1024.
+    util::raise_fd_limit();
+    let profile = record_blocking(&config, &mut super::progress::printer(true))?;
     super::write_outputs(&outputs, &profile)
 }
 

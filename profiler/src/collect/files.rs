@@ -7,6 +7,7 @@ use std::{
     fs::File,
     os::unix::fs::{FileExt as _, MetadataExt as _},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use super::{
@@ -45,7 +46,7 @@ impl UserFile {
 /// by path (fine for host binaries that stay on disk).
 const MAX_HANDLES: usize = 4096;
 
-/// Ids of the files in a `Vec<UserFile>`, by identity. None: not an ELF file.
+/// Ids of the files in a `Vec<Arc<UserFile>>`, by identity. None: not an ELF file.
 #[derive(Default)]
 pub struct FileIds {
     by_inode: HashMap<(u64, u64), Option<u32>>,
@@ -59,7 +60,7 @@ impl FileIds {
     /// opening it on first sight. None for a file that is not ELF (see `intern`).
     pub fn by_path(
         &mut self,
-        files: &mut Vec<UserFile>,
+        files: &mut Vec<Arc<UserFile>>,
         pid: u32,
         path: &Path,
         build_id: Option<&[u8]>,
@@ -86,7 +87,7 @@ impl FileIds {
     /// rather than being named from another file).
     pub fn by_identity(
         &mut self,
-        files: &mut Vec<UserFile>,
+        files: &mut Vec<Arc<UserFile>>,
         pid: u32,
         range: (u64, u64),
         path: &Path,
@@ -138,7 +139,7 @@ impl FileIds {
     /// process of one kernel and ABI maps the same image, so ours, copied once into an
     /// anonymous file, names theirs (`clock_gettime` that falls back to a system call has
     /// its leaf there). None for a mapping of another size (another ABI's vDSO).
-    pub fn vdso(&mut self, files: &mut Vec<UserFile>, len: u64) -> Option<u32> {
+    pub fn vdso(&mut self, files: &mut Vec<Arc<UserFile>>, len: u64) -> Option<u32> {
         let (id, own_len) = (*self.vdso.get_or_insert_with(|| {
             let (handle, len) = copy_own_vdso()?;
             let id = intern(files, Some(handle), Path::new("[vdso]"), None)?;
@@ -208,7 +209,7 @@ fn same_file(f: &File, identity: &FileIdentity) -> bool {
 /// data file (the locale archive, say) comes from a frame-pointer walk through code built
 /// without them, and `LC_CTYPE+0xc6b` would be a made-up frame; such addresses stay unknown.
 fn intern(
-    files: &mut Vec<UserFile>,
+    files: &mut Vec<Arc<UserFile>>,
     handle: Option<File>,
     path: &Path,
     build_id: Option<Vec<u8>>,
@@ -221,11 +222,11 @@ fn intern(
         return None;
     }
     let handle = handle.filter(|_| files.len() < MAX_HANDLES);
-    files.push(UserFile {
+    files.push(Arc::new(UserFile {
         path: path.to_owned(),
         build_id,
         handle,
-    });
+    }));
     Some(files.len() as u32 - 1)
 }
 

@@ -86,7 +86,7 @@ pub struct RawSample {
 
 /// Raw stacks stored once each. Addresses are leaf first; every frame but the leaf is a return
 /// address, already moved back by one byte so it falls inside the call instruction.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct StackTable<K> {
     ids: HashMap<K, u32>,
     pub stacks: Vec<K>,
@@ -159,6 +159,9 @@ pub struct Collection {
     pub pystacks: StackTable<(u32, Box<[PyFrame]>)>,
     /// Detects, registers and names Python processes; None when Python frames are off.
     pub python: Option<crate::python::Tracker>,
+    /// The names of this collection's Python frames, when it was cut from a live one whose
+    /// tracker stayed behind (`cut`).
+    pub py_names: HashMap<(u32, u64, u64), Option<crate::python::PyName>>,
     /// Samples whose Python walk was cut at `MAX_PY_FRAMES` or by an unreadable frame.
     pub py_truncated: u64,
     pub processes: ProcessTable,
@@ -217,6 +220,88 @@ impl Collection {
             filter,
             ..Self::default()
         }
+    }
+
+    /// Takes what was collected since the last cut (samples, stacks, comms, counters) as a
+    /// collection of its own that symbolizes on another thread: the process facts its
+    /// addresses need are shared or copied into it. The process table, the kernel records,
+    /// the Python tracker and the filters stay here for the next window.
+    pub fn cut(&mut self) -> Collection {
+        let mut window = Collection {
+            samples: std::mem::take(&mut self.samples),
+            comms: std::mem::take(&mut self.comms),
+            kstacks: std::mem::take(&mut self.kstacks),
+            ustacks: std::mem::take(&mut self.ustacks),
+            pystacks: std::mem::take(&mut self.pystacks),
+            py_truncated: std::mem::take(&mut self.py_truncated),
+            filtered: std::mem::take(&mut self.filtered),
+            kstack_failed: std::mem::take(&mut self.kstack_failed),
+            ustack_failed: std::mem::take(&mut self.ustack_failed),
+            unwind_truncated: std::mem::take(&mut self.unwind_truncated),
+            filter: self.filter.clone(),
+            ..Collection::default()
+        };
+        // Comm ids index `comms`, which went with the window.
+        self.comm_ids.clear();
+        let lifetimes = self.processes.lifetimes.take_window();
+        self.fill_window(&mut window, lifetimes);
+        window.processes.lost_records = std::mem::take(&mut self.processes.lost_records);
+        // A small cache of paths; bounded as cgroups come and go.
+        if self.cgroup_paths.len() > 10_000 {
+            self.cgroup_paths.clear();
+        }
+        window
+    }
+
+    /// The samples taken at or after `since_ns` (monotonic) as a collection of their own,
+    /// as `cut` makes, leaving this one as it is: a profile of part of a window (the agent's
+    /// /debug/pprof/profile), without lifetimes (they belong to the window).
+    pub fn copy_since(&mut self, since_ns: u64) -> Collection {
+        let mut copy = Collection {
+            samples: self
+                .samples
+                .iter()
+                .filter(|s| s.time_ns >= since_ns)
+                .copied()
+                .collect(),
+            comms: self.comms.clone(),
+            kstacks: self.kstacks.clone(),
+            ustacks: self.ustacks.clone(),
+            pystacks: self.pystacks.clone(),
+            filter: self.filter.clone(),
+            ..Collection::default()
+        };
+        self.fill_window(&mut copy, Default::default());
+        copy
+    }
+
+    /// What a cut collection needs besides its samples and stacks: the process facts its
+    /// addresses need, its Python names and its cgroup paths.
+    fn fill_window(&mut self, window: &mut Collection, lifetimes: lifetimes::LifetimeLog) {
+        let addrs = window
+            .ustacks
+            .stacks
+            .iter()
+            .flat_map(|(space, addrs)| addrs.iter().map(move |a| (*space, *a)));
+        window.processes = self.processes.window_view(addrs, lifetimes);
+        if let Some(t) = &self.python {
+            window.py_names = window
+                .pystacks
+                .stacks
+                .iter()
+                .flat_map(|(pid, frames)| {
+                    frames
+                        .iter()
+                        .map(move |f| (*pid, f.code, f.instr & !profiler_common::python::ENTRY_BIT))
+                })
+                .filter_map(|k| t.names.get(&k).map(|n| (k, n.clone())))
+                .collect();
+        }
+        window.cgroup_paths = window
+            .samples
+            .iter()
+            .filter_map(|s| Some((s.cgroup_id, self.cgroup_paths.get(&s.cgroup_id)?.clone())))
+            .collect();
     }
 
     /// Keeps only samples of processes in these cgroups (see `CgroupFilter`).

@@ -50,7 +50,9 @@ pub enum UserLoc {
 
 pub struct ProcessTable {
     pub processes: BTreeMap<u32, Process>,
-    pub files: Vec<UserFile>,
+    /// Shared with the windows cut from this table (`Collection::cut`), which symbolize
+    /// on another thread while this one goes on.
+    pub files: Vec<std::sync::Arc<UserFile>>,
     file_ids: FileIds,
     /// Executable mappings per process and exec, from the kernel's records.
     pub mappings: MappingTable,
@@ -70,6 +72,28 @@ pub struct ProcessTable {
     pub names: Vec<String>,
     name_ids: HashMap<String, u32>,
     normalizer: Normalizer,
+}
+
+impl ProcessTable {
+    /// What symbolizing a window needs of this table, on its own: the processes, the files
+    /// (shared), the JIT names, the locations of the window's addresses only, and the
+    /// given lifetimes.
+    pub fn window_view(
+        &mut self,
+        addrs: impl Iterator<Item = (SpaceId, u64)>,
+        lifetimes: LifetimeLog,
+    ) -> Self {
+        Self {
+            processes: self.processes.clone(),
+            files: self.files.clone(),
+            locs: addrs
+                .filter_map(|k| self.locs.get(&k).map(|l| (k, *l)))
+                .collect(),
+            names: self.names.clone(),
+            lifetimes,
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for ProcessTable {

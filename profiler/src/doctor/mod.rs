@@ -20,7 +20,8 @@ use crate::{
     },
     cgroups::{self, Snapshot},
     profile::lifecycle::{self, Program},
-    record::{RecordConfig, RecordError, record_blocking},
+    record::{KERNEL_RECORD_BYTES, Progress, RecordConfig, RecordError, record_blocking},
+    session::SessionConfig,
 };
 
 /// What to look at.
@@ -30,8 +31,11 @@ pub struct DoctorConfig {
     pub duration: Duration,
     /// Profile sampling rate per CPU, Hz.
     pub frequency_hz: u32,
-    /// Progress on stderr.
-    pub verbose: bool,
+    /// How user stacks are walked (`--unwind`), and the kernel memory for the tables.
+    pub unwind: crate::unwind::UnwindMode,
+    pub unwind_memory: u64,
+    /// Name Python frames (`--python`).
+    pub python: bool,
 }
 
 /// Everything the doctor measured, the input of the verdict and of both renderings.
@@ -75,25 +79,32 @@ pub struct Findings {
 pub const PROGRAMS_SHOWN: usize = 10;
 
 /// Runs the window and gathers the findings.
-pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
+pub fn examine(
+    config: &DoctorConfig,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Findings, RecordError> {
     // Churn is counted in the kernel while the profile records; a failure to attach is
     // reported in the findings rather than stopping the rest.
     let tracer = ChurnTracer::start();
     let kmsg = kmsg::KmsgWatch::start();
-    let profile = record_blocking(&RecordConfig {
-        event: Event::CpuClock,
-        frequency_hz: config.frequency_hz,
-        duration: config.duration,
-        pids: Vec::new(),
-        comms: Vec::new(),
-        cgroups: Vec::new(),
-        verbose: config.verbose,
-        inline: false,
-        // The doctor reads kernel stacks; user stacks by frame pointer are enough there.
-        unwind: crate::unwind::UnwindMode::Fp,
-        unwind_memory: 0,
-        python: false,
-    })?;
+    let profile = record_blocking(
+        &RecordConfig {
+            session: SessionConfig {
+                event: Event::CpuClock,
+                frequency_hz: config.frequency_hz,
+                pids: Vec::new(),
+                comms: Vec::new(),
+                cgroups: Vec::new(),
+                unwind: config.unwind,
+                unwind_memory: config.unwind_memory,
+                python: config.python,
+                kernel_record_bytes: KERNEL_RECORD_BYTES,
+            },
+            duration: config.duration,
+            inline: false,
+        },
+        progress,
+    )?;
     let (churn, churn_error) = match &tracer {
         Ok(t) => (t.counts(), None),
         Err(e) => (Vec::new(), Some(e.to_string())),

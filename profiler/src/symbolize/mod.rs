@@ -239,8 +239,11 @@ pub fn build_profile_cached(
 /// not be read is `[unknown python]` rather than dropped, so stacks keep their shape.
 fn python_stacks(collection: &Collection, out: &mut Interner) -> Vec<Vec<(u32, bool)>> {
     use profiler_common::python::ENTRY_BIT;
-    let Some(tracker) = &collection.python else {
-        return Vec::new();
+    // A live collection's tracker names its frames; a window cut from one carries them.
+    let names = match &collection.python {
+        Some(t) => &t.names,
+        None if !collection.py_names.is_empty() => &collection.py_names,
+        None => return Vec::new(),
     };
     collection
         .pystacks
@@ -250,7 +253,7 @@ fn python_stacks(collection: &Collection, out: &mut Interner) -> Vec<Vec<(u32, b
             frames
                 .iter()
                 .map(|f| {
-                    let named = tracker.names.get(&(*pid, f.code, f.instr & !ENTRY_BIT));
+                    let named = names.get(&(*pid, f.code, f.instr & !ENTRY_BIT));
                     let (name, module) = match named {
                         Some(Some(n)) => (n.display(), n.file.clone()),
                         _ => ("[unknown python]".to_owned(), String::new()),

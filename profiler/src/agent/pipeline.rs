@@ -1,0 +1,482 @@
+//! The agent's later stages, each on a thread of its own behind a bounded queue, so that the
+//! drain (`sampler`) never waits on them: the symbolizer names each window's frames, feeds
+//! the metrics, answers /debug/pprof/profile taps and hands the profile on to the pusher's
+//! and the store's queues; the store thread writes windows and applies retention. A full
+//! queue drops the window and counts its samples (`metrics::Pipeline`).
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+use super::{MAX_PENDING, Shared, unix_now_ns};
+use crate::{
+    cgroups,
+    profile::{Frame, Interner, Profile, Sample},
+    session::Window,
+    store::Store,
+    symbolize::{KernelSymbols, NameCache, UserSymbolizer},
+};
+
+/// Windows waiting for the symbolizer, at most; a window is a few KiB at 19 Hz.
+pub const SYMBOLIZE_QUEUE: usize = 4;
+/// /debug/pprof/profile taps waiting for the symbolizer, at most.
+pub const TAP_QUEUE: usize = 2 * super::sampler::MAX_TAPS;
+/// Symbolized windows waiting for the store, at most.
+pub const STORE_QUEUE: usize = 4;
+/// Symbolized windows waiting for the pusher, at most.
+pub const PUSH_QUEUE: usize = 4;
+/// User frame names cached across windows at most; then the cache starts afresh.
+const MAX_NAMES: usize = 1_000_000;
+/// How long the symbolizer keeps the binaries it parsed.
+const SYMBOLIZER_KEEP: Duration = Duration::from_secs(60);
+/// How often the dying-cgroup figures are read (a walk of every v1 hierarchy).
+const DYING_EVERY: Duration = Duration::from_secs(60);
+/// Test hook: milliseconds the store thread sleeps before each write, to show that a slow
+/// store makes the agent drop (and count) windows rather than stall its drain. Read once at
+/// start; unset in production (docs/agent.md).
+pub const STORE_DELAY_ENV: &str = "PROFILER_TEST_STORE_DELAY_MS";
+
+/// Work for the symbolizer.
+pub enum Job {
+    /// A window to store (and push).
+    Window(Box<Window>),
+    /// The samples of a /debug/pprof/profile request, in the parts the windows cut
+    /// meanwhile left it (oldest first).
+    Tap(Vec<Window>, Reply),
+}
+
+/// Where a tap's profile goes.
+pub type Reply = oneshot::Sender<Result<Profile, String>>;
+
+/// The symbolizer's queue: windows and taps, each bounded; taps go first (a client waits
+/// for them; a window only has to be stored some time).
+#[derive(Default)]
+pub struct Jobs {
+    queue: Mutex<Queued>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct Queued {
+    windows: VecDeque<Box<Window>>,
+    taps: VecDeque<(Vec<Window>, Reply)>,
+    closed: bool,
+}
+
+impl Jobs {
+    fn queued(&self) -> MutexGuard<'_, Queued> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues a window; false (the window dropped) when `SYMBOLIZE_QUEUE` wait already.
+    /// `always` queues it anyway (the last one, at stop: no more come).
+    pub fn push_window(&self, w: Window, always: bool) -> bool {
+        let mut q = self.queued();
+        if q.windows.len() >= SYMBOLIZE_QUEUE && !always {
+            return false;
+        }
+        q.windows.push_back(Box::new(w));
+        self.ready.notify_one();
+        true
+    }
+
+    /// Queues a tap, or hands its reply back when `TAP_QUEUE` wait already.
+    pub fn push_tap(&self, w: Vec<Window>, reply: Reply) -> Result<(), Reply> {
+        let mut q = self.queued();
+        if q.taps.len() >= TAP_QUEUE {
+            return Err(reply);
+        }
+        q.taps.push_back((w, reply));
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// No more jobs come: `next` returns None once the queue is empty.
+    pub fn close(&self) {
+        self.queued().closed = true;
+        self.ready.notify_one();
+    }
+
+    /// The next job, taps first; waits for one.
+    fn next(&self) -> Option<Job> {
+        let mut q = self.queued();
+        loop {
+            if let Some((w, r)) = q.taps.pop_front() {
+                return Some(Job::Tap(w, r));
+            }
+            if let Some(w) = q.windows.pop_front() {
+                return Some(Job::Window(w));
+            }
+            if q.closed {
+                return None;
+            }
+            q = self.ready.wait(q).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// The symbolizer's thread: runs until the drain closes its queue, then closes the store's
+/// (by dropping its sender).
+pub fn symbolize(
+    jobs: &Jobs,
+    kernel: KernelSymbols,
+    store: mpsc::SyncSender<Arc<Profile>>,
+    push: Option<tmpsc::Sender<Arc<Profile>>>,
+    shared: Arc<Shared>,
+) {
+    let mut names = NameCache::new();
+    let mut generation = 0;
+    let mut dying_read: Option<Instant> = None;
+    let mut user: Option<(UserSymbolizer, Instant)> = None;
+    let mut symbolize = |window: &Window| {
+        if window.table_generation != generation || names.len() > MAX_NAMES {
+            // File ids start afresh (or the cache is too big): names keyed by them go.
+            names.clear();
+            generation = window.table_generation;
+        }
+        // Names found are kept in `names`, so a window parses only binaries with new
+        // addresses; the symbolizer keeps the binaries it parsed for `SYMBOLIZER_KEEP`, so a
+        // big one with a few new addresses each window (a compiler) is parsed once a minute,
+        // not every window, and binaries no longer run leave the RSS within a minute.
+        if user
+            .as_ref()
+            .is_none_or(|(_, born)| born.elapsed() >= SYMBOLIZER_KEEP)
+        {
+            user = Some((UserSymbolizer::default(), Instant::now()));
+        }
+        let t = Instant::now();
+        let u = &user.as_ref().expect("made above").0;
+        let p = window.symbolize(&kernel, u, &mut names);
+        log::debug!(
+            "symbolized {} samples in {:.3} s",
+            p.samples.len(),
+            t.elapsed().as_secs_f64()
+        );
+        p
+    };
+    while let Some(job) = jobs.next() {
+        let window = match job {
+            Job::Window(w) => w,
+            Job::Tap(parts, reply) => {
+                let profiles: Vec<Profile> = parts.iter().map(&mut symbolize).collect();
+                let _ = reply.send(Ok(join(profiles)));
+                continue;
+            }
+        };
+        let profile = symbolize(&window);
+        let lost = window.collection.processes.lost_records;
+        if lost > 0 {
+            log::warn!(
+                "the kernel dropped {lost} process records (mappings, exec, exit) this window: \
+                 some short-lived processes may show [unknown] frames"
+            );
+        }
+        let dying = match dying_read {
+            Some(t) if t.elapsed() < DYING_EVERY => None,
+            _ => {
+                dying_read = Some(Instant::now());
+                Some(cgroups::dying_counts())
+            }
+        };
+        let profile = Arc::new(profile);
+        {
+            let mut m = shared.metrics();
+            m.add_window(&profile);
+            if let Some(d) = dying {
+                m.set_dying(d);
+            }
+        }
+        if let Some(push) = &push
+            && push.try_send(profile.clone()).is_err()
+        {
+            shared.metrics().pipeline.push_queue_dropped_windows += 1;
+        }
+        let n = profile.meta.counters.recorded;
+        if let Err(mpsc::TrySendError::Full(_) | mpsc::TrySendError::Disconnected(_)) =
+            store.try_send(profile)
+        {
+            shared
+                .metrics()
+                .pipeline
+                .settle(n, |p| &mut p.dropped_store_queue);
+        }
+    }
+}
+
+/// One profile of consecutive ones (a tap's parts): their samples on one time line, from
+/// the first's start to the last's end.
+fn join(mut parts: Vec<Profile>) -> Profile {
+    if parts.len() <= 1 {
+        return parts.pop().unwrap_or_default();
+    }
+    let first = &parts[0].meta;
+    let last = &parts[parts.len() - 1].meta;
+    let mut meta = first.clone();
+    meta.duration_ns = (last.start_mono_ns + last.duration_ns).saturating_sub(first.start_mono_ns);
+    meta.counters.recorded = parts.iter().map(|p| p.meta.counters.recorded).sum();
+    let start = meta.start_mono_ns;
+    let mut out = Interner::new(meta);
+    let mut pids = std::collections::HashSet::new();
+    let mut cgroups = std::collections::HashSet::new();
+    for p in &parts {
+        let binaries: Vec<u32> = p.binaries.iter().map(|b| out.binary(b.clone())).collect();
+        let frames: Vec<u32> = p
+            .frames
+            .iter()
+            .map(|f| {
+                let frame = Frame {
+                    name: out.string(p.str(f.name)),
+                    module: out.string(p.str(f.module)),
+                    binary: binaries[f.binary as usize],
+                    ..f.clone()
+                };
+                out.frame(frame)
+            })
+            .collect();
+        let stacks: Vec<u32> = p
+            .stacks
+            .iter()
+            .map(|s| out.stack(s.frames.iter().map(|&f| frames[f as usize]).collect()))
+            .collect();
+        let shift = p.meta.start_mono_ns.saturating_sub(start);
+        for s in &p.samples {
+            let comm = out.string(p.str(s.comm));
+            out.sample(Sample {
+                offset_ns: s.offset_ns + shift,
+                comm,
+                stack: stacks[s.stack as usize],
+                ..*s
+            });
+        }
+        for proc in p.processes.iter().filter(|q| pids.insert(q.pid)) {
+            out.process(proc.clone());
+        }
+        for c in p.cgroups.iter().filter(|c| cgroups.insert(c.id)) {
+            out.cgroup(c.clone());
+        }
+    }
+    out.finish()
+}
+
+/// What the store thread needs.
+pub struct StoreStage {
+    pub store: Store,
+    pub windows: mpsc::Receiver<Arc<Profile>>,
+    pub retention: Duration,
+    pub max_size_bytes: u64,
+    pub shared: Arc<Shared>,
+    /// `STORE_DELAY_ENV`, when set.
+    pub delay: Option<Duration>,
+}
+
+impl StoreStage {
+    /// Writes windows until the symbolizer closes the queue.
+    pub fn run(mut self) {
+        let mut pending: VecDeque<Arc<Profile>> = VecDeque::new();
+        let mut failing = false;
+        let mut retention_failing = false;
+        while let Ok(profile) = self.windows.recv() {
+            if let Some(d) = self.delay {
+                std::thread::sleep(d);
+            }
+            pending.push_back(profile);
+            failing = self.store_pending(&mut pending, failing);
+            let retained = self.store.retain(
+                unix_now_ns(),
+                self.retention.as_nanos() as u64,
+                self.max_size_bytes,
+            );
+            // Once per failing spell, like writes: on a full disk it fails every window.
+            match retained {
+                Err(e) if !retention_failing => {
+                    log::error!("store retention failed: {e}");
+                    retention_failing = true;
+                }
+                Err(_) => {}
+                Ok(_) => retention_failing = false,
+            }
+        }
+        if pending.is_empty() {
+            eprintln!("agent: stopped; the last window is stored");
+        } else {
+            log::error!(
+                "agent: stopped; {} windows could not be stored and are lost",
+                pending.len()
+            );
+            let mut m = self.shared.metrics();
+            for p in pending {
+                m.pipeline
+                    .settle(p.meta.counters.recorded, |q| &mut q.dropped_store_failing);
+            }
+        }
+    }
+
+    /// Writes the pending windows, oldest first; on failure keeps them (bounded) for the next
+    /// try. Returns whether the store is failing, to log a failure once rather than per window.
+    fn store_pending(&mut self, pending: &mut VecDeque<Arc<Profile>>, failing: bool) -> bool {
+        while let Some(p) = pending.front() {
+            match self.store.write_window(p) {
+                Ok(()) => {
+                    let n = p.meta.counters.recorded;
+                    pending.pop_front();
+                    let mut m = self.shared.metrics();
+                    m.windows_stored += 1;
+                    m.pipeline.settle(n, |q| &mut q.stored);
+                }
+                Err(e) => {
+                    *self.shared.store_problem() = Some(format!(
+                        "cannot write to the store: {e}; {} windows wait in memory",
+                        pending.len().min(MAX_PENDING)
+                    ));
+                    if !failing {
+                        log::error!(
+                            "cannot write to the store: {e}; sampling goes on, keeping up to {MAX_PENDING} windows in memory"
+                        );
+                    }
+                    while pending.len() > MAX_PENDING {
+                        if let Some(p) = pending.pop_front() {
+                            let mut m = self.shared.metrics();
+                            m.windows_dropped += 1;
+                            m.pipeline
+                                .settle(p.meta.counters.recorded, |q| &mut q.dropped_store_failing);
+                        }
+                    }
+                    return true;
+                }
+            }
+        }
+        if failing {
+            log::warn!("the store works again; every kept window is written");
+        }
+        *self.shared.store_problem() = None;
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{FrameKind, Meta};
+
+    /// A one-sample profile of `func` at `offset_ns`, starting at `start_mono_ns`.
+    fn one(func: &str, start_mono_ns: u64, offset_ns: u64) -> Profile {
+        let mut i = Interner::new(Meta {
+            start_mono_ns,
+            duration_ns: 1_000,
+            counters: crate::profile::Counters {
+                recorded: 1,
+                ..Default::default()
+            },
+            ..Meta::default()
+        });
+        let name = i.string(func);
+        let frame = i.frame(Frame {
+            name,
+            module: 0,
+            kind: FrameKind::User,
+            addr: 0,
+            binary: 0,
+        });
+        let stack = i.stack(vec![frame]);
+        let comm = i.string("worker");
+        i.sample(Sample {
+            offset_ns,
+            cpu: 1,
+            pid: 7,
+            tid: 7,
+            cgroup_id: 0,
+            comm,
+            stack,
+        });
+        i.finish()
+    }
+
+    #[test]
+    fn joined_parts_share_one_time_line() {
+        let p = join(vec![one("a", 1_000, 10), one("b", 1_500, 20)]);
+        assert_eq!(p.meta.start_mono_ns, 1_000);
+        assert_eq!(
+            p.meta.duration_ns, 1_500,
+            "from the first start to the last end"
+        );
+        assert_eq!(p.meta.counters.recorded, 2);
+        let got: Vec<(u64, String)> = p
+            .samples
+            .iter()
+            .map(|s| {
+                let f = p.stack_frames(s.stack).next().unwrap();
+                (s.offset_ns, p.str(f.name).to_owned())
+            })
+            .collect();
+        assert_eq!(got, [(10, "a".to_owned()), (520, "b".to_owned())]);
+        assert!(p.samples.iter().all(|s| p.str(s.comm) == "worker"));
+        assert_eq!(join(vec![one("x", 5, 1)]), one("x", 5, 1));
+    }
+
+    fn window(start_mono_ns: u64) -> Window {
+        Window {
+            collection: crate::collect::Collection::default(),
+            meta: Meta {
+                start_mono_ns,
+                ..Meta::default()
+            },
+            table_generation: 0,
+        }
+    }
+
+    #[test]
+    fn taps_go_first_and_windows_are_bounded() {
+        let jobs = Jobs::default();
+        for i in 0..SYMBOLIZE_QUEUE as u64 {
+            assert!(jobs.push_window(window(i), false));
+        }
+        assert!(
+            !jobs.push_window(window(99), false),
+            "past the bound: dropped"
+        );
+        assert!(
+            jobs.push_window(window(100), true),
+            "the last window always goes"
+        );
+        let (reply, _answer) = oneshot::channel();
+        assert!(jobs.push_tap(vec![window(50)], reply).is_ok());
+        jobs.close();
+        let mut order = Vec::new();
+        while let Some(job) = jobs.next() {
+            order.push(match job {
+                Job::Tap(parts, _) => (true, parts[0].meta.start_mono_ns),
+                Job::Window(w) => (false, w.meta.start_mono_ns),
+            });
+        }
+        assert_eq!(
+            order,
+            [
+                (true, 50),
+                (false, 0),
+                (false, 1),
+                (false, 2),
+                (false, 3),
+                (false, 100)
+            ]
+        );
+    }
+
+    #[test]
+    fn settled_samples_leave_the_flight() {
+        let mut m = crate::agent::metrics::Metrics::default();
+        m.add_cut(&crate::profile::Counters {
+            recorded: 10,
+            ..Default::default()
+        });
+        m.pipeline.settle(4, |q| &mut q.stored);
+        m.pipeline.settle(6, |q| &mut q.dropped_store_queue);
+        let q = m.pipeline;
+        assert_eq!(
+            (q.cut, q.in_flight, q.stored, q.dropped_store_queue),
+            (10, 0, 4, 6)
+        );
+    }
+}

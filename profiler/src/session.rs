@@ -1,0 +1,423 @@
+//! The recording pipeline every front end shares (`record`, the agent, `doctor`, the HTTP
+//! endpoints): it starts the sampler (kernel process records first, then the BPF programs,
+//! the unwind-table loader and the Python tracker), drains the ring buffer into a
+//! `Collection`, and cuts what it collected into `Window`s: one for a whole recording
+//! (`finish`), or one after another while sampling goes on (`cut`, the agent). A window
+//! holds everything symbolizing needs, so that can happen on another thread.
+use std::{collections::HashMap, future::Future, sync::Arc, time::Duration};
+
+use aya::maps::{MapData, RingBuf};
+use tokio::io::{Interest, unix::AsyncFd};
+
+use crate::{
+    bpf::{Event, KernelCounters, Sampler, SamplerConfig},
+    cgroups::CgroupTarget,
+    collect::{
+        CgroupFilter, Collection, CommFilter, KernelRecords, ProcessEvents, ProcessTable, space_pid,
+    },
+    profile::{Counters, Meta, Profile},
+    record::RecordError,
+    symbolize::{self, KernelSymbols, NameCache, UserSymbolizer},
+    unwind::{BackgroundLoader, LoaderStats, UnwindMode},
+    util,
+};
+
+/// What to sample and how.
+#[derive(Clone, Debug)]
+pub struct SessionConfig {
+    pub event: Event,
+    /// Samples per second per CPU.
+    pub frequency_hz: u32,
+    /// Only these processes (in the kernel); empty = all.
+    pub pids: Vec<u32>,
+    /// Only these comms; empty = all.
+    pub comms: Vec<String>,
+    /// Only tasks in these cgroups or below; cgroup2 ones are filtered in the kernel (up to
+    /// `MAX_CGROUP_FILTER`), a mix with v1 ones all in the collector.
+    pub cgroups: Vec<CgroupTarget>,
+    /// How user stacks are walked.
+    pub unwind: UnwindMode,
+    /// Kernel memory for unwind rows, bytes.
+    pub unwind_memory: u64,
+    /// Name Python frames in CPython processes.
+    pub python: bool,
+    /// Bytes of ring per CPU for the kernel's process records: enough for the process
+    /// churn between two drains.
+    pub kernel_record_bytes: usize,
+}
+
+/// What a session tells its front end while it starts; the front end decides how to show it.
+#[derive(Clone, Debug)]
+pub enum Notice {
+    /// One `--cgroup` target and whether it is filtered in the kernel.
+    CgroupFilter {
+        target: CgroupTarget,
+        in_kernel: bool,
+    },
+    /// Something works less well than asked; the recording goes on.
+    Warning(String),
+}
+
+/// One cut of the recording: the samples and stacks of a span of time, with the process
+/// facts and metadata to symbolize them anywhere.
+pub struct Window {
+    pub collection: Collection,
+    pub meta: Meta,
+    /// Changes when the session's process table starts afresh: a `NameCache` kept across
+    /// windows must then be cleared (its keys are the table's file ids).
+    pub table_generation: u64,
+}
+
+impl Window {
+    /// Names every frame: the profile of this window.
+    pub fn symbolize(
+        &self,
+        kernel: &KernelSymbols,
+        user: &UserSymbolizer,
+        names: &mut NameCache,
+    ) -> Profile {
+        symbolize::build_profile_cached(&self.collection, self.meta.clone(), kernel, user, names)
+    }
+}
+
+/// How the unwinder and the Python walk did over a whole recording (`Session::finish`).
+#[derive(Clone, Debug, Default)]
+pub struct SessionReport {
+    /// Table loader figures, when stacks were walked by table.
+    pub unwind: Option<LoaderStats>,
+    /// Samples whose user stack a table walk cut short, by `unwind::reason`.
+    pub unwind_truncated: [u64; 7],
+    /// Python figures, when Python frames were on.
+    pub python: Option<PythonReport>,
+    /// Kernel process records lost (rings full).
+    pub lost_records: u64,
+}
+
+/// See `SessionReport::python`.
+#[derive(Clone, Debug, Default)]
+pub struct PythonReport {
+    pub registered: u64,
+    /// Walked, truncated, unreadable, without thread state (the kernel's counters).
+    pub kernel: [u64; profiler_common::python::counter::COUNT as usize],
+    /// Recorded samples whose walk was cut short.
+    pub cut: u64,
+    /// Processes refused, by kind: (count, last message).
+    pub refused: Vec<(String, u64, String)>,
+}
+
+/// Mapped files remembered across windows at most; past it the table starts afresh (live
+/// processes are simply read again when next seen), which bounds open handles and memory.
+const MAX_FILES: usize = 2048;
+/// Addresses remembered across windows at most (same reset as `MAX_FILES`).
+const MAX_LOCS: usize = 1_000_000;
+
+/// A sampler attached on every CPU and what it collected since the last cut.
+pub struct Session {
+    sampler: Sampler,
+    ring: AsyncFd<RingBuf<MapData>>,
+    collection: Collection,
+    loader: Option<Arc<BackgroundLoader>>,
+    event: Event,
+    frequency_hz: u32,
+    /// Kernel counters at the last cut (they are cumulative).
+    last_counters: KernelCounters,
+    /// Wall-clock and monotonic start of the current window, ns.
+    start_unix_ns: u64,
+    start_mono_ns: u64,
+    hostname: String,
+    kernel_release: String,
+    table_generation: u64,
+}
+
+impl Session {
+    /// Loads and attaches the sampler. Needs CAP_BPF + CAP_PERFMON (or root), and enough
+    /// open files for a perf event per CPU (the front end raises the limit).
+    pub fn start(
+        config: &SessionConfig,
+        notice: &mut dyn FnMut(Notice),
+    ) -> Result<Self, RecordError> {
+        let in_kernel = config.cgroups.iter().all(CgroupTarget::is_v2)
+            && config.cgroups.len() <= profiler_common::MAX_CGROUP_FILTER as usize;
+        let (kernel_cgroups, user_cgroups) = if in_kernel {
+            (
+                config.cgroups.iter().map(CgroupTarget::dir).collect(),
+                Vec::new(),
+            )
+        } else {
+            (Vec::new(), config.cgroups.clone())
+        };
+        for t in &config.cgroups {
+            notice(Notice::CgroupFilter {
+                target: t.clone(),
+                in_kernel,
+            });
+        }
+        // A host where the walk cannot work still records everything else.
+        let python = if config.python {
+            match crate::python::KernelFacts::find() {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    notice(Notice::Warning(format!("no Python frames: {e}")));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        // Process records first, so none a sample depends on can be missed.
+        let kernel_records = open_kernel_records(config.kernel_record_bytes, notice);
+        let (mut sampler, ring) = Sampler::start(&SamplerConfig {
+            event: config.event,
+            frequency_hz: config.frequency_hz.into(),
+            pids: &config.pids,
+            cgroups: &kernel_cgroups,
+            unwind: config.unwind,
+            unwind_memory: config.unwind_memory,
+            python,
+        })?;
+        let events = ProcessEvents::new(kernel_records, sampler.take_exits());
+        // SAFETY: the RingBuf owns its map fd and keeps it open until the AsyncFd drops it.
+        let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
+        let mut collection = Collection::new(CommFilter(config.comms.clone()))
+            .with_cgroup_filter(CgroupFilter::new(user_cgroups));
+        collection.events = events;
+        let loader = match sampler.unwind.take() {
+            Some(l) => Some(Arc::new(BackgroundLoader::spawn(l)?)),
+            None => None,
+        };
+        if let Some(loader) = &loader {
+            collection = collection.on_new_process(loader.hook());
+        }
+        if let (Some(facts), Some(map)) = (python, sampler.take_python_map()) {
+            let mut tracker = crate::python::Tracker::new(map, facts);
+            tracker.register_running(&config.pids);
+            collection.python = Some(tracker);
+        }
+        Ok(Self {
+            last_counters: sampler.counters()?,
+            sampler,
+            ring,
+            collection,
+            loader,
+            event: config.event,
+            frequency_hz: config.frequency_hz,
+            // The recording starts once the sampler is attached (loading takes a while).
+            start_unix_ns: unix_now_ns(),
+            start_mono_ns: util::monotonic_ns(),
+            hostname: read_trimmed("/proc/sys/kernel/hostname"),
+            kernel_release: read_trimmed("/proc/sys/kernel/osrelease"),
+            table_generation: 0,
+        })
+    }
+
+    /// The CPUs sampled.
+    pub fn cpus(&self) -> &[u32] {
+        &self.sampler.cpus
+    }
+
+    /// Samples per second per CPU.
+    pub fn frequency_hz(&self) -> u32 {
+        self.frequency_hz
+    }
+
+    /// Monotonic start of the current window, ns.
+    pub fn window_start_mono_ns(&self) -> u64 {
+        self.start_mono_ns
+    }
+
+    /// Drains the ring buffer as samples arrive until `stop` completes, resolving new
+    /// addresses every `tick` and then calling `on_tick` with what was collected so far.
+    pub async fn run_until(
+        &mut self,
+        stop: impl Future<Output = ()>,
+        tick: Duration,
+        on_tick: impl FnMut(&Collection),
+    ) -> Result<(), RecordError> {
+        self.collection
+            .run_until(&mut self.ring, stop, tick, on_tick)
+            .await?;
+        Ok(())
+    }
+
+    /// Ends the current window and starts the next at once (no gap in sampling): everything
+    /// since the last cut, ready to symbolize anywhere. Process facts of live processes stay
+    /// for the next window; those of exited processes go, so memory follows the number of
+    /// live processes, not the pid churn.
+    pub async fn cut(&mut self) -> Result<Window, RecordError> {
+        self.settle().await?;
+        let (meta, _) = self.meta()?;
+        let collection = self.collection.cut();
+        if prune(&mut self.collection.processes) {
+            self.table_generation += 1;
+        }
+        Ok(Window {
+            collection,
+            meta,
+            table_generation: self.table_generation,
+        })
+    }
+
+    /// The samples since `since_mono_ns` as a window of their own, leaving the current
+    /// window as it is: a profile of part of it, from the running sampler.
+    pub async fn copy_since(&mut self, since_mono_ns: u64) -> Result<Window, RecordError> {
+        self.settle().await?;
+        let collection = self.collection.copy_since(since_mono_ns);
+        let now_mono = util::monotonic_ns();
+        let since = since_mono_ns.max(self.start_mono_ns);
+        let meta = Meta {
+            start_unix_ns: unix_now_ns().saturating_sub(now_mono.saturating_sub(since)),
+            start_mono_ns: since,
+            duration_ns: now_mono.saturating_sub(since),
+            frequency_hz: self.frequency_hz,
+            event: self.event.name().to_owned(),
+            hostname: self.hostname.clone(),
+            kernel_release: self.kernel_release.clone(),
+            cpus: self.sampler.cpus.clone(),
+            counters: Counters {
+                recorded: collection.samples.len() as u64,
+                ..Counters::default()
+            },
+        };
+        Ok(Window {
+            collection,
+            meta,
+            table_generation: self.table_generation,
+        })
+    }
+
+    /// Detaches the sampler and returns everything since the last cut (for `record`, the
+    /// whole recording), with how the unwinder and the Python walk did.
+    pub async fn finish(mut self) -> Result<(Window, SessionReport), RecordError> {
+        self.sampler.detach();
+        self.settle().await?;
+        let (meta, _) = self.meta()?;
+        let c = &self.collection;
+        let python = match &c.python {
+            Some(t) => Some(PythonReport {
+                registered: t.registered,
+                kernel: self.sampler.python_counters()?.unwrap_or_default(),
+                cut: c.py_truncated,
+                refused: t
+                    .refused
+                    .iter()
+                    .map(|(kind, (n, last))| ((*kind).to_owned(), *n, last.clone()))
+                    .collect(),
+            }),
+            None => None,
+        };
+        let report = SessionReport {
+            unwind: self.loader.as_ref().map(|l| l.stats()),
+            unwind_truncated: c.unwind_truncated,
+            python,
+            lost_records: c.processes.lost_records,
+        };
+        let window = Window {
+            collection: std::mem::take(&mut self.collection),
+            meta,
+            table_generation: self.table_generation,
+        };
+        Ok((window, report))
+    }
+
+    /// Reads what is left in the ring and resolves every address and cgroup seen so far.
+    async fn settle(&mut self) -> Result<(), RecordError> {
+        self.collection.drain(self.ring.get_mut());
+        self.collection.processes.resolve_pending();
+        self.collection.resolve_python();
+        // Perf maps are the processes' own files: read on a blocking thread.
+        self.collection.processes.name_jit_code().await?;
+        self.collection.resolve_cgroups();
+        Ok(())
+    }
+
+    /// The current window's metadata and counters; starts the next window's clock.
+    fn meta(&mut self) -> Result<(Meta, KernelCounters), RecordError> {
+        let k = self.sampler.counters()?;
+        let prev = std::mem::replace(&mut self.last_counters, k);
+        let c = &self.collection;
+        let counters = Counters {
+            recorded: c.samples.len() as u64,
+            lost_ringbuf_full: k.lost_ringbuf_full.saturating_sub(prev.lost_ringbuf_full),
+            filtered: k.filtered.saturating_sub(prev.filtered) + c.filtered,
+            kstack_failed: c.kstack_failed,
+            ustack_failed: c.ustack_failed,
+        };
+        let now_mono = util::monotonic_ns();
+        let meta = Meta {
+            start_unix_ns: self.start_unix_ns,
+            start_mono_ns: self.start_mono_ns,
+            duration_ns: now_mono.saturating_sub(self.start_mono_ns),
+            frequency_hz: self.frequency_hz,
+            event: self.event.name().to_owned(),
+            hostname: self.hostname.clone(),
+            kernel_release: self.kernel_release.clone(),
+            cpus: self.sampler.cpus.clone(),
+            counters,
+        };
+        self.start_unix_ns = unix_now_ns();
+        self.start_mono_ns = now_mono;
+        Ok((meta, k))
+    }
+}
+
+/// The kernel's process records on every online CPU; None (with a notice) when they cannot
+/// be had: processes are then read from /proc at their first sample, which short-lived ones
+/// may not survive.
+fn open_kernel_records(
+    bytes_per_cpu: usize,
+    notice: &mut dyn FnMut(Notice),
+) -> Option<KernelRecords> {
+    let cpus = aya::util::online_cpus().ok()?;
+    KernelRecords::open(&cpus, bytes_per_cpu)
+        .map_err(|e| {
+            notice(Notice::Warning(format!(
+                "cannot follow process mappings in the kernel ({e}): short-lived processes may not be symbolized"
+            )));
+        })
+        .ok()
+}
+
+/// Forgets exited processes; starts afresh when the table outgrows its bounds (then returns
+/// true: names cached by file id must go too).
+fn prune(live: &mut ProcessTable) -> bool {
+    let mut alive: HashMap<u32, bool> = HashMap::new();
+    let mut is_alive = |pid: u32| {
+        *alive
+            .entry(pid)
+            .or_insert_with(|| std::path::Path::new(&format!("/proc/{pid}")).exists())
+    };
+    live.processes.retain(|pid, _| is_alive(*pid));
+    live.locs
+        .retain(|(space, _), _| is_alive(space_pid(*space)));
+    let dead: Vec<u32> = live.mappings.pids().filter(|&p| !is_alive(p)).collect();
+    for pid in dead {
+        live.mappings.remove(pid);
+    }
+    if live.files.len() > MAX_FILES || live.locs.len() > MAX_LOCS || live.names.len() > MAX_LOCS {
+        log::info!(
+            "process table reset ({} files, {} addresses): live processes are read again",
+            live.files.len(),
+            live.locs.len()
+        );
+        // The kernel's lifetimes of live processes carry on; the rest starts afresh.
+        let lifetimes = std::mem::take(&mut live.lifetimes);
+        *live = ProcessTable::default();
+        live.lifetimes = lifetimes;
+        return true;
+    }
+    false
+}
+
+/// Wall-clock now, ns since the Unix epoch.
+pub fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
