@@ -11,7 +11,8 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::python::{
-    ENTRY_BIT, FRAME_HEAD_BYTES, MAX_PY_FRAMES, MAX_PY_PROCS, PyProc, counter, entry, flags,
+    ENTRY_BIT, FRAME_HEAD_BUF, FRAME_HEAD_BYTES, MAX_PY_FRAMES, MAX_PY_PROCS, OLD_FRAME_HEAD_BYTES,
+    PyProc, counter, entry, flags,
 };
 
 #[map(name = "PY_PROCS")]
@@ -23,8 +24,7 @@ static PY_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::CO
 /// One frame head, read with one helper call. In a map value rather than on the stack so
 /// the fields can be picked at offsets known only at run time.
 #[map(name = "PY_FRAME_HEAD")]
-static PY_FRAME_HEAD: PerCpuArray<[u64; FRAME_HEAD_BYTES / 8]> =
-    PerCpuArray::with_max_entries(1, 0);
+static PY_FRAME_HEAD: PerCpuArray<[u64; FRAME_HEAD_BUF / 8]> = PerCpuArray::with_max_entries(1, 0);
 
 /// The frames of the walk in progress, copied into the record at the end.
 #[map(name = "PY_FRAMES")]
@@ -146,13 +146,23 @@ extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     else {
         return 1;
     };
-    // SAFETY: head is this CPU's FRAME_HEAD_BYTES-long map value.
+    let old = w.entry_mode == u64::from(entry::FRAME_OBJECT);
+    // Two calls with constant sizes: a 3.11+ frame may end its chunk 72 bytes in.
+    // SAFETY: head is this CPU's FRAME_HEAD_BUF-long map value; both sizes fit in it.
     let r = unsafe {
-        bpf_probe_read_user(
-            head.cast(),
-            FRAME_HEAD_BYTES as u32,
-            w.frame as *const core::ffi::c_void,
-        )
+        if old {
+            bpf_probe_read_user(
+                head.cast(),
+                OLD_FRAME_HEAD_BYTES as u32,
+                w.frame as *const core::ffi::c_void,
+            )
+        } else {
+            bpf_probe_read_user(
+                head.cast(),
+                FRAME_HEAD_BYTES as u32,
+                w.frame as *const core::ffi::c_void,
+            )
+        }
     };
     if r != 0 {
         w.flags |= u64::from(flags::READ_FAILED);
@@ -160,9 +170,10 @@ extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
     // SAFETY: this CPU's map values; indexes masked to the arrays' sizes.
     let (h, out) = unsafe { (&*head, &mut *frames) };
-    let code = h[(w.code_i & 7) as usize];
-    let instr = h[(w.instr_i & 7) as usize];
-    w.frame = h[(w.prev_i & 7) as usize];
+    const M: u64 = (FRAME_HEAD_BUF / 8 - 1) as u64;
+    let code = h[(w.code_i & M) as usize];
+    let instr = h[(w.instr_i & M) as usize];
+    w.frame = h[(w.prev_i & M) as usize];
     let byte = (h[8] >> (w.entry_shift & 63)) & 0xff;
     let n = w.n as usize;
     // Indexes come from `slot`, masked on a value read again (volatile), not from `n`: LLVM
@@ -183,13 +194,17 @@ extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         w.flags |= u64::from(flags::TRUNCATED);
         return 1;
     }
-    let entry_bit = if w.entry_mode == u64::from(entry::IS_ENTRY_BYTE) && byte != 0 {
-        ENTRY_BIT
+    let instr = if old {
+        // f_lasti, an int: its 32 bits shifted clear of the entry bit, which every
+        // PyFrameObject gets (each runs in its own eval-loop call).
+        ((instr & 0xffff_ffff) << 1) | ENTRY_BIT
+    } else if w.entry_mode == u64::from(entry::IS_ENTRY_BYTE) && byte != 0 {
+        (instr & !ENTRY_BIT) | ENTRY_BIT
     } else {
-        0
+        instr & !ENTRY_BIT
     };
     out[(2 * slot) & (2 * MAX_PY_FRAMES - 1)] = code;
-    out[(2 * slot + 1) & (2 * MAX_PY_FRAMES - 1)] = (instr & !ENTRY_BIT) | entry_bit;
+    out[(2 * slot + 1) & (2 * MAX_PY_FRAMES - 1)] = instr;
     w.n += 1;
     0
 }

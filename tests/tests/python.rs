@@ -1,5 +1,5 @@
 //! Python frames (issue 17): recordings of real CPython interpreters (every pyenv build of
-//! 3.11-3.13 on the machine and Debian's python3.11) running fixtures with known call chains
+//! 3.8-3.13 on the machine and Debian's python3.11) running fixtures with known call chains
 //! (tests/fixtures/python). Checks the chain, its file and lines, kernel frames at the leaf
 //! of Python frames, and the controls: a C process gets no Python frames, `--python off`
 //! shows only the eval loop, and a thread hashing with the GIL released never shows the
@@ -17,6 +17,9 @@ const FX_CHAIN: &str = env!("FIXTURE_FX_CHAIN");
 
 /// Interpreters the issue asks for; under CI every one must be present.
 const INTERPRETERS: &[&str] = &[
+    "/root/.pyenv/versions/3.8.18/bin/python3.8",
+    "/root/.pyenv/versions/3.9.18/bin/python3.9",
+    "/root/.pyenv/versions/3.10.13/bin/python3.10",
     "/root/.pyenv/versions/3.11.7/bin/python3.11",
     "/root/.pyenv/versions/3.12.1/bin/python3.12",
     "/root/.pyenv/versions/3.13.0/bin/python3.13",

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::python::{ENTRY_BIT, PyFrame, PyProc};
 
-pub use detect::{CodeLayout, Interp, Refused};
+pub use detect::{CodeLayout, Interp, Lines, Refused};
 use mem::Mem;
 
 /// The kernel-side facts the loader needs before loading the sampler.
@@ -191,10 +191,15 @@ impl Tracker {
             .entry((pid, code))
             .or_insert_with(|| read_code(Mem { pid }, &layout, code))
             .as_ref()?;
-        let start = code + layout.code_adaptive;
-        let line = instr
-            .checked_sub(start)
-            .and_then(|off| linetable::line_at(&c.linetable, c.first_line, off / 2));
+        // 3.8-3.10: f_lasti (-1 before the first instruction), in bytes or code units.
+        let lasti = || u64::try_from(((instr >> 1) as u32).cast_signed().max(0)).unwrap_or(0);
+        let line = match layout.lines {
+            Lines::Lnotab => Some(linetable::line_lnotab(&c.linetable, c.first_line, lasti())),
+            Lines::Linetable310 => linetable::line_310(&c.linetable, c.first_line, 2 * lasti()),
+            Lines::Locations => instr
+                .checked_sub(code + layout.code_adaptive)
+                .and_then(|off| linetable::line_at(&c.linetable, c.first_line, off / 2)),
+        };
         Some(PyName {
             qualname: c.qualname.clone(),
             file: c.file.clone(),
