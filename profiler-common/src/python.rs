@@ -84,9 +84,13 @@ pub struct PyProc {
     pub entry_byte: u32,
     /// `entry::*`.
     pub entry_mode: u32,
+    /// The 8-aligned word of a code object folded into `PyFrame::instr`'s checksum bits
+    /// (the one holding `co_firstlineno`); 0: none.
+    pub code_check: u32,
+    pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<PyProc>() == 40);
+const _: () = assert!(core::mem::size_of::<PyProc>() == 48);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), integers only, no padding (size asserted above).
@@ -100,9 +104,23 @@ pub struct PyFrame {
     pub code: u64,
     /// Address of the frame's current instruction (3.11+) or `f_lasti << 1` (3.8-3.10, the
     /// low 32 bits shifted; -1 before the first instruction), with bit 0 set when this frame is the
-    /// outermost of its C-level eval-loop call (instructions are 2-byte aligned).
+    /// outermost of its C-level eval-loop call (instructions are 2-byte aligned), and the
+    /// code object's checksum above `CHECK_SHIFT`.
     pub instr: u64,
 }
 
 /// Bit 0 of `PyFrame::instr`: this frame is the outermost of its eval-loop call.
 pub const ENTRY_BIT: u64 = 1;
+/// `PyFrame::instr` bits 48-63: a checksum of the code object as the sampler saw it
+/// (`check_of` of its `PyProc::code_check` word), so userspace names a code object only if
+/// the one at that address when it reads is the one sampled (code objects are freed and
+/// their addresses reused). User addresses and `f_lasti << 1` stay below bit 48.
+pub const CHECK_SHIFT: u32 = 48;
+/// The instruction bits of `PyFrame::instr` (entry bit included).
+pub const INSTR_MASK: u64 = (1 << CHECK_SHIFT) - 1;
+
+/// The 16-bit checksum of one word, the same in the sampler and in userspace.
+#[inline(always)]
+pub const fn check_of(word: u64) -> u64 {
+    (word ^ (word >> 16) ^ (word >> 32) ^ (word >> 48)) & 0xffff
+}

@@ -11,8 +11,8 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::python::{
-    ENTRY_BIT, FRAME_HEAD_BUF, FRAME_HEAD_BYTES, MAX_PY_FRAMES, MAX_PY_PROCS, OLD_FRAME_HEAD_BYTES,
-    PyProc, counter, entry, flags,
+    CHECK_SHIFT, ENTRY_BIT, FRAME_HEAD_BUF, FRAME_HEAD_BYTES, INSTR_MASK, MAX_PY_FRAMES,
+    MAX_PY_PROCS, OLD_FRAME_HEAD_BYTES, PyProc, check_of, counter, entry, flags,
 };
 
 #[map(name = "PY_PROCS")]
@@ -45,6 +45,7 @@ struct Walk {
     instr_i: u64,
     entry_shift: u64,
     entry_mode: u64,
+    code_check: u64,
 }
 
 /// Appends the Python frames of the current thread to `out` at u64 slot `base` (two slots
@@ -83,6 +84,7 @@ pub fn python_frames(pid: u32, out: *mut u64, base: usize, limit: usize) -> (u32
         instr_i: u64::from(p.frame_instr / 8),
         entry_shift: u64::from(p.entry_byte.wrapping_sub(64) & 7) * 8,
         entry_mode: u64::from(p.entry_mode),
+        code_check: u64::from(p.code_check),
     };
     // bpf_loop, not a loop: the verifier checks the step once instead of every iteration.
     // Shim frames take a turn too, so a stack of MAX_PY_FRAMES functions with shims between
@@ -203,8 +205,15 @@ extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     } else {
         instr & !ENTRY_BIT
     };
+    // One more read per frame, so a code object freed before userspace names it (and
+    // another put at its address) is not named as the new one; 0 when unreadable.
+    let check = if w.code_check != 0 {
+        user_u64(code.wrapping_add(w.code_check)).map_or(0, check_of)
+    } else {
+        0
+    };
     out[(2 * slot) & (2 * MAX_PY_FRAMES - 1)] = code;
-    out[(2 * slot + 1) & (2 * MAX_PY_FRAMES - 1)] = instr;
+    out[(2 * slot + 1) & (2 * MAX_PY_FRAMES - 1)] = (instr & INSTR_MASK) | (check << CHECK_SHIFT);
     w.n += 1;
     0
 }

@@ -205,7 +205,7 @@ pub fn detect(
     };
     let runtime = runtime.wrapping_add(bias);
     let code_type = code_type.wrapping_add(bias);
-    let interp = match version.1 {
+    let mut interp = match version.1 {
         8..=10 => frame_objects(
             &mem,
             version,
@@ -217,6 +217,8 @@ pub fn detect(
         11 | 12 => builtin(&mem, version, runtime, code_type, tsd_base)?,
         _ => from_debug_offsets(&mem, runtime, code_type, tsd_base)?,
     };
+    interp.proc_.code_check = u32::try_from(interp.code.firstlineno & !7)
+        .map_err(|_| Refused::Layout("co_firstlineno out of range"))?;
     // A key that is not set up, or a wild one, means the offsets do not fit this build.
     let initialized = mem
         .u32(interp.proc_.tss_key_addr - 4)
@@ -376,6 +378,7 @@ fn frame_objects(
         frame_instr: lasti,
         entry_byte: 0,
         entry_mode: entry::FRAME_OBJECT,
+        ..PyProc::default()
     };
     // 3.10 serves f_lasti through a getter (doubled), so only the members present are
     // compared; f_back and f_code are members in all three.
@@ -480,6 +483,7 @@ fn from_debug_offsets(
             frame_instr: instr,
             entry_byte: owner,
             entry_mode: entry::CSTACK_SHIM,
+            ..PyProc::default()
         },
         code: CodeLayout {
             code_type,

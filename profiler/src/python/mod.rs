@@ -12,7 +12,7 @@ mod thread;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profiler_common::python::{ENTRY_BIT, PyFrame, PyProc};
+use profiler_common::python::{CHECK_SHIFT, ENTRY_BIT, INSTR_MASK, PyFrame, PyProc, check_of};
 
 pub use detect::{CodeLayout, Interp, Lines, Refused};
 use mem::Mem;
@@ -84,8 +84,10 @@ pub struct Tracker {
     new_pids: Vec<u32>,
     interps: HashMap<u32, Interp>,
     elf_cache: HashMap<(u64, u64), detect::ElfFacts>,
-    codes: HashMap<(u32, u64), Option<Code>>,
-    /// Names by (pid, code, instruction); None: could not be read.
+    /// By (pid, code address, checksum): a code object dropped and another allocated at its
+    /// address has (almost always) another checksum, so another entry.
+    codes: HashMap<(u32, u64, u64), Option<Code>>,
+    /// Names by (pid, code, instruction with its checksum); None: could not be read.
     pub names: HashMap<(u32, u64, u64), Option<PyName>>,
     unnamed: Vec<(u32, u64, u64)>,
     /// Processes refused, counted by reason kind; the last message of each kind kept.
@@ -185,11 +187,14 @@ impl Tracker {
     }
 
     fn name(&mut self, (pid, code, instr): (u32, u64, u64)) -> Option<PyName> {
-        let layout = self.interps.get(&pid)?.code;
+        let interp = self.interps.get(&pid)?;
+        let (layout, check_at) = (interp.code, u64::from(interp.proc_.code_check));
+        let check = instr >> CHECK_SHIFT;
+        let instr = instr & INSTR_MASK;
         let c = self
             .codes
-            .entry((pid, code))
-            .or_insert_with(|| read_code(Mem { pid }, &layout, code))
+            .entry((pid, code, check))
+            .or_insert_with(|| read_code(Mem { pid }, &layout, code, check_at, check))
             .as_ref()?;
         // 3.8-3.10: f_lasti (-1 before the first instruction), in bytes or code units.
         let lasti = || u64::try_from(((instr >> 1) as u32).cast_signed().max(0)).unwrap_or(0);
@@ -216,10 +221,14 @@ impl Tracker {
     }
 }
 
-/// Reads a code object, checking its type first: a frame pointing at anything else (a
-/// stale pointer, a 3.13 frame whose executable is not code) is left unnamed.
-fn read_code(mem: Mem, l: &CodeLayout, code: u64) -> Option<Code> {
+/// Reads a code object, checking its type and its checksum first: a frame pointing at
+/// anything else (a stale pointer, a 3.13 frame whose executable is not code, a code object
+/// freed since the sample and another put in its place) is left unnamed.
+fn read_code(mem: Mem, l: &CodeLayout, code: u64, check_at: u64, check: u64) -> Option<Code> {
     if mem.u64(code + 8).ok()? != l.code_type {
+        return None;
+    }
+    if check_at != 0 && check_of(mem.u64(code + check_at).ok()?) != check {
         return None;
     }
     let s = |off: u64| {
