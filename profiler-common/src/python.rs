@@ -16,8 +16,13 @@ pub const MAP_PY_COUNTERS: &str = "PY_COUNTERS";
 pub const GLOBAL_FSBASE_OFFSET: &str = "PY_FSBASE_OFFSET";
 
 /// Bytes of an interpreter frame read at once: every field the walk needs lies in the first
-/// 72 bytes on 3.11-3.13.
+/// 72 bytes on 3.11-3.13. Not more: a 3.11+ frame can end its data-stack chunk that soon.
 pub const FRAME_HEAD_BYTES: usize = 72;
+/// Bytes of a 3.8-3.10 `PyFrameObject` read at once: `f_lasti` ends at 108 (3.8, 3.9); the
+/// object is at least 360 bytes long, so the read never leaves it.
+pub const OLD_FRAME_HEAD_BYTES: usize = 112;
+/// Size of the buffer either head is read into (a power of two, so indexes can be masked).
+pub const FRAME_HEAD_BUF: usize = 128;
 
 /// `PyProc::entry_mode` values: how the end of one C-level eval-loop call shows in the frames.
 pub mod entry {
@@ -26,6 +31,9 @@ pub mod entry {
     /// 3.12+: the byte at `entry_byte` is `owner`; a frame owned by the C stack (3) is a shim
     /// pushed by the eval loop below its outermost frame (not a Python function: skipped).
     pub const CSTACK_SHIM: u32 = 1;
+    /// 3.8-3.10: the frames are `PyFrameObject`s, each run by its own eval-loop call (every
+    /// frame is outermost); `frame_instr` is the int `f_lasti`, recorded as `f_lasti << 1`.
+    pub const FRAME_OBJECT: u32 = 2;
 }
 
 /// `SampleHeader::py_flags` bits.
@@ -60,23 +68,29 @@ pub struct PyProc {
     /// at fsbase + `tsd_base` + 16 k.
     pub tsd_base: u32,
     /// PyThreadState -> `_PyCFrame *cframe` (3.11, 3.12); `u32::MAX` when the current frame
-    /// is in the thread state itself (3.13).
+    /// is in the thread state itself (3.13; `frame` on 3.8-3.10).
     pub cframe: u32,
     /// `current_frame` in the cframe (3.11, 3.12) or in the thread state (3.13).
     pub current_frame: u32,
-    /// `_PyInterpreterFrame`: the code object (`f_code` / `f_executable`), 8-aligned, < 64.
+    /// `_PyInterpreterFrame`: the code object (`f_code` / `f_executable`), 8-aligned, < 64
+    /// (`PyFrameObject.f_code` on 3.8-3.10, < `OLD_FRAME_HEAD_BYTES`, as the next two).
     pub frame_code: u32,
-    /// `_PyInterpreterFrame.previous`, 8-aligned, < 64.
+    /// `_PyInterpreterFrame.previous` (`PyFrameObject.f_back`), 8-aligned, < 64.
     pub frame_previous: u32,
-    /// `_PyInterpreterFrame.prev_instr` / `instr_ptr`, 8-aligned, < 64.
+    /// `_PyInterpreterFrame.prev_instr` / `instr_ptr`, 8-aligned, < 64 (`f_lasti`, an int
+    /// in the low half of its 8 bytes).
     pub frame_instr: u32,
     /// The byte `entry_mode` reads, 64..72.
     pub entry_byte: u32,
     /// `entry::*`.
     pub entry_mode: u32,
+    /// The 8-aligned word of a code object folded into `PyFrame::instr`'s checksum bits
+    /// (the one holding `co_firstlineno`); 0: none.
+    pub code_check: u32,
+    pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<PyProc>() == 40);
+const _: () = assert!(core::mem::size_of::<PyProc>() == 48);
 
 #[cfg(feature = "user")]
 // SAFETY: repr(C), integers only, no padding (size asserted above).
@@ -88,10 +102,25 @@ unsafe impl aya::Pod for PyProc {}
 pub struct PyFrame {
     /// Address of the code object in the process.
     pub code: u64,
-    /// Address of the frame's current instruction, with bit 0 set when this frame is the
-    /// outermost of its C-level eval-loop call (instructions are 2-byte aligned).
+    /// Address of the frame's current instruction (3.11+) or `f_lasti << 1` (3.8-3.10, the
+    /// low 32 bits shifted; -1 before the first instruction), with bit 0 set when this frame is the
+    /// outermost of its C-level eval-loop call (instructions are 2-byte aligned), and the
+    /// code object's checksum above `CHECK_SHIFT`.
     pub instr: u64,
 }
 
 /// Bit 0 of `PyFrame::instr`: this frame is the outermost of its eval-loop call.
 pub const ENTRY_BIT: u64 = 1;
+/// `PyFrame::instr` bits 48-63: a checksum of the code object as the sampler saw it
+/// (`check_of` of its `PyProc::code_check` word), so userspace names a code object only if
+/// the one at that address when it reads is the one sampled (code objects are freed and
+/// their addresses reused). User addresses and `f_lasti << 1` stay below bit 48.
+pub const CHECK_SHIFT: u32 = 48;
+/// The instruction bits of `PyFrame::instr` (entry bit included).
+pub const INSTR_MASK: u64 = (1 << CHECK_SHIFT) - 1;
+
+/// The 16-bit checksum of one word, the same in the sampler and in userspace.
+#[inline(always)]
+pub const fn check_of(word: u64) -> u64 {
+    (word ^ (word >> 16) ^ (word >> 32) ^ (word >> 48)) & 0xffff
+}

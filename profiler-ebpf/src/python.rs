@@ -11,7 +11,8 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::python::{
-    ENTRY_BIT, FRAME_HEAD_BYTES, MAX_PY_FRAMES, MAX_PY_PROCS, PyProc, counter, entry, flags,
+    CHECK_SHIFT, ENTRY_BIT, FRAME_HEAD_BUF, FRAME_HEAD_BYTES, INSTR_MASK, MAX_PY_FRAMES,
+    MAX_PY_PROCS, OLD_FRAME_HEAD_BYTES, PyProc, check_of, counter, entry, flags,
 };
 
 #[map(name = "PY_PROCS")]
@@ -23,8 +24,7 @@ static PY_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::CO
 /// One frame head, read with one helper call. In a map value rather than on the stack so
 /// the fields can be picked at offsets known only at run time.
 #[map(name = "PY_FRAME_HEAD")]
-static PY_FRAME_HEAD: PerCpuArray<[u64; FRAME_HEAD_BYTES / 8]> =
-    PerCpuArray::with_max_entries(1, 0);
+static PY_FRAME_HEAD: PerCpuArray<[u64; FRAME_HEAD_BUF / 8]> = PerCpuArray::with_max_entries(1, 0);
 
 /// The frames of the walk in progress, copied into the record at the end.
 #[map(name = "PY_FRAMES")]
@@ -45,6 +45,7 @@ struct Walk {
     instr_i: u64,
     entry_shift: u64,
     entry_mode: u64,
+    code_check: u64,
 }
 
 /// Appends the Python frames of the current thread to `out` at u64 slot `base` (two slots
@@ -83,6 +84,7 @@ pub fn python_frames(pid: u32, out: *mut u64, base: usize, limit: usize) -> (u32
         instr_i: u64::from(p.frame_instr / 8),
         entry_shift: u64::from(p.entry_byte.wrapping_sub(64) & 7) * 8,
         entry_mode: u64::from(p.entry_mode),
+        code_check: u64::from(p.code_check),
     };
     // bpf_loop, not a loop: the verifier checks the step once instead of every iteration.
     // Shim frames take a turn too, so a stack of MAX_PY_FRAMES functions with shims between
@@ -146,13 +148,23 @@ extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     else {
         return 1;
     };
-    // SAFETY: head is this CPU's FRAME_HEAD_BYTES-long map value.
+    let old = w.entry_mode == u64::from(entry::FRAME_OBJECT);
+    // Two calls with constant sizes: a 3.11+ frame may end its chunk 72 bytes in.
+    // SAFETY: head is this CPU's FRAME_HEAD_BUF-long map value; both sizes fit in it.
     let r = unsafe {
-        bpf_probe_read_user(
-            head.cast(),
-            FRAME_HEAD_BYTES as u32,
-            w.frame as *const core::ffi::c_void,
-        )
+        if old {
+            bpf_probe_read_user(
+                head.cast(),
+                OLD_FRAME_HEAD_BYTES as u32,
+                w.frame as *const core::ffi::c_void,
+            )
+        } else {
+            bpf_probe_read_user(
+                head.cast(),
+                FRAME_HEAD_BYTES as u32,
+                w.frame as *const core::ffi::c_void,
+            )
+        }
     };
     if r != 0 {
         w.flags |= u64::from(flags::READ_FAILED);
@@ -160,9 +172,10 @@ extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
     // SAFETY: this CPU's map values; indexes masked to the arrays' sizes.
     let (h, out) = unsafe { (&*head, &mut *frames) };
-    let code = h[(w.code_i & 7) as usize];
-    let instr = h[(w.instr_i & 7) as usize];
-    w.frame = h[(w.prev_i & 7) as usize];
+    const M: u64 = (FRAME_HEAD_BUF / 8 - 1) as u64;
+    let code = h[(w.code_i & M) as usize];
+    let instr = h[(w.instr_i & M) as usize];
+    w.frame = h[(w.prev_i & M) as usize];
     let byte = (h[8] >> (w.entry_shift & 63)) & 0xff;
     let n = w.n as usize;
     // Indexes come from `slot`, masked on a value read again (volatile), not from `n`: LLVM
@@ -183,13 +196,24 @@ extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         w.flags |= u64::from(flags::TRUNCATED);
         return 1;
     }
-    let entry_bit = if w.entry_mode == u64::from(entry::IS_ENTRY_BYTE) && byte != 0 {
-        ENTRY_BIT
+    let instr = if old {
+        // f_lasti, an int: its 32 bits shifted clear of the entry bit, which every
+        // PyFrameObject gets (each runs in its own eval-loop call).
+        ((instr & 0xffff_ffff) << 1) | ENTRY_BIT
+    } else if w.entry_mode == u64::from(entry::IS_ENTRY_BYTE) && byte != 0 {
+        (instr & !ENTRY_BIT) | ENTRY_BIT
+    } else {
+        instr & !ENTRY_BIT
+    };
+    // One more read per frame, so a code object freed before userspace names it (and
+    // another put at its address) is not named as the new one; 0 when unreadable.
+    let check = if w.code_check != 0 {
+        user_u64(code.wrapping_add(w.code_check)).map_or(0, check_of)
     } else {
         0
     };
     out[(2 * slot) & (2 * MAX_PY_FRAMES - 1)] = code;
-    out[(2 * slot + 1) & (2 * MAX_PY_FRAMES - 1)] = (instr & !ENTRY_BIT) | entry_bit;
+    out[(2 * slot + 1) & (2 * MAX_PY_FRAMES - 1)] = (instr & INSTR_MASK) | (check << CHECK_SHIFT);
     w.n += 1;
     0
 }

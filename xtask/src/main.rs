@@ -4,6 +4,7 @@
 mod bench_agent;
 mod bench_heatmap;
 mod bench_kernel_cost;
+mod bench_python;
 mod bench_support;
 mod bench_symbolize;
 mod host;
@@ -128,6 +129,13 @@ enum Bench {
         #[arg(long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..))]
         frequency: u64,
     },
+    /// Python frames: BPF and userspace cost per sample on a 60-frame Python stack, with and
+    /// without the walk, and top-10 shares and cost against `py-spy record --rate 99`.
+    Python {
+        /// How long each of the four runs lasts.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(8..))]
+        seconds: u64,
+    },
     /// Folded + SVG from a 1M-sample capture of a varied workload, against perf script | inferno.
     Symbolize {
         /// How long each recording (ours, then perf's) lasts.
@@ -184,6 +192,7 @@ fn dispatch(task: Task) -> Result<ExitCode> {
         Task::Bench(Bench::KernelCost { seconds, frequency }) => {
             bench_kernel_cost::kernel_cost(seconds, frequency)?;
         }
+        Task::Bench(Bench::Python { seconds }) => bench_python::python(seconds)?,
         Task::Bench(Bench::Symbolize { seconds, frequency }) => {
             bench_symbolize::symbolize(seconds, frequency)?;
         }

@@ -59,6 +59,9 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
     if extras.bench || extras.tests {
         ensure_inferno()?;
     }
+    if extras.bench {
+        ensure_py_spy()?;
+    }
     if extras.tests {
         ensure_browser_node_modules()?;
         ensure_rustup_components()?;
@@ -84,6 +87,26 @@ fn ensure_inferno() -> Result<()> {
     println!("installing inferno (cargo install; a minute or two)");
     util::run(util::cargo().args(["install", "--locked", "inferno"]))
         .context("installing inferno failed")
+}
+
+/// py-spy, the peer of `cargo xtask bench python`, in a venv of its own under target/.
+pub fn py_spy_bin() -> std::path::PathBuf {
+    util::target_dir().join("py-spy/bin/py-spy")
+}
+
+fn ensure_py_spy() -> Result<()> {
+    let bin = py_spy_bin();
+    if bin.exists() {
+        println!("ok: py-spy ({})", bin.display());
+        return Ok(());
+    }
+    let venv = util::target_dir().join("py-spy");
+    println!("installing py-spy into {} (pip)", venv.display());
+    let python = util::which("python3").context("py-spy needs python3 on PATH")?;
+    util::run(Command::new(python).args(["-m", "venv"]).arg(&venv))
+        .context("creating the py-spy venv failed")?;
+    util::run(Command::new(venv.join("bin/pip")).args(["install", "py-spy"]))
+        .context("installing py-spy failed")
 }
 
 /// Setup for the commands that load BPF: a failed host check is an error.

@@ -1,8 +1,9 @@
 //! Detection, when a process is first sampled: is it a CPython we can walk? Finds the
 //! interpreter (the exe or a libpython in its mappings), its version, `_PyRuntime`, and the
 //! offsets the sampler (`PyProc`) and the namer (`CodeLayout`) need: `_Py_DebugOffsets` on
-//! 3.13, built-in tables for 3.11 and 3.12 with the code-object offsets read from the
-//! target's own `PyCode_Type` member table.
+//! 3.13, built-in tables for 3.8-3.12 with the code-object offsets read from the target's
+//! own `PyCode_Type` member table, and the 3.8-3.10 frame offsets checked against its
+//! `PyFrame_Type` one.
 use std::{collections::HashMap, io, path::Path};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
@@ -17,7 +18,7 @@ const MAX_ELF_BYTES: u64 = 512 << 20;
 /// Why a process's Python frames cannot be shown: one line each, counted by kind.
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
-    #[error("Python {0}.{1} is not supported (3.11, 3.12 and 3.13 are)")]
+    #[error("Python {0}.{1} is not supported (3.8 to 3.13 are)")]
     Version(u8, u8),
     #[error("free-threaded Python (3.13t) is not supported")]
     FreeThreaded,
@@ -29,6 +30,8 @@ pub enum Refused {
     Memory(io::Error),
     #[error("unexpected interpreter layout: {0}")]
     Layout(&'static str),
+    #[error("unexpected interpreter layout: PyFrame_Type.{0} is at {1}, not {2}")]
+    FrameMember(&'static str, u64, u32),
 }
 
 impl Refused {
@@ -40,9 +43,21 @@ impl Refused {
             Refused::NoRuntime(_) => "no _PyRuntime symbol",
             Refused::File(..) => "unreadable interpreter",
             Refused::Memory(_) => "unreadable memory",
-            Refused::Layout(_) => "unexpected layout",
+            Refused::Layout(_) | Refused::FrameMember(..) => "unexpected layout",
         }
     }
+}
+
+/// How a version maps a frame's instruction to its line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Lines {
+    /// 3.8, 3.9: `co_lnotab`, `f_lasti` in bytes.
+    Lnotab,
+    /// 3.10: `co_linetable` (PEP 626 pairs), `f_lasti` in 2-byte code units.
+    Linetable310,
+    /// 3.11+: the location table, the frame's instruction pointer.
+    #[default]
+    Locations,
 }
 
 /// Where things are in a code object and in str objects, for naming frames.
@@ -51,10 +66,13 @@ pub struct CodeLayout {
     pub code_type: u64,
     pub filename: u64,
     pub name: u64,
+    /// `co_qualname` (3.11+); `co_name` before, which had no qualified name.
     pub qualname: u64,
+    /// The line table `lines` reads (`co_lnotab` or `co_linetable`).
     pub linetable: u64,
+    pub lines: Lines,
     pub firstlineno: u64,
-    /// Start of the instructions (`co_code_adaptive`).
+    /// Start of the instructions (`co_code_adaptive`, 3.11+).
     pub code_adaptive: u64,
     /// Header sizes of compact ASCII and compact non-ASCII str objects.
     pub ascii_size: u64,
@@ -75,6 +93,7 @@ pub struct ElfFacts {
     runtime: Option<u64>,
     py_version: Option<u64>,
     code_type: Option<u64>,
+    frame_type: Option<u64>,
     /// File address of the first loadable segment (the mapping at file offset 0 maps it).
     first_load: u64,
 }
@@ -176,18 +195,30 @@ pub fn detect(
         // Py_Version came with 3.11: older ones are named by their file.
         None => version_from_name(base).ok_or(Refused::NoRuntime(c.path.clone()))?,
     };
-    if !matches!(version, (3, 11..=13)) {
+    if !matches!(version, (3, 8..=13)) {
         return Err(Refused::Version(version.0, version.1));
     }
-    let (Some(runtime), Some(code_type)) = (facts.runtime, facts.code_type) else {
+    let (Some(runtime), Some(code_type), Some(frame_type)) =
+        (facts.runtime, facts.code_type, facts.frame_type)
+    else {
         return Err(Refused::NoRuntime(c.path.clone()));
     };
     let runtime = runtime.wrapping_add(bias);
     let code_type = code_type.wrapping_add(bias);
-    let interp = match version.1 {
+    let mut interp = match version.1 {
+        8..=10 => frame_objects(
+            &mem,
+            version,
+            runtime,
+            code_type,
+            frame_type.wrapping_add(bias),
+            tsd_base,
+        )?,
         11 | 12 => builtin(&mem, version, runtime, code_type, tsd_base)?,
         _ => from_debug_offsets(&mem, runtime, code_type, tsd_base)?,
     };
+    interp.proc_.code_check = u32::try_from(interp.code.firstlineno & !7)
+        .map_err(|_| Refused::Layout("co_firstlineno out of range"))?;
     // A key that is not set up, or a wild one, means the offsets do not fit this build.
     let initialized = mem
         .u32(interp.proc_.tss_key_addr - 4)
@@ -228,17 +259,18 @@ fn elf_facts(file: std::fs::File, len: u64) -> io::Result<ElfFacts> {
             Ok("_PyRuntime") => &mut facts.runtime,
             Ok("Py_Version") => &mut facts.py_version,
             Ok("PyCode_Type") => &mut facts.code_type,
+            Ok("PyFrame_Type") => &mut facts.frame_type,
             _ => return,
         };
         if slot.is_none() && sym.address() != 0 {
             *slot = Some(sym.address());
         }
     };
-    // All three are exported; the full symbol table only for a build that hides them.
+    // All are exported; the full symbol table only for a build that hides them.
     for sym in elf.dynamic_symbols() {
         take(&mut facts, sym);
     }
-    if facts.runtime.is_none() || facts.code_type.is_none() {
+    if facts.runtime.is_none() || facts.code_type.is_none() || facts.frame_type.is_none() {
         for sym in elf.symbols() {
             take(&mut facts, sym);
         }
@@ -301,6 +333,7 @@ fn builtin(
         name: get("co_name")?,
         qualname: get("co_qualname")?,
         linetable: get("co_linetable")?,
+        lines: Lines::Locations,
         firstlineno: get("co_firstlineno")?,
         code_adaptive: mem.u64(code_type + 32).map_err(Refused::Memory)?, // tp_basicsize
         ascii_size,
@@ -317,7 +350,78 @@ fn builtin(
     })
 }
 
-/// `PyCode_Type.tp_members`: name -> offset (PyMemberDef is 40 bytes: name, type, offset).
+/// 3.8-3.10: the thread state's `frame` and the `PyFrameObject` chain (one eval-loop call
+/// each). Offsets as CPython lays them out (checked with gdb on the pyenv builds), the frame
+/// ones checked against the target's `PyFrame_Type.tp_members`, the code-object ones read
+/// from `PyCode_Type.tp_members`.
+fn frame_objects(
+    mem: &Mem,
+    version: (u8, u8),
+    runtime: u64,
+    code_type: u64,
+    frame_type: u64,
+    tsd_base: u32,
+) -> Result<Interp, Refused> {
+    // _PyRuntime.gilstate.autoTSSkey, and f_lasti (3.10 dropped f_stacktop before it).
+    let (tss_key, lasti, lines, table) = match version.1 {
+        8 => (1392, 104, Lines::Lnotab, "co_lnotab"),
+        9 => (584, 104, Lines::Lnotab, "co_lnotab"),
+        _ => (584, 96, Lines::Linetable310, "co_linetable"),
+    };
+    let proc_ = PyProc {
+        tss_key_addr: runtime + tss_key + 4,
+        tsd_base,
+        cframe: u32::MAX,
+        current_frame: 24, // PyThreadState.frame
+        frame_code: 32,
+        frame_previous: 24,
+        frame_instr: lasti,
+        entry_byte: 0,
+        entry_mode: entry::FRAME_OBJECT,
+        ..PyProc::default()
+    };
+    // 3.10 serves f_lasti through a getter (doubled), so only the members present are
+    // compared; f_back and f_code are members in all three.
+    let frame = members(mem, frame_type)?;
+    for (name, want, required) in [
+        ("f_back", proc_.frame_previous, true),
+        ("f_code", proc_.frame_code, true),
+        ("f_lasti", proc_.frame_instr, false),
+    ] {
+        match frame.get(name) {
+            Some(&got) if got != u64::from(want) => {
+                return Err(Refused::FrameMember(name, got, want));
+            }
+            None if required => return Err(Refused::Layout("PyFrame_Type lacks f_back or f_code")),
+            _ => {}
+        }
+    }
+    let code = members(mem, code_type)?;
+    let get = |name: &str| {
+        code.get(name)
+            .copied()
+            .ok_or(Refused::Layout("PyCode_Type lacks a member we read"))
+    };
+    let name = get("co_name")?;
+    Ok(Interp {
+        version,
+        proc_,
+        code: CodeLayout {
+            code_type,
+            filename: get("co_filename")?,
+            name,
+            qualname: name,
+            linetable: get(table)?,
+            lines,
+            firstlineno: get("co_firstlineno")?,
+            code_adaptive: 0,
+            ascii_size: 48,
+            compact_size: 72,
+        },
+    })
+}
+
+/// A type's `tp_members`: name -> offset (PyMemberDef is 40 bytes: name, type, offset).
 fn members(mem: &Mem, code_type: u64) -> Result<HashMap<String, u64>, Refused> {
     let table = mem.u64(code_type + 240).map_err(Refused::Memory)?;
     let mut out = HashMap::new();
@@ -379,6 +483,7 @@ fn from_debug_offsets(
             frame_instr: instr,
             entry_byte: owner,
             entry_mode: entry::CSTACK_SHIM,
+            ..PyProc::default()
         },
         code: CodeLayout {
             code_type,
@@ -386,6 +491,7 @@ fn from_debug_offsets(
             name: at(288),
             qualname: at(296),
             linetable: at(304),
+            lines: Lines::Locations,
             firstlineno: at(312),
             code_adaptive: at(344),
             ascii_size,

@@ -1,5 +1,5 @@
 //! Python frames (issue 17), the user side: detect Python processes when first sampled and
-//! register them with the sampler (`detect`, `thread`), name the (code object, instruction)
+//! register them with the sampler (`detect`, `thread`, off the drain on `registry`'s thread), name the (code object, instruction)
 //! pairs the sampler appends to records while the process lives (`mem`, `linetable`), and
 //! merge them into the native stack at the eval-loop frames when the profile is built
 //! (`merge`). Collect -> here -> symbolize.
@@ -7,15 +7,18 @@ mod detect;
 mod linetable;
 pub mod mem;
 pub mod merge;
+mod registry;
 mod thread;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, mpsc};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profiler_common::python::{ENTRY_BIT, PyFrame, PyProc};
+use profiler_common::python::{CHECK_SHIFT, ENTRY_BIT, INSTR_MASK, PyFrame, PyProc, check_of};
 
-pub use detect::{CodeLayout, Interp, Refused};
+pub use detect::{CodeLayout, Interp, Lines, Refused};
 use mem::Mem;
+use registry::{Detector, Registry};
 
 /// The kernel-side facts the loader needs before loading the sampler.
 #[derive(Clone, Copy, Debug)]
@@ -75,34 +78,37 @@ struct Code {
     linetable: Vec<u8>,
 }
 
-/// Python processes as the collector meets them: registered with the sampler, their frames
-/// named while they live.
+/// Python processes as the collector meets them: registered with the sampler (on the
+/// `registry` thread), their frames named while they live.
 pub struct Tracker {
-    map: BpfHashMap<MapData, u32, PyProc>,
-    tsd_base: u32,
+    registry: Arc<Mutex<Registry>>,
+    /// Until the thread starts (at the first drain), detection runs here, for processes
+    /// already running; then the thread owns it.
+    detector: Option<Detector>,
+    to_detect: Option<mpsc::Sender<u32>>,
     seen: HashSet<u32>,
     new_pids: Vec<u32>,
-    interps: HashMap<u32, Interp>,
-    elf_cache: HashMap<(u64, u64), detect::ElfFacts>,
-    codes: HashMap<(u32, u64), Option<Code>>,
-    /// Names by (pid, code, instruction); None: could not be read.
+    /// By (pid, code address, checksum): a code object dropped and another allocated at its
+    /// address has (almost always) another checksum, so another entry.
+    codes: HashMap<(u32, u64, u64), Option<Code>>,
+    /// Names by (pid, code, instruction with its checksum); None: could not be read.
     pub names: HashMap<(u32, u64, u64), Option<PyName>>,
     unnamed: Vec<(u32, u64, u64)>,
-    /// Processes refused, counted by reason kind; the last message of each kind kept.
+    /// Processes refused, counted by reason kind; the last message of each kind kept (as
+    /// of the last `resolve_pending`).
     pub refused: BTreeMap<&'static str, (u64, String)>,
-    /// Python processes registered with the sampler.
+    /// Python processes registered with the sampler (as of the last `resolve_pending`).
     pub registered: u64,
 }
 
 impl Tracker {
     pub fn new(map: BpfHashMap<MapData, u32, PyProc>, facts: KernelFacts) -> Self {
         Self {
-            map,
-            tsd_base: facts.tsd_base,
+            registry: Arc::new(Mutex::new(Registry::new(map))),
+            detector: Some(Detector::new(facts.tsd_base)),
+            to_detect: None,
             seen: HashSet::new(),
             new_pids: Vec::new(),
-            interps: HashMap::new(),
-            elf_cache: HashMap::new(),
             codes: HashMap::new(),
             names: HashMap::new(),
             unnamed: Vec::new(),
@@ -112,8 +118,8 @@ impl Tracker {
     }
 
     /// Detects and registers processes that already run (`pids`, or every process when
-    /// empty), so their first samples have Python frames too rather than waiting for the
-    /// drain that follows their first sample.
+    /// empty), here and now, before sampling starts: their first samples have Python frames
+    /// too rather than waiting for the drain that follows their first sample.
     pub fn register_running(&mut self, pids: &[u32]) {
         let all: Vec<u32>;
         let pids = if pids.is_empty() {
@@ -130,10 +136,13 @@ impl Tracker {
         let me = std::process::id();
         for &pid in pids {
             if pid != me && self.seen.insert(pid) {
-                self.new_pids.push(pid);
+                match (&mut self.detector, self.registry.lock()) {
+                    (Some(d), Ok(mut r)) => r.record(pid, d.detect(pid)),
+                    _ => self.new_pids.push(pid),
+                }
             }
         }
-        self.resolve_pending();
+        self.sync_counts();
     }
 
     /// Notes a sample of `pid` and its Python frames (innermost first).
@@ -150,51 +159,59 @@ impl Tracker {
         }
     }
 
-    /// Detects and registers the processes seen since the last call, and names the frames
-    /// seen since: both need the process alive, so this runs at every drain.
+    /// Queues the processes seen since the last call for detection (on the registry
+    /// thread), and names the frames seen since (the process must be alive): this runs at
+    /// every drain.
     pub fn resolve_pending(&mut self) {
-        for pid in std::mem::take(&mut self.new_pids) {
-            match detect::detect(pid, self.tsd_base, &mut self.elf_cache) {
-                Ok(None) => {}
-                Ok(Some(interp)) => match self.map.insert(pid, interp.proc_, 0) {
-                    Ok(()) => {
-                        log::debug!(
-                            "pid {pid}: Python {}.{}",
-                            interp.version.0,
-                            interp.version.1
-                        );
-                        self.registered += 1;
-                        self.interps.insert(pid, interp);
-                    }
-                    Err(e) => self.refuse(pid, "sampler map full", e.to_string()),
-                },
-                Err(e) => self.refuse(pid, e.kind(), e.to_string()),
+        if self.to_detect.is_none()
+            && let Some(d) = self.detector.take()
+        {
+            match registry::spawn(d, Arc::clone(&self.registry)) {
+                Ok(tx) => self.to_detect = Some(tx),
+                Err(e) => log::warn!("cannot start the Python detection thread: {e}"),
+            }
+        }
+        if let Some(tx) = &self.to_detect {
+            for pid in self.new_pids.drain(..) {
+                let _ = tx.send(pid);
             }
         }
         for key in std::mem::take(&mut self.unnamed) {
             let name = self.name(key);
             self.names.insert(key, name);
         }
+        self.sync_counts();
     }
 
-    fn refuse(&mut self, pid: u32, kind: &'static str, message: String) {
-        log::debug!("pid {pid}: no Python frames: {message}");
-        let slot = self.refused.entry(kind).or_insert((0, String::new()));
-        slot.0 += 1;
-        slot.1 = message;
+    fn sync_counts(&mut self) {
+        if let Ok(r) = self.registry.lock() {
+            self.registered = r.registered;
+            self.refused.clone_from(&r.refused);
+        }
     }
 
     fn name(&mut self, (pid, code, instr): (u32, u64, u64)) -> Option<PyName> {
-        let layout = self.interps.get(&pid)?.code;
+        let (layout, check_at) = {
+            let r = self.registry.lock().ok()?;
+            let interp = r.interps.get(&pid)?;
+            (interp.code, u64::from(interp.proc_.code_check))
+        };
+        let check = instr >> CHECK_SHIFT;
+        let instr = instr & INSTR_MASK;
         let c = self
             .codes
-            .entry((pid, code))
-            .or_insert_with(|| read_code(Mem { pid }, &layout, code))
+            .entry((pid, code, check))
+            .or_insert_with(|| read_code(Mem { pid }, &layout, code, check_at, check))
             .as_ref()?;
-        let start = code + layout.code_adaptive;
-        let line = instr
-            .checked_sub(start)
-            .and_then(|off| linetable::line_at(&c.linetable, c.first_line, off / 2));
+        // 3.8-3.10: f_lasti (-1 before the first instruction), in bytes or code units.
+        let lasti = || u64::try_from(((instr >> 1) as u32).cast_signed().max(0)).unwrap_or(0);
+        let line = match layout.lines {
+            Lines::Lnotab => Some(linetable::line_lnotab(&c.linetable, c.first_line, lasti())),
+            Lines::Linetable310 => linetable::line_310(&c.linetable, c.first_line, 2 * lasti()),
+            Lines::Locations => instr
+                .checked_sub(code + layout.code_adaptive)
+                .and_then(|off| linetable::line_at(&c.linetable, c.first_line, off / 2)),
+        };
         Some(PyName {
             qualname: c.qualname.clone(),
             file: c.file.clone(),
@@ -205,16 +222,21 @@ impl Tracker {
     /// Forgets a process that exited (its pid may come back as another process).
     pub fn forget(&mut self, pid: u32) {
         self.seen.remove(&pid);
-        self.interps.remove(&pid);
         self.codes.retain(|k, _| k.0 != pid);
-        let _ = self.map.remove(&pid);
+        if let Ok(mut r) = self.registry.lock() {
+            r.forget(pid);
+        }
     }
 }
 
-/// Reads a code object, checking its type first: a frame pointing at anything else (a
-/// stale pointer, a 3.13 frame whose executable is not code) is left unnamed.
-fn read_code(mem: Mem, l: &CodeLayout, code: u64) -> Option<Code> {
+/// Reads a code object, checking its type and its checksum first: a frame pointing at
+/// anything else (a stale pointer, a 3.13 frame whose executable is not code, a code object
+/// freed since the sample and another put in its place) is left unnamed.
+fn read_code(mem: Mem, l: &CodeLayout, code: u64, check_at: u64, check: u64) -> Option<Code> {
     if mem.u64(code + 8).ok()? != l.code_type {
+        return None;
+    }
+    if check_at != 0 && check_of(mem.u64(code + check_at).ok()?) != check {
         return None;
     }
     let s = |off: u64| {
