@@ -77,9 +77,14 @@ pub fn compile(data: &[u8]) -> Result<Table, TableError> {
         let fde = partial.parse(EhFrame::cie_from_offset)?;
         table.fdes += 1;
         let mut uses_rbp = false;
+        let signal = fde.is_signal_trampoline();
         let mut rows = fde.rows(&eh_frame, &bases, &mut ctx)?;
         while let Some(r) = rows.next_row()? {
-            let row = convert(r, &eh_frame);
+            let row = if signal {
+                signal_frame(r, &eh_frame)
+            } else {
+                convert(r, &eh_frame)
+            };
             uses_rbp |= row.kind == kind::CFA_RBP;
             spans.push((r.start_address(), r.end_address(), row));
         }
@@ -159,6 +164,52 @@ fn unsupported() -> UnwindRow {
     }
 }
 
+/// The row of a signal trampoline (an FDE whose CIE has the `S` augmentation: libc's
+/// `__restore_rt`, where a signal handler returns to). The interrupted registers are in the
+/// `ucontext` on the stack, and glibc's CFI says so with expressions: CFA = `*(rsp + N)`
+/// (the saved RSP), RIP saved at `rsp + N + 8`, RBP at `rsp + N + 8 x k`. That becomes one
+/// `kind::SIGNAL` row (cfa_off = N, rbp_off = k); any other trampoline is unsupported.
+fn signal_frame<R: gimli::Reader>(
+    r: &gimli::UnwindTableRow<R::Offset>,
+    eh_frame: &EhFrame<R>,
+) -> UnwindRow {
+    let at_rsp = |e: &gimli::UnwindExpression<R::Offset>, deref: bool| {
+        let mut expr = e.get(eh_frame).ok()?.0;
+        (expr.read_u8().ok()? == DW_OP_BREG7).then_some(())?;
+        let off = expr.read_sleb128().ok()?;
+        if deref {
+            (expr.read_u8().ok()? == DW_OP_DEREF).then_some(())?;
+        }
+        expr.is_empty().then_some(off)
+    };
+    let saved = |reg| match r.register(reg) {
+        Some(RegisterRule::Expression(e)) => at_rsp(&e, false),
+        _ => None,
+    };
+    let row = (|| {
+        let CfaRule::Expression(cfa) = r.cfa() else {
+            return None;
+        };
+        let rsp_at = at_rsp(cfa, true)?;
+        (saved(RA)? == rsp_at + 8).then_some(())?;
+        // RBP in 8-byte slots from the saved RSP (glibc: -5).
+        let rbp = saved(RBP)? - rsp_at;
+        if rbp % 8 != 0 || !(-1024..0).contains(&rbp) {
+            return None;
+        }
+        Some(UnwindRow {
+            pc: 0,
+            cfa_off: u16::try_from(rsp_at).ok()?,
+            rbp_off: (rbp / 8) as i8,
+            kind: kind::SIGNAL,
+        })
+    })();
+    row.unwrap_or_else(unsupported)
+}
+
+const DW_OP_BREG7: u8 = 0x77;
+const DW_OP_DEREF: u8 = 0x06;
+
 /// One gimli row to our rule (pc filled in by the caller).
 fn convert<R: gimli::Reader>(
     r: &gimli::UnwindTableRow<R::Offset>,
@@ -172,7 +223,7 @@ fn convert<R: gimli::Reader>(
             };
         }
         Some(RegisterRule::Offset(-8)) => {}
-        // Signal frames (__restore_rt) and other hand-written CFI.
+        // Hand-written CFI (signal frames are compiled by `signal_frame`).
         _ => return unsupported(),
     }
     let rbp_off = match r.register(RBP) {
