@@ -111,12 +111,25 @@ pub fn compile(data: &[u8]) -> Result<Table, TableError> {
 
 /// The bias of the mapping of `data` at file offset `file_offset` loaded at `start`: the
 /// number to subtract from an address in it to get the file vaddr the table uses.
+///
+/// A mapping starts at a page boundary, so its offset can fall in the previous segment's
+/// last page: lld (Rust's default linker) packs the read-only segment and the code into one
+/// page (`R` ends at 0x16a54, `R E` starts at file offset 0x16a60 and vaddr 0x17a60), and
+/// the code's mapping then starts at offset 0x16000. The executable segment whose page
+/// range holds the offset is the one mapped (the loader passes executable mappings only).
 pub fn mapping_bias(data: &[u8], start: u64, file_offset: u64) -> Option<u64> {
+    const PAGE: u64 = 4096;
+    const PF_X: u32 = 1;
     let file = object::File::parse(data).ok()?;
-    let segment = file.segments().find(|s| {
+    let holds = |s: &object::Segment<'_, '_>| {
         let (off, size) = s.file_range();
-        off <= file_offset && file_offset < off + size.max(1)
-    })?;
+        off & !(PAGE - 1) <= file_offset && file_offset < off + size.max(1)
+    };
+    let executable = |s: &object::Segment<'_, '_>| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & PF_X != 0);
+    let segment = file
+        .segments()
+        .find(|s| holds(s) && executable(s))
+        .or_else(|| file.segments().find(|s| holds(s)))?;
     let (off, _) = segment.file_range();
     // address = start + (fileoff - file_offset); vaddr = fileoff - off + segment vaddr.
     Some(

@@ -256,3 +256,28 @@ fn rows_are_sorted_merged_and_gapped() {
     assert_eq!(table.rows.last().unwrap().kind, kind::NONE);
     assert!(table.rows.iter().any(|r| r.kind == kind::NONE));
 }
+
+/// A code segment that does not start on a page boundary in the file (lld's layout, Rust's
+/// default linker): its mapping starts in the previous segment's last page, and the bias
+/// must come from the code segment (found by its execute flag), not the one before it.
+#[test]
+fn bias_of_code_sharing_a_page_with_the_segment_before() {
+    // This test binary: linked by lld, like every Rust binary here.
+    let data = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    for s in file.segments() {
+        let object::SegmentFlags::Elf { p_flags } = s.flags() else {
+            continue;
+        };
+        let (off, _) = s.file_range();
+        if p_flags & 1 == 0 || off % 4096 == 0 {
+            continue;
+        }
+        // Mapped at 0x7f0000000000 from the page holding the segment's first byte.
+        let start = 0x7f00_0000_0000;
+        let bias = mapping_bias(&data, start, off & !4095).unwrap();
+        assert_eq!(start + (off % 4096) - bias, s.address(), "{s:?}");
+        return;
+    }
+    panic!("this test binary has no code segment off a page boundary");
+}
