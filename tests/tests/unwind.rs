@@ -223,8 +223,9 @@ fn go_binary_is_walked_by_frame_pointer_under_auto() {
     let output = record(&args);
     expect_success(&output, &format!("profiler record {args:?}"));
     let stderr = String::from_utf8_lossy(&output.stderr);
+    // The one table is the vDSO's (the Go runtime reads the clock there).
     assert!(
-        stderr.contains("0 binaries by table") && stderr.contains("1 by frame pointer"),
+        stderr.contains("1 binaries by table") && stderr.contains("1 by frame pointer"),
         "the Go binary was not left to frame pointers:\n{stderr}"
     );
     let (text, stacks) = read_folded(Path::new(&out));
