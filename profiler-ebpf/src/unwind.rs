@@ -179,7 +179,7 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     } else {
         w.ip - 1
     };
-    // Code in no file mapping (JIT code, the vDSO) is walked by frame pointer, as
+    // Code in no file mapping (JIT code; the vDSO has a table) is walked by frame pointer, as
     // bpf_get_stack would: JIT compilers keep them, and the chain leads back into mapped code.
     // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
     let found = find_mapping(unsafe { &*w.procs }, pc);
