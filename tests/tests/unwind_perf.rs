@@ -18,14 +18,16 @@ use profiler_tests::{
 
 const FX_UNWIND: &str = env!("FIXTURE_FX_UNWIND");
 const FX_EDGES: &str = env!("FIXTURE_FX_EDGES");
+const FX_RUST_NOFP: &str = env!("FIXTURE_FX_RUST_NOFP");
 
 /// Chain (frames root first, normalized) -> samples.
 type Chains = BTreeMap<Vec<String>, u64>;
 
-/// The fixture's own function names (its symbol table's text symbols).
+/// The fixture's own function names (its symbol table's text symbols, demangled as both
+/// symbolizers print Rust's: no hash).
 fn own_symbols(fixture: &str) -> HashSet<String> {
     let out = Command::new("nm")
-        .args(["--defined-only", fixture])
+        .args(["--defined-only", "-C", fixture])
         .output()
         .expect("running nm (binutils)");
     String::from_utf8_lossy(&out.stdout)
@@ -269,4 +271,10 @@ fn memcpy_chains_agree_with_perf_dwarf() {
 #[test]
 fn signal_handler_chains_agree_with_perf_dwarf() {
     agrees_with_perf(FX_EDGES, &["20", "signal"]);
+}
+
+/// Rust without frame pointers: std's runtime frames and the fixture's three.
+#[test]
+fn rust_chains_agree_with_perf_dwarf() {
+    agrees_with_perf(FX_RUST_NOFP, &["20"]);
 }
