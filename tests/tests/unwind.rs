@@ -190,6 +190,20 @@ fn deep_recursion_is_marked_truncated_with_its_reason() {
         counted >= marked,
         "report --stats counts {counted}, the stacks show {marked}"
     );
+
+    // Negative control: frame pointers alone cannot say why the stack stops.
+    let (text, stacks, _) = record_mode("deep", "fp", 3, None);
+    let total = samples(&stacks, |_| true);
+    let marked = samples(&stacks, |f| {
+        f.get(1)
+            .is_some_and(|root| root == "[truncated: frame limit]")
+    });
+    eprintln!("fp: {marked} of {total} marked");
+    assert!(total >= 100, "only {total} samples; {}", head(&text, 20));
+    assert!(
+        marked * 100 < total * 90,
+        "frame pointers alone marked {marked} of {total}: the test does not test the table walk"
+    );
 }
 
 /// A Go program keeps frame pointers and has no .eh_frame: `auto` walks it by frame pointer
@@ -276,5 +290,24 @@ fn dlopened_library_is_unwound_after_its_mappings_are_read_again() {
         whole * 100 >= total * 90,
         "only {whole} of {total} samples in the dlopened cos reach _start -> main -> a -> b; {}",
         head(&text, 20)
+    );
+
+    // Negative control: the same assertion, walked by frame pointers.
+    let (text, stacks, _) = record_mode("dlopen", "fp", 5, None);
+    let total = samples(&stacks, |f| in_libm(f));
+    let whole = samples(&stacks, |f| {
+        in_libm(f)
+            && f.get(1).is_some_and(|root| root == "_start")
+            && has_chain(f, &["main", "a", "b"], |a, b| a == b)
+    });
+    eprintln!("fp: {whole} of {total} samples in cos whole");
+    assert!(
+        total >= 100,
+        "only {total} samples in cos; {}",
+        head(&text, 20)
+    );
+    assert!(
+        whole * 100 < total * 90,
+        "frame pointers alone got {whole} of {total} whole: the fixture does not test tables"
     );
 }
