@@ -15,9 +15,10 @@ use profiler_tests::{
 const FIXTURE: &str = env!("FIXTURE_FX_UNWIND");
 const COMM: &str = "fx-unwind";
 
-/// Records fixture mode `mode` for `secs` s at 499 Hz with `--unwind <unwind>`; returns the
+/// Records fixture mode `mode` for `secs` s at 999 Hz with `--unwind <unwind>`; returns the
 /// folded text, its stacks (only the fixture's) and the profiler's stderr. The capture is
-/// left at `capture` when given.
+/// left at `capture` when given. 999 Hz: cpu-clock counts only the fixture's running time,
+/// and on a loaded machine (load 24 on 2 CPUs) 3 s at 499 Hz gave fewer than 100 samples.
 fn record_mode(
     mode: &str,
     unwind: &str,
@@ -30,7 +31,7 @@ fn record_mode(
     let pid = fixture.pid().to_string();
     let duration = format!("{secs}s");
     let mut args = vec![
-        "-p", &pid, "-F", "499", "-d", &duration, "--unwind", unwind, "-o", &out,
+        "-p", &pid, "-F", "999", "-d", &duration, "--unwind", unwind, "-o", &out,
     ];
     if let Some(capture) = capture {
         args.extend(["-o", capture]);
@@ -233,7 +234,7 @@ fn go_binary_is_walked_by_frame_pointer_under_auto() {
     let fixture = spawn_fixture_args(Path::new(&bin), &["20"]);
     let out = dir.file("go.folded");
     let pid = fixture.pid().to_string();
-    let args = ["-p", &pid, "-F", "499", "-d", "3s", "-o", &out];
+    let args = ["-p", &pid, "-F", "999", "-d", "3s", "-o", &out];
     let output = record(&args);
     expect_success(&output, &format!("profiler record {args:?}"));
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -32,8 +32,10 @@ fn record_fixture(fixture: &str, args: &[&str], unwind: &str, secs: u32) -> Run 
     let out = dir.file("out.folded");
     let pid = process.pid().to_string();
     let duration = format!("{secs}s");
+    // 999 Hz: cpu-clock counts only the fixture's running time, and on a loaded machine
+    // (load 24 on 2 CPUs) 3 s at 499 Hz gave fewer than 100 samples.
     let ours = [
-        "-p", &pid, "-F", "499", "-d", &duration, "--unwind", unwind, "-o", &out,
+        "-p", &pid, "-F", "999", "-d", &duration, "--unwind", unwind, "-o", &out,
     ];
     let output = record(&ours);
     expect_success(&output, &format!("profiler record {ours:?}"));

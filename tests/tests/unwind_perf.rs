@@ -174,7 +174,7 @@ fn side_by_side(fixture: &str, args: &[&str], unwind: &str) -> (f64, f64, String
             "-e",
             "cpu-clock",
             "-F",
-            "499",
+            "999",
             "--call-graph",
         ])
         .args([
@@ -193,7 +193,7 @@ fn side_by_side(fixture: &str, args: &[&str], unwind: &str) -> (f64, f64, String
         .expect("starting perf record");
     let out = dir.file("ours.folded");
     let pid_arg = pid.to_string();
-    let ours = ["-p", &pid_arg, "-F", "499", "-d", "4s", "--unwind", unwind];
+    let ours = ["-p", &pid_arg, "-F", "999", "-d", "4s", "--unwind", unwind];
     let output = record(&[&ours[..], &["-o", &out]].concat());
     expect_success(&output, &format!("profiler record {ours:?}"));
     let status = wait_timeout(&mut perf_run, std::time::Duration::from_secs(30))
