@@ -61,6 +61,8 @@ fn main() {
         let output = Path::new(&out_dir).join(name);
         if name == "fx-unwind" {
             compile_flags(&source, &output, NO_FP_CFLAGS, &[]);
+        } else if name == "fx-edges" {
+            edges(Path::new(&out_dir), &source, &output);
         } else {
             compile(&source, &output);
         }
@@ -68,6 +70,65 @@ fn main() {
         println!("cargo:rustc-env={var}={}", output.display());
     }
     stripped(Path::new(&out_dir));
+    rust_no_fp(Path::new(&out_dir));
+}
+
+/// fx-edges (the edge cases of table unwinding, tests/tests/unwind_edges.rs), without frame
+/// pointers like fx-unwind: linked to libfx-tiny.so (fixtures/edges/tiny.c, found through
+/// its rpath) so that its plt mode calls through the PLT; and fx-static (env
+/// FIXTURE_FX_STATIC), the same source linked statically with tiny.c compiled in.
+fn edges(out_dir: &Path, source: &Path, output: &Path) {
+    let tiny = Path::new("fixtures/edges/tiny.c");
+    let lib = out_dir.join("libfx-tiny.so");
+    compile_flags(tiny, &lib, NO_FP_CFLAGS, &["-shared", "-fPIC"]);
+    let rpath = format!("-Wl,-rpath,{}", out_dir.display());
+    let link = format!("-L{}", out_dir.display());
+    compile_flags(
+        source,
+        output,
+        NO_FP_CFLAGS,
+        &["-Ifixtures", &link, &rpath, "-lfx-tiny"],
+    );
+    let statik = out_dir.join("fx-static");
+    let flags: Vec<&str> = NO_FP_CFLAGS.iter().copied().chain(["-static"]).collect();
+    compile_flags(
+        source,
+        &statik,
+        &flags,
+        &["-Ifixtures", tiny.to_str().unwrap()],
+    );
+    println!("cargo:rustc-env=FIXTURE_FX_STATIC={}", statik.display());
+}
+
+/// fx-rust-nofp (env FIXTURE_FX_RUST_NOFP): fixtures/fx-rust-nofp.rs built by rustc the way
+/// `cargo build --release` builds by default, optimized and WITHOUT frame pointers (the
+/// workspace's force-frame-pointers flag is not passed), for the table walk's Rust test.
+fn rust_no_fp(out_dir: &Path) {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let output = out_dir.join("fx-rust-nofp");
+    let result = Command::new(rustc)
+        .args([
+            "--edition",
+            "2021",
+            "-O",
+            "-C",
+            "force-frame-pointers=no",
+            "-C",
+        ])
+        .arg("debuginfo=1")
+        .arg("-o")
+        .arg(&output)
+        .arg("fixtures/fx-rust-nofp.rs")
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .unwrap_or_else(|e| panic!("running rustc for fx-rust-nofp: {e}"));
+    assert!(
+        result.status.success(),
+        "rustc failed on fixtures/fx-rust-nofp.rs:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    println!("cargo:rustc-env=FIXTURE_FX_RUST_NOFP={}", output.display());
 }
 
 /// fx-stripped: the chain fixture with a build id, stripped of every symbol, and its debug
@@ -111,10 +172,11 @@ fn compile_flags(
 ) {
     let result = Command::new("cc")
         .args(flags)
-        .args(extra)
         .arg("-o")
         .arg(output)
         .arg(source)
+        // After the source: libraries (-l) resolve only symbols used by what precedes them.
+        .args(extra)
         .output()
         .unwrap_or_else(|e| {
             panic!(

@@ -280,6 +280,10 @@ pub mod unwind {
         pub const STOP: u8 = 4;
         /// A rule the kernel walk does not follow (a DWARF expression, another register).
         pub const UNSUPPORTED: u8 = 5;
+        /// A signal frame (`__restore_rt`): RSP = *(RSP + cfa_off), the interrupted RIP
+        /// follows it, RBP is at RSP + cfa_off + 8 x rbp_off (the sigcontext in the ucontext
+        /// the kernel pushed). The next frame's address is exact, not a return address.
+        pub const SIGNAL: u8 = 6;
     }
 
     /// One row of a binary's table: the rule from `pc` (a file virtual address) up to the next

@@ -61,6 +61,9 @@ pub(crate) struct WalkEnd {
     n: u32,
     /// `reason::*` the walk stopped for; FRAME_LIMIT until it stops by itself.
     reason: u32,
+    /// 1 when the current address is exact (the interrupted RIP a signal frame saved), not
+    /// a return address: it is looked up as is, not as the call before it.
+    exact: u32,
 }
 
 #[map(name = "UNWIND_END")]
@@ -100,6 +103,7 @@ pub(crate) fn walk(
         *end = WalkEnd {
             n: 0,
             reason: reason::FRAME_LIMIT,
+            exact: 0,
         }
     };
     let mut w = Walk {
@@ -166,9 +170,16 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: the per-CPU WalkEnd set up by `walk`.
     unsafe { (*w.end).n = index as u32 + 1 };
     // A return address points after the call; the call itself (ip - 1) is in the caller's
-    // range even when the call was the function's last instruction.
-    let pc = if index == 0 { w.ip } else { w.ip - 1 };
-    // Code in no file mapping (JIT code, the vDSO) is walked by frame pointer, as
+    // range even when the call was the function's last instruction. The first address and
+    // one a signal frame saved are where the code was interrupted: looked up as they are.
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    let exact = unsafe { core::mem::replace(&mut (*w.end).exact, 0) };
+    let pc = if index == 0 || exact != 0 {
+        w.ip
+    } else {
+        w.ip - 1
+    };
+    // Code in no file mapping (JIT code; the vDSO has a table) is walked by frame pointer, as
     // bpf_get_stack would: JIT compilers keep them, and the chain leads back into mapped code.
     // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
     let found = find_mapping(unsafe { &*w.procs }, pc);
@@ -191,6 +202,9 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         let Some(row) = find_row(&m, pc.wrapping_sub(m.bias)) else {
             return stop(w, reason::NO_ROW);
         };
+        if row.kind == kind::SIGNAL {
+            return signal_frame(w, &row);
+        }
         let cfa = match row.kind {
             kind::CFA_RSP => w.sp + u64::from(row.cfa_off),
             kind::CFA_RBP => w.bp + u64::from(row.cfa_off),
@@ -234,6 +248,30 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
     w.ip = ra;
     w.sp = cfa;
+    0
+}
+
+/// Crosses a signal frame (`__restore_rt`, where the handler returns to): the registers of
+/// the interrupted code are in the sigcontext the kernel pushed, RSP at `sp + cfa_off`, RIP
+/// right after it, RBP `rbp_off` slots from RSP. No stack-direction check: a handler on an
+/// alternate stack (sigaltstack) interrupted code whose stack is below its own.
+#[inline(always)]
+fn signal_frame(w: &mut Walk, row: &UnwindRow) -> i64 {
+    let saved_sp = w.sp + u64::from(row.cfa_off);
+    let saved_bp = saved_sp.wrapping_add((i64::from(row.rbp_off) * 8) as u64);
+    // SAFETY: user memory read through the checked helper.
+    let read = |at: u64| unsafe { bpf_probe_read_user(at as *const u64) };
+    let (Ok(sp), Ok(ip), Ok(bp)) = (read(saved_sp), read(saved_sp + 8), read(saved_bp)) else {
+        return stop(w, reason::READ_FAULT);
+    };
+    if ip == 0 {
+        return stop(w, reason::NONE);
+    }
+    w.ip = ip;
+    w.sp = sp;
+    w.bp = bp;
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    unsafe { (*w.end).exact = 1 };
     0
 }
 

@@ -44,6 +44,9 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
         tools.push(("go", "golang-go"));
         // A real Prometheus scrapes the agent (tests/tests/agent_peers.rs).
         tools.push(("prometheus", "prometheus"));
+        // `perf record --call-graph dwarf` is the reference the table walk's stacks are
+        // compared with (tests/tests/unwind_perf.rs).
+        tools.push(("perf", "linux-perf"));
         // Debian's own CPython (no frame pointers) is one of the interpreters
         // tests/tests/python.rs records; the pyenv builds there are not installed here.
         tools.push(("python3.11", "python3.11"));

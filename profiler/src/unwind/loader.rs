@@ -277,7 +277,9 @@ unsafe fn memmap(file: &std::fs::File, len: u64) -> Option<Mmap> {
 /// read the files through /proc/PID/root (its own mount namespace).
 pub fn proc_mappings(pid: u32) -> std::io::Result<Vec<MappingSpec>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    Ok(parse_maps(&text, &format!("/proc/{pid}/root")))
+    let mut maps = parse_maps(&text, &format!("/proc/{pid}/root"));
+    maps.extend(super::vdso::mapping(&text));
+    Ok(maps)
 }
 
 fn parse_maps(text: &str, root: &str) -> Vec<MappingSpec> {

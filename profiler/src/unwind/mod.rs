@@ -4,6 +4,7 @@
 pub mod background;
 pub mod loader;
 pub mod table;
+pub mod vdso;
 
 pub use background::BackgroundLoader;
 pub use loader::{Loader, LoaderStats, MappingSpec, proc_mappings};

@@ -77,9 +77,14 @@ pub fn compile(data: &[u8]) -> Result<Table, TableError> {
         let fde = partial.parse(EhFrame::cie_from_offset)?;
         table.fdes += 1;
         let mut uses_rbp = false;
+        let signal = fde.is_signal_trampoline();
         let mut rows = fde.rows(&eh_frame, &bases, &mut ctx)?;
         while let Some(r) = rows.next_row()? {
-            let row = convert(r, &eh_frame);
+            let row = if signal {
+                signal_frame(r, &eh_frame)
+            } else {
+                convert(r, &eh_frame)
+            };
             uses_rbp |= row.kind == kind::CFA_RBP;
             spans.push((r.start_address(), r.end_address(), row));
         }
@@ -106,12 +111,25 @@ pub fn compile(data: &[u8]) -> Result<Table, TableError> {
 
 /// The bias of the mapping of `data` at file offset `file_offset` loaded at `start`: the
 /// number to subtract from an address in it to get the file vaddr the table uses.
+///
+/// A mapping starts at a page boundary, so its offset can fall in the previous segment's
+/// last page: lld (Rust's default linker) packs the read-only segment and the code into one
+/// page (`R` ends at 0x16a54, `R E` starts at file offset 0x16a60 and vaddr 0x17a60), and
+/// the code's mapping then starts at offset 0x16000. The executable segment whose page
+/// range holds the offset is the one mapped (the loader passes executable mappings only).
 pub fn mapping_bias(data: &[u8], start: u64, file_offset: u64) -> Option<u64> {
+    const PAGE: u64 = 4096;
+    const PF_X: u32 = 1;
     let file = object::File::parse(data).ok()?;
-    let segment = file.segments().find(|s| {
+    let holds = |s: &object::Segment<'_, '_>| {
         let (off, size) = s.file_range();
-        off <= file_offset && file_offset < off + size.max(1)
-    })?;
+        off & !(PAGE - 1) <= file_offset && file_offset < off + size.max(1)
+    };
+    let executable = |s: &object::Segment<'_, '_>| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & PF_X != 0);
+    let segment = file
+        .segments()
+        .find(|s| holds(s) && executable(s))
+        .or_else(|| file.segments().find(|s| holds(s)))?;
     let (off, _) = segment.file_range();
     // address = start + (fileoff - file_offset); vaddr = fileoff - off + segment vaddr.
     Some(
@@ -159,6 +177,52 @@ fn unsupported() -> UnwindRow {
     }
 }
 
+/// The row of a signal trampoline (an FDE whose CIE has the `S` augmentation: libc's
+/// `__restore_rt`, where a signal handler returns to). The interrupted registers are in the
+/// `ucontext` on the stack, and glibc's CFI says so with expressions: CFA = `*(rsp + N)`
+/// (the saved RSP), RIP saved at `rsp + N + 8`, RBP at `rsp + N + 8 x k`. That becomes one
+/// `kind::SIGNAL` row (cfa_off = N, rbp_off = k); any other trampoline is unsupported.
+fn signal_frame<R: gimli::Reader>(
+    r: &gimli::UnwindTableRow<R::Offset>,
+    eh_frame: &EhFrame<R>,
+) -> UnwindRow {
+    let at_rsp = |e: &gimli::UnwindExpression<R::Offset>, deref: bool| {
+        let mut expr = e.get(eh_frame).ok()?.0;
+        (expr.read_u8().ok()? == DW_OP_BREG7).then_some(())?;
+        let off = expr.read_sleb128().ok()?;
+        if deref {
+            (expr.read_u8().ok()? == DW_OP_DEREF).then_some(())?;
+        }
+        expr.is_empty().then_some(off)
+    };
+    let saved = |reg| match r.register(reg) {
+        Some(RegisterRule::Expression(e)) => at_rsp(&e, false),
+        _ => None,
+    };
+    let row = (|| {
+        let CfaRule::Expression(cfa) = r.cfa() else {
+            return None;
+        };
+        let rsp_at = at_rsp(cfa, true)?;
+        (saved(RA)? == rsp_at + 8).then_some(())?;
+        // RBP in 8-byte slots from the saved RSP (glibc: -5).
+        let rbp = saved(RBP)? - rsp_at;
+        if rbp % 8 != 0 || !(-1024..0).contains(&rbp) {
+            return None;
+        }
+        Some(UnwindRow {
+            pc: 0,
+            cfa_off: u16::try_from(rsp_at).ok()?,
+            rbp_off: (rbp / 8) as i8,
+            kind: kind::SIGNAL,
+        })
+    })();
+    row.unwrap_or_else(unsupported)
+}
+
+const DW_OP_BREG7: u8 = 0x77;
+const DW_OP_DEREF: u8 = 0x06;
+
 /// One gimli row to our rule (pc filled in by the caller).
 fn convert<R: gimli::Reader>(
     r: &gimli::UnwindTableRow<R::Offset>,
@@ -172,7 +236,7 @@ fn convert<R: gimli::Reader>(
             };
         }
         Some(RegisterRule::Offset(-8)) => {}
-        // Signal frames (__restore_rt) and other hand-written CFI.
+        // Hand-written CFI (signal frames are compiled by `signal_frame`).
         _ => return unsupported(),
     }
     let rbp_off = match r.register(RBP) {

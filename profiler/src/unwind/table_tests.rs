@@ -55,10 +55,66 @@ fn readelf_rows(path: &str) -> Vec<ReadelfRow> {
     rows
 }
 
+/// A signal trampoline's FDE as `readelf --debug-dump=frames` prints it (frames-interp shows
+/// its expressions as "exp" only): its range and the `DW_OP_breg7 (rsp): N` offsets of the
+/// CFA (dereferenced), RIP and RBP.
+#[derive(Debug, Default)]
+struct SignalFde {
+    lo: u64,
+    hi: u64,
+    cfa: Option<i64>,
+    rip: Option<i64>,
+    rbp: Option<i64>,
+}
+
+fn signal_fdes(path: &str) -> Vec<SignalFde> {
+    let out = std::process::Command::new("readelf")
+        .args(["-W", "--debug-dump=frames", path])
+        .output()
+        .expect("readelf (binutils) runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let breg7 = |line: &str| {
+        let rest = line.split("DW_OP_breg7 (rsp): ").nth(1)?;
+        rest.split([';', ')']).next()?.trim().parse::<i64>().ok()
+    };
+    let (mut signal_cies, mut fdes) = (Vec::new(), Vec::<SignalFde>::new());
+    let (mut last_cie, mut in_signal_fde) = (String::new(), false);
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.len() == 4 && words[3] == "CIE" {
+            last_cie = words[0].to_owned();
+            in_signal_fde = false;
+        } else if line.contains("Augmentation:") && line.contains('S') {
+            signal_cies.push(format!("cie={last_cie}"));
+        } else if line.contains(" FDE ") {
+            in_signal_fde = signal_cies.iter().any(|c| line.contains(c.as_str()));
+            if in_signal_fde {
+                let range = line.split("pc=").nth(1).expect("an FDE range");
+                let (lo, hi) = range.split_once("..").expect("lo..hi");
+                fdes.push(SignalFde {
+                    lo: u64::from_str_radix(lo, 16).unwrap(),
+                    hi: u64::from_str_radix(hi, 16).unwrap(),
+                    ..SignalFde::default()
+                });
+            }
+        } else if in_signal_fde && let Some(fde) = fdes.last_mut() {
+            if line.contains("def_cfa_expression") && line.contains("DW_OP_deref") {
+                fde.cfa = breg7(line);
+            } else if line.contains("r16 (rip)") {
+                fde.rip = breg7(line);
+            } else if line.contains("r6 (rbp)") {
+                fde.rbp = breg7(line);
+            }
+        }
+    }
+    fdes
+}
+
 fn check_against_readelf(path: &str) -> usize {
     let data = std::fs::read(path).expect("readable binary");
     let table = compile(&data).expect("compiles");
     let rows = readelf_rows(path);
+    let signal = signal_fdes(path);
     assert!(
         rows.len() > 50,
         "{path}: readelf printed only {} rows",
@@ -79,7 +135,24 @@ fn check_against_readelf(path: &str) -> usize {
             continue;
         }
         if r.ra != "c-8" {
-            assert_eq!(ours.kind, kind::UNSUPPORTED, "{at}");
+            match signal.iter().find(|f| (f.lo..f.hi).contains(&r.loc)) {
+                // CFA = *(rsp + N), RIP at rsp + N + 8, RBP at rsp + N + 8 x rbp_off.
+                Some(f) => {
+                    let (cfa, rip, rbp) = (f.cfa.unwrap(), f.rip.unwrap(), f.rbp.unwrap());
+                    assert_eq!(rip, cfa + 8, "{at}: {f:?}");
+                    assert_eq!(
+                        (
+                            ours.kind,
+                            i64::from(ours.cfa_off),
+                            i64::from(ours.rbp_off) * 8
+                        ),
+                        (kind::SIGNAL, cfa, rbp - cfa),
+                        "{at}: {f:?}"
+                    );
+                    checked += 1;
+                }
+                None => assert_eq!(ours.kind, kind::UNSUPPORTED, "{at}"),
+            }
             continue;
         }
         // A saved RBP we cannot express makes the whole row unsupported.
@@ -132,6 +205,21 @@ fn ld_so_matches_readelf() {
     assert!(checked > 1_000, "only {checked} rows compared");
 }
 
+/// libc's `__restore_rt` (the `S` augmentation) becomes one SIGNAL row: glibc's
+/// sigcontext, RSP at 160 from the stack pointer, RBP 5 slots below it.
+#[test]
+fn libc_signal_frame_is_recognised() {
+    let path = "/lib/x86_64-linux-gnu/libc.so.6";
+    let fdes = signal_fdes(path);
+    assert_eq!(fdes.len(), 1, "{fdes:?}");
+    let table = compile(&std::fs::read(path).unwrap()).unwrap();
+    let row = table.lookup(fdes[0].lo + 1).unwrap();
+    assert_eq!(
+        (row.kind, row.cfa_off, row.rbp_off),
+        (kind::SIGNAL, 160, -5)
+    );
+}
+
 /// libc's PLT uses the binutils expression, which becomes a PLT row with threshold 11.
 #[test]
 fn libc_plt_is_recognised() {
@@ -167,4 +255,29 @@ fn rows_are_sorted_merged_and_gapped() {
     }
     assert_eq!(table.rows.last().unwrap().kind, kind::NONE);
     assert!(table.rows.iter().any(|r| r.kind == kind::NONE));
+}
+
+/// A code segment that does not start on a page boundary in the file (lld's layout, Rust's
+/// default linker): its mapping starts in the previous segment's last page, and the bias
+/// must come from the code segment (found by its execute flag), not the one before it.
+#[test]
+fn bias_of_code_sharing_a_page_with_the_segment_before() {
+    // This test binary: linked by lld, like every Rust binary here.
+    let data = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    for s in file.segments() {
+        let object::SegmentFlags::Elf { p_flags } = s.flags() else {
+            continue;
+        };
+        let (off, _) = s.file_range();
+        if p_flags & 1 == 0 || off % 4096 == 0 {
+            continue;
+        }
+        // Mapped at 0x7f0000000000 from the page holding the segment's first byte.
+        let start = 0x7f00_0000_0000;
+        let bias = mapping_bias(&data, start, off & !4095).unwrap();
+        assert_eq!(start + (off % 4096) - bias, s.address(), "{s:?}");
+        return;
+    }
+    panic!("this test binary has no code segment off a page boundary");
 }

@@ -1,0 +1,270 @@
+//! Table unwinding's edge cases (issue 10), each on a fixture without frame pointers: a
+//! sample in a PLT stub, a busy signal handler (crossing `__restore_rt`), a leaf in the
+//! vDSO, a static binary, and Rust built without frame pointers. Each asserts that >= 95% of
+//! the fixture's samples have the whole chain from `_start`, and that the same assertion
+//! fails with `--unwind fp` (the negative control: the fixture really needs the tables).
+//! Deep recursion, dlopen and Go are in unwind.rs; agreement with perf in unwind_perf.rs.
+
+use std::path::Path;
+use std::process::Command;
+
+use profiler_tests::{
+    Stack, TempDir, exclusive, expect_success, has_chain, head, read_folded, record, require_bpf,
+    samples, spawn_fixture_args,
+};
+
+const FX_EDGES: &str = env!("FIXTURE_FX_EDGES");
+const FX_STATIC: &str = env!("FIXTURE_FX_STATIC");
+const FX_RUST_NOFP: &str = env!("FIXTURE_FX_RUST_NOFP");
+
+/// One recording of a fixture run by `--pid` (its tables load before sampling starts).
+struct Run {
+    text: String,
+    /// The fixture's stacks only.
+    stacks: Vec<Stack>,
+    stderr: String,
+}
+
+fn record_fixture(fixture: &str, args: &[&str], unwind: &str, secs: u32) -> Run {
+    let name = Path::new(fixture).file_name().unwrap().to_string_lossy();
+    let dir = TempDir::new(&format!("unwind-edges-{name}-{unwind}"));
+    let process = spawn_fixture_args(Path::new(fixture), args);
+    let out = dir.file("out.folded");
+    let pid = process.pid().to_string();
+    let duration = format!("{secs}s");
+    // 999 Hz: cpu-clock counts only the fixture's running time, and on a loaded machine
+    // (load 24 on 2 CPUs) 3 s at 499 Hz gave fewer than 100 samples.
+    let ours = [
+        "-p", &pid, "-F", "999", "-d", &duration, "--unwind", unwind, "-o", &out,
+    ];
+    let output = record(&ours);
+    expect_success(&output, &format!("profiler record {ours:?}"));
+    let (text, stacks) = read_folded(Path::new(&out));
+    let comm: String = name.chars().take(15).collect();
+    Run {
+        text,
+        stacks: stacks.into_iter().filter(|(f, _)| f[0] == comm).collect(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// Whether the stack starts at `_start` (right after the comm) and has `chain` in order.
+fn whole(f: &[String], chain: &[&str]) -> bool {
+    f.get(1).is_some_and(|root| root == "_start") && has_chain(f, chain, |a, b| a == b)
+}
+
+/// Samples of `run` that `pick` selects, and how many of them are whole down to `chain`.
+fn whole_of(run: &Run, chain: &[&str], pick: impl Fn(&[String]) -> bool) -> (u64, u64) {
+    let picked = samples(&run.stacks, &pick);
+    let good = samples(&run.stacks, |f| pick(f) && whole(f, chain));
+    (good, picked)
+}
+
+/// The test's assertion on `run`: at least `min` samples picked, >= 95% of them whole.
+fn assert_whole(run: &Run, chain: &[&str], pick: impl Fn(&[String]) -> bool, min: u64, what: &str) {
+    let (good, total) = whole_of(run, chain, pick);
+    eprintln!("{what}: {good} of {total} samples whole\n{}", run.stderr);
+    assert!(
+        total >= min,
+        "{what}: only {total} samples; {}",
+        head(&run.text, 20)
+    );
+    assert!(
+        good * 100 >= total * 95,
+        "{what}: only {good} of {total} samples reach _start -> {chain:?}; {}",
+        head(&run.text, 20)
+    );
+}
+
+/// Negative control: the same assertion, walked by frame pointers, must fail.
+fn assert_fp_fails(fixture: &str, args: &[&str], chain: &[&str], what: &str) {
+    let run = record_fixture(fixture, args, "fp", 3);
+    let (good, total) = whole_of(&run, chain, |_| true);
+    eprintln!("{what} --unwind fp: {good} of {total} samples whole");
+    assert!(
+        total >= 100,
+        "{what}: only {total} samples; {}",
+        head(&run.text, 20)
+    );
+    assert!(
+        good * 100 < total * 95,
+        "{what}: frame pointers alone got {good} of {total} whole: the fixture does not test \
+         table unwinding"
+    );
+}
+
+/// The disassembly of each of `functions` in `binary` (objdump, demangled), which must not
+/// set up a frame pointer: the premise of the tests.
+fn assert_no_frame_pointer_prologue(binary: &str, functions: &[&str]) {
+    let out = Command::new("objdump")
+        .args(["-d", "-C", "--no-show-raw-insn", binary])
+        .output()
+        .expect("running objdump (binutils)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for function in functions {
+        let header = format!("<{function}>:");
+        let code = text
+            .split("\n\n")
+            .find(|block| block.lines().next().is_some_and(|l| l.ends_with(&header)))
+            .unwrap_or_else(|| panic!("objdump shows no {function} in {binary}"));
+        assert!(
+            !code.contains("mov    %rsp,%rbp"),
+            "{function} sets up a frame pointer:\n{code}"
+        );
+    }
+}
+
+#[test]
+fn fixtures_have_no_frame_pointer_prologue() {
+    let c = [
+        "main",
+        "a",
+        "b",
+        "spin",
+        "plt_loop",
+        "vdso_loop",
+        "on_signal",
+        "burn",
+    ];
+    assert_no_frame_pointer_prologue(FX_EDGES, &c);
+    assert_no_frame_pointer_prologue(FX_STATIC, &c);
+    let rust = ["rust_outer", "rust_middle", "rust_inner"].map(|f| format!("fx_rust_nofp::{f}"));
+    assert_no_frame_pointer_prologue(FX_RUST_NOFP, &rust.each_ref().map(String::as_str));
+}
+
+/// A hot loop calling a one-line function of a shared library through the PLT: many samples
+/// land in the stub itself, where the binutils PLT expression gives the CFA. The PLT has no
+/// symbols of its own; the symbolizer names it after the nearest one before it (`_init`).
+#[test]
+fn sample_in_a_plt_stub_is_whole() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let args = ["20", "plt"];
+    let chain = ["main", "a", "b", "plt_loop"];
+    let run = record_fixture(FX_EDGES, &args, "dwarf", 3);
+    assert_whole(&run, &chain, |_| true, 100, "plt");
+    let in_stub =
+        |f: &[String]| f.len() >= 2 && f[f.len() - 2] == "plt_loop" && f[f.len() - 1] == "_init";
+    let total = samples(&run.stacks, |_| true);
+    let (good, stub) = whole_of(&run, &chain, in_stub);
+    assert!(
+        stub * 100 >= total * 5,
+        "only {stub} of {total} samples in the PLT stub: the fixture does not test it; {}",
+        head(&run.text, 20)
+    );
+    assert!(
+        good * 100 >= stub * 95,
+        "only {good} of {stub} samples in the PLT stub are whole; {}",
+        head(&run.text, 20)
+    );
+    let in_library = samples(&run.stacks, |f| f.last().is_some_and(|l| l == "fx_tiny"));
+    assert!(
+        in_library > 0,
+        "no sample in fx_tiny; {}",
+        head(&run.text, 20)
+    );
+    assert_fp_fails(FX_EDGES, &args, &chain, "plt");
+}
+
+/// A SIGPROF handler that burns CPU: its samples must cross the signal frame (libc's
+/// `__restore_rt`, whose registers are in the sigcontext) into the interrupted `spin`.
+#[test]
+fn busy_signal_handler_crosses_the_signal_frame() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let args = ["20", "signal"];
+    // Longer: the handler has about a quarter of the samples.
+    let run = record_fixture(FX_EDGES, &args, "dwarf", 5);
+    let in_handler = |f: &[String]| f.iter().any(|x| x == "on_signal");
+    let chain = ["main", "a", "b", "spin", "on_signal", "burn"];
+    assert_whole(&run, &chain, in_handler, 50, "signal handler");
+    let total = samples(&run.stacks, |_| true);
+    let handler = samples(&run.stacks, in_handler);
+    assert!(
+        handler * 100 >= total * 10,
+        "only {handler} of {total} samples in the handler; {}",
+        head(&run.text, 20)
+    );
+    // And the samples outside the handler are whole as well.
+    assert_whole(&run, &chain[..4], |_| true, 100, "signal, all");
+    assert_fp_fails(FX_EDGES, &args, &chain[..4], "signal");
+}
+
+/// A loop on clock_gettime: the leaf is in the vDSO (in no file; symbolized `[unknown]`
+/// under libc's `clock_gettime`), walked by the table of the vDSO's own .eh_frame, so a
+/// sample at its first instruction (before `push %rbp`) is whole too.
+#[test]
+fn leaf_in_the_vdso_reaches_main() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let args = ["20", "vdso"];
+    let chain = ["main", "a", "b", "vdso_loop"];
+    let run = record_fixture(FX_EDGES, &args, "dwarf", 3);
+    assert_whole(&run, &chain, |_| true, 100, "vdso");
+    let in_vdso = |f: &[String]| {
+        f.len() >= 2 && f[f.len() - 2] == "clock_gettime" && f[f.len() - 1] == "[unknown]"
+    };
+    let total = samples(&run.stacks, |_| true);
+    let vdso = samples(&run.stacks, in_vdso);
+    assert!(
+        vdso * 100 >= total * 20,
+        "only {vdso} of {total} samples in the vDSO; {}",
+        head(&run.text, 20)
+    );
+    assert_eq!(
+        samples(&run.stacks, |f| f
+            .iter()
+            .any(|x| x.starts_with("[truncated"))),
+        0,
+        "stacks cut short; {}",
+        head(&run.text, 20)
+    );
+    assert_fp_fails(FX_EDGES, &args, &chain, "vdso");
+}
+
+/// A static binary (its own libc inside, no frame pointers): one table from its .eh_frame.
+#[test]
+fn static_binary_is_walked_by_its_own_table() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let args = ["20", "spin"];
+    let chain = ["main", "a", "b", "spin"];
+    let run = record_fixture(FX_STATIC, &args, "dwarf", 3);
+    // Two tables: the binary's and the vDSO's; nothing by frame pointer.
+    assert!(
+        run.stderr.contains("2 binaries by table") && run.stderr.contains("0 by frame pointer"),
+        "the static binary did not get a table:\n{}",
+        run.stderr
+    );
+    assert_whole(&run, &chain, |_| true, 100, "static");
+    assert_fp_fails(FX_STATIC, &args, &chain, "static");
+}
+
+/// Rust built as `cargo build --release` builds by default (optimized, no frame pointers,
+/// linked by lld): the chain through std's runtime down to rust_inner is whole.
+#[test]
+fn rust_without_frame_pointers_is_whole() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let args = ["20"];
+    let chain = [
+        "main",
+        "fx_rust_nofp::main",
+        "fx_rust_nofp::rust_outer",
+        "fx_rust_nofp::rust_middle",
+        "fx_rust_nofp::rust_inner",
+    ];
+    let run = record_fixture(FX_RUST_NOFP, &args, "dwarf", 3);
+    assert_whole(&run, &chain, |_| true, 100, "rust");
+    assert_fp_fails(FX_RUST_NOFP, &args, &chain, "rust");
+}
