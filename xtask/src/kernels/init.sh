@@ -47,6 +47,10 @@ run() {
 
 # The chain every test looks for: fx-chain spends its time in main -> a -> b -> c.
 CHAIN='main;a;b;c'
+# fx-chain runs until the step that started it kills it (FX_LIFE is only a backstop): with a
+# lifetime of 8 s, the profiler's start-up under emulation on a busy host (verifying a 63k-insn
+# program, compiling unwind tables) outlasted the fixture and record-* found no fx-chain at all.
+FX_LIFE=600
 
 has_chain() { grep -q "$CHAIN" "$1"; }
 
@@ -60,7 +64,7 @@ say "MATRIX-INFO cpus $(nproc)"
 while read -r mode args; do
     [ -n "$mode" ] || continue
     t="record-$mode"
-    fx-chain 8 &
+    fx-chain $FX_LIFE &
     fx=$!
     if run "$t" profiler -v record -d 3s -F 99 $args -o "/tmp/$t.capture" -o "/tmp/$t.folded"; then
         if has_chain "/tmp/$t.folded"; then
@@ -99,7 +103,7 @@ fi
 
 # record --cgroup: fx-chain in a cgroup2 child, sampled through the in-kernel cgroup filter.
 mkdir -p /sys/fs/cgroup/matrix
-sh -c 'echo $$ > /sys/fs/cgroup/matrix/cgroup.procs && exec fx-chain 8' &
+sh -c 'echo $$ > /sys/fs/cgroup/matrix/cgroup.procs && exec fx-chain '$FX_LIFE &
 fx=$!
 if run record-cgroup profiler record -d 3s -F 99 --cgroup /sys/fs/cgroup/matrix -o /tmp/cgroup.folded; then
     others=$(grep -vc '^fx-chain;' /tmp/cgroup.folded)
@@ -203,7 +207,7 @@ fi
 rm -rf /tmp/v2lab
 
 # agent: one window stored, then read back with query.
-fx-chain 12 &
+fx-chain $FX_LIFE &
 fx=$!
 profiler agent -F 99 --window 2s --data-dir /tmp/agent --listen 127.0.0.1:7070 2> /tmp/agent.err &
 agent=$!
