@@ -221,6 +221,7 @@ pub async fn record(
         kernel_release: read_trimmed("/proc/sys/kernel/osrelease"),
         cpus: sampler.cpus.clone(),
         counters,
+        untimed: Vec::new(),
     };
     if config.verbose || counters.lost_ringbuf_full > 0 {
         report_counters(&counters, duration_ns);

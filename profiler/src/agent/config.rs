@@ -17,6 +17,9 @@ pub struct AgentConfig {
     pub data_dir: PathBuf,
     /// Windows older than this are deleted.
     pub retention: Duration,
+    /// Windows older than this keep their counts but lose their sample times (a heat map
+    /// of them says "no exact times").
+    pub keep_times: Duration,
     /// The store is kept under this many bytes (oldest windows go first).
     pub max_size_bytes: u64,
     /// Address of the HTTP API.
@@ -38,6 +41,8 @@ impl Default for AgentConfig {
             window: Duration::from_secs(10),
             data_dir: PathBuf::from("/var/lib/profiler"),
             retention: Duration::from_secs(7 * 24 * 3600),
+            // Times are most of a window's bytes (docs/agent.md): a day of them, a week of counts.
+            keep_times: Duration::from_secs(24 * 3600),
             max_size_bytes: 1 << 30,
             // Loopback unless asked: profiles reveal what a host runs.
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
@@ -62,6 +67,8 @@ pub struct FileConfig {
     #[serde(alias = "data_dir")]
     pub data_dir: Option<PathBuf>,
     pub retention: Option<String>,
+    #[serde(alias = "keep_times")]
+    pub keep_times: Option<String>,
     #[serde(alias = "max_size")]
     pub max_size: Option<String>,
     pub listen: Option<String>,
@@ -101,6 +108,7 @@ impl FileConfig {
             window,
             data_dir,
             retention,
+            keep_times,
             max_size,
             listen,
             push_url,
@@ -119,6 +127,9 @@ impl FileConfig {
         }
         if let Some(r) = retention {
             c.retention = parse_duration(&r).map_err(|e| format!("retention: {e}"))?;
+        }
+        if let Some(k) = keep_times {
+            c.keep_times = parse_duration(&k).map_err(|e| format!("keep-times: {e}"))?;
         }
         if let Some(s) = max_size {
             c.max_size_bytes = parse_size(&s)?;
@@ -168,6 +179,15 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
 }
 
 impl AgentConfig {
+    /// What the store keeps (`Store::retain`).
+    pub fn store_retention(&self) -> crate::store::Retention {
+        crate::store::Retention {
+            max_age_ns: self.retention.as_nanos() as u64,
+            keep_times_ns: self.keep_times.as_nanos() as u64,
+            max_bytes: self.max_size_bytes,
+        }
+    }
+
     /// Refuses a non-loopback `listen` without a token unless `insecure_listen` says so:
     /// profiles show what every process on the host runs, and the API can be made to work.
     pub fn check_exposure(&self) -> Result<(), String> {

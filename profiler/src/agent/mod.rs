@@ -148,11 +148,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             pending.push_back(profile);
             failing = store_pending(&mut store, &mut pending, &state, failing);
             let now = unix_now_ns();
-            let retained = store.retain(
-                now,
-                config.retention.as_nanos() as u64,
-                config.max_size_bytes,
-            );
+            let retained = store.retain(now, config.store_retention());
             // Once per failing spell, like writes: on a full disk it fails every window.
             match retained {
                 Err(e) if !retention_failing => {

@@ -10,7 +10,8 @@ use crate::agent::{
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
     /// TOML file with the same keys as these flags (frequency, window, data-dir, retention,
-    /// max-size, listen, push-url, comm, token-file, insecure-listen); flags given here win.
+    /// keep-times, max-size, listen, push-url, comm, token-file, insecure-listen); flags
+    /// given here win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Samples per second on each CPU (1..=1000; default 19).
@@ -27,6 +28,10 @@ pub struct AgentArgs {
     /// Delete windows older than this: 7d (default), 12h...
     #[arg(long, value_name = "DURATION", value_parser = crate::util::parse_duration)]
     pub retention: Option<Duration>,
+    /// Keep each sample's time and CPU this long (24h default); older windows keep their
+    /// counts (flame graphs) until --retention, and their heat map says "no exact times".
+    #[arg(long, value_name = "DURATION", value_parser = crate::util::parse_duration)]
+    pub keep_times: Option<Duration>,
     /// Keep the store under this size: 1GiB (default), 500MiB...
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_size: Option<u64>,
@@ -61,6 +66,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         window,
         data_dir,
         retention,
+        keep_times,
         max_size,
         listen,
         push_url,
@@ -72,6 +78,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.window = window.unwrap_or(config.window);
     config.data_dir = data_dir.unwrap_or(config.data_dir);
     config.retention = retention.unwrap_or(config.retention);
+    config.keep_times = keep_times.unwrap_or(config.keep_times);
     config.max_size_bytes = max_size.unwrap_or(config.max_size_bytes);
     config.listen = listen.unwrap_or(config.listen);
     if push_url.is_some() {
