@@ -20,6 +20,8 @@ use crate::profile::{FrameKind, Profile};
 
 /// A frame row: (kernel, name id, module id, address, binary id).
 type FrameKey = (bool, i64, i64, i64, i64);
+/// A counts row: (stack, pid, comm, cgroup id) in the window's profile.
+type RowKey = (u32, u32, u32, u64);
 
 /// The database file's name inside the data dir.
 pub const DB_FILE: &str = "profiles.db";
@@ -186,7 +188,7 @@ impl Store {
             self.clear_caches();
         }
         // Per row, its samples' (time, CPU): the count is their number.
-        let mut counts: HashMap<(u32, u32, u32, u64), Vec<(u64, u32)>> = HashMap::new();
+        let mut counts: HashMap<RowKey, Vec<(u64, u32)>> = HashMap::new();
         for s in &p.samples {
             counts
                 .entry((s.stack, s.pid, s.comm, s.cgroup_id))
