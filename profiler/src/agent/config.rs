@@ -26,6 +26,8 @@ pub struct AgentConfig {
     pub listen: SocketAddr,
     /// Pyroscope-compatible server to push each window to (base URL, `/ingest` is added).
     pub push_url: Option<String>,
+    /// OTLP/HTTP endpoint to send each window to (base URL, `/v1development/profiles` is added).
+    pub otlp_endpoint: Option<String>,
     /// Only threads with these comms; empty = all.
     pub comms: Vec<String>,
     /// File holding the bearer token every API request but /healthz must send.
@@ -47,6 +49,7 @@ impl Default for AgentConfig {
             // Loopback unless asked: profiles reveal what a host runs.
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             push_url: None,
+            otlp_endpoint: None,
             comms: Vec::new(),
             token_file: None,
             insecure_listen: false,
@@ -74,6 +77,8 @@ pub struct FileConfig {
     pub listen: Option<String>,
     #[serde(alias = "push_url")]
     pub push_url: Option<String>,
+    #[serde(alias = "otlp_endpoint")]
+    pub otlp_endpoint: Option<String>,
     pub comm: Option<Vec<String>>,
     #[serde(alias = "token_file")]
     pub token_file: Option<PathBuf>,
@@ -112,6 +117,7 @@ impl FileConfig {
             max_size,
             listen,
             push_url,
+            otlp_endpoint,
             comm,
             token_file,
             insecure_listen,
@@ -139,6 +145,9 @@ impl FileConfig {
         }
         if push_url.is_some() {
             c.push_url = push_url;
+        }
+        if otlp_endpoint.is_some() {
+            c.otlp_endpoint = otlp_endpoint;
         }
         if let Some(comm) = comm {
             c.comms = comm;

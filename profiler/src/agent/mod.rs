@@ -75,16 +75,18 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             addr: config.listen,
             source,
         })?;
-    let push_url = config
-        .push_url
-        .as_deref()
-        .map(push::parse_push_url)
-        .transpose()
-        .map_err(AgentError::PushUrl)?;
-    let pusher = match push_url {
-        Some(url) => Some(push::Pusher::new(url, &config.data_dir).map_err(AgentError::Spool)?),
-        None => None,
-    };
+    let mut pushers = Vec::new();
+    for (url, protocol) in [
+        (&config.push_url, push::Protocol::Pyroscope),
+        (&config.otlp_endpoint, push::Protocol::Otlp),
+    ] {
+        if let Some(url) = url {
+            let url = push::parse_push_url(url).map_err(AgentError::PushUrl)?;
+            pushers.push(
+                push::Pusher::new(url, protocol, &config.data_dir).map_err(AgentError::Spool)?,
+            );
+        }
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -111,7 +113,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             crate::record::stop_signal(Duration::from_secs(u64::from(u32::MAX))).await;
             let _ = stop_tx.send(true);
         });
-        if let Some(p) = &pusher {
+        for p in &pushers {
             tokio::task::spawn_local(p.clone().run());
         }
         let api_state = state.clone();
@@ -139,11 +141,14 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             let profile = recorder.window(stop).await?;
             let stopping = *stop_rx.borrow();
             state.metrics.borrow_mut().add_window(&profile);
-            if let Some(p) = &pusher {
+            for p in &pushers {
                 p.enqueue(&profile, &profile.meta.hostname);
+            }
+            if !pushers.is_empty() {
+                // Both targets' windows together (profiler_push_windows_total).
                 let mut m = state.metrics.borrow_mut();
-                m.push_sent = p.sent.get();
-                m.push_dropped = p.dropped.get();
+                m.push_sent = pushers.iter().map(|p| p.sent.get()).sum();
+                m.push_dropped = pushers.iter().map(|p| p.dropped.get()).sum();
             }
             pending.push_back(profile);
             failing = store_pending(&mut store, &mut pending, &state, failing);

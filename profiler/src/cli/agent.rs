@@ -10,8 +10,8 @@ use crate::agent::{
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
     /// TOML file with the same keys as these flags (frequency, window, data-dir, retention,
-    /// keep-times, max-size, listen, push-url, comm, token-file, insecure-listen); flags
-    /// given here win.
+    /// keep-times, max-size, listen, push-url, otlp-endpoint, comm, token-file,
+    /// insecure-listen); flags given here win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Samples per second on each CPU (1..=1000; default 19).
@@ -41,6 +41,10 @@ pub struct AgentArgs {
     /// Also push each window (pprof) to this Pyroscope-compatible server: http://HOST:PORT.
     #[arg(long, value_name = "URL")]
     pub push_url: Option<String>,
+    /// Also send each window as OTLP profiles (protobuf over HTTP, the v1development signal)
+    /// to this collector: http://HOST:4318 (`/v1development/profiles` is added).
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     /// Only threads with this comm (repeatable).
     #[arg(long = "comm", value_name = "NAME")]
     pub comms: Vec<String>,
@@ -70,6 +74,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         max_size,
         listen,
         push_url,
+        otlp_endpoint,
         comms,
         token_file,
         insecure_listen,
@@ -83,6 +88,9 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.listen = listen.unwrap_or(config.listen);
     if push_url.is_some() {
         config.push_url = push_url;
+    }
+    if otlp_endpoint.is_some() {
+        config.otlp_endpoint = otlp_endpoint;
     }
     if !comms.is_empty() {
         config.comms = comms;
