@@ -62,8 +62,9 @@
   }
 
   function drawHeat() {
-    // Unfiltered: the exact grid. Filtered: from the records, a bucket's count spread evenly
-    // over its slices (exact while buckets are one slice).
+    // Unfiltered: the exact grid. Filtered: from the records; a bucket coarser than a slice
+    // is drawn as one block of its mean (its samples' slices are not known), and the summary
+    // says at what resolution.
     let cells = D.grid;
     if (filtered()) {
       const v = view(), per = new Float64Array(Math.ceil((C * R) / v.B) + 1);
@@ -84,6 +85,7 @@
     }
     cv.cells = cells;
     $('summary').textContent = Math.round(total) + ' busy samples shown; max ' + (+max.toFixed(1)) + ' per cell; ' + D.hz + ' Hz, ' + D.cpus.length + ' CPUs' +
+      (filtered() && view().B > 1 ? '; filtered at ' + (view().B * 1000 / R) + ' ms resolution (each block: its mean per cell)' : '') +
       (UNTIMED.size ? '; no exact times for ' + UNTIMED.size + ' s (grey: the store kept only counts there; ' + D.untimed_n + ' busy samples not drawn)' : '');
   }
 
