@@ -320,8 +320,14 @@ pub fn leaf_is_kernel(profile: &Profile, stack: u32) -> bool {
 impl Profile {
     /// The samples with `from_ns <= offset_ns < to_ns` (offsets from the capture start, ns).
     /// Offsets are kept, so wall-clock times stay right; the tables are shared as they are.
+    /// Untimed ranges are cut to the slice too (their samples sit at their range's start).
     pub fn slice(&self, from_ns: u64, to_ns: u64) -> Profile {
-        self.retain(|s| (from_ns..to_ns).contains(&s.offset_ns))
+        let mut p = self.retain(|s| (from_ns..to_ns).contains(&s.offset_ns));
+        p.meta.untimed = (p.meta.untimed.iter())
+            .map(|&(a, b)| (a.max(from_ns), b.min(to_ns)))
+            .filter(|(a, b)| a < b)
+            .collect();
+        p
     }
 
     /// The samples that pass `filter`.
