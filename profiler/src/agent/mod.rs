@@ -81,7 +81,12 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         (&config.otlp_endpoint, push::Protocol::Otlp),
     ] {
         if let Some(url) = url {
-            let url = push::parse_push_url(url).map_err(AgentError::PushUrl)?;
+            let url = push::parse_push_url(url).map_err(|e| {
+                AgentError::PushUrl(match protocol {
+                    push::Protocol::Pyroscope => e,
+                    push::Protocol::Otlp => format!("--otlp-endpoint: {e}"),
+                })
+            })?;
             pushers.push(
                 push::Pusher::new(url, protocol, &config.data_dir).map_err(AgentError::Spool)?,
             );
