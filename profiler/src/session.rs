@@ -278,6 +278,7 @@ impl Session {
                 recorded: collection.samples.len() as u64,
                 ..Counters::default()
             },
+            untimed: Vec::new(),
         };
         Ok(Window {
             collection,
@@ -354,6 +355,7 @@ impl Session {
             kernel_release: self.kernel_release.clone(),
             cpus: self.sampler.cpus.clone(),
             counters,
+            untimed: Vec::new(),
         };
         self.start_unix_ns = unix_now_ns();
         self.start_mono_ns = now_mono;

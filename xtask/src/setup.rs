@@ -67,6 +67,7 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
     }
     if extras.tests {
         ensure_browser_node_modules()?;
+        ensure_otlp_proto()?;
         ensure_rustup_components()?;
         // The matrix's initramfs needs a static busybox (the guest has no C library of its
         // own); the package conflicts with the dynamic busybox, so it is asked for by name.
@@ -306,6 +307,36 @@ fn ensure_browser_node_modules() -> Result<()> {
             .current_dir(&dir),
     )
     .context("npm ci in tests/browser failed")
+}
+
+/// The OpenTelemetry protobuf classes the OTLP export test decodes the agent's requests with
+/// (tests/tests/agent_otlp.rs): the `opentelemetry-proto` Python package, pinned (1.45.2 is
+/// generated from opentelemetry-proto v1.10.0, whose profiles signal the agent speaks), in a
+/// venv under target/ so nothing is installed system-wide.
+pub const OTLP_PROTO_PACKAGE: &str = "opentelemetry-proto==1.45.2";
+
+fn ensure_otlp_proto() -> Result<()> {
+    let venv = util::workspace_root().join("target/otlp-venv");
+    let python = venv.join("bin/python");
+    let check = || {
+        util::output(Command::new(&python).args([
+            "-c",
+            "import importlib.metadata as m, opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2; print(m.version('opentelemetry-proto'))",
+        ]))
+    };
+    let pinned = OTLP_PROTO_PACKAGE.rsplit("==").next().unwrap_or("");
+    if check().is_ok_and(|v| v.trim() == pinned) {
+        println!("ok: {OTLP_PROTO_PACKAGE} in {}", venv.display());
+        return Ok(());
+    }
+    // Debian's python3.11 (installed above) needs its venv module as a package.
+    ensure_packages(&["python3.11-venv"])?;
+    println!("installing {OTLP_PROTO_PACKAGE} into {}", venv.display());
+    util::run(Command::new("python3.11").arg("-m").arg("venv").arg(&venv))?;
+    util::run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", OTLP_PROTO_PACKAGE]))
+        .context("installing the OpenTelemetry protobuf classes failed")?;
+    check().context("the OpenTelemetry protobuf classes do not import")?;
+    Ok(())
 }
 
 /// `cargo xtask test` runs `cargo fmt` and `cargo clippy`, which rustup installs as components.

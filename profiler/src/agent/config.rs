@@ -17,12 +17,17 @@ pub struct AgentConfig {
     pub data_dir: PathBuf,
     /// Windows older than this are deleted.
     pub retention: Duration,
+    /// Windows older than this keep their counts but lose their sample times (a heat map
+    /// of them says "no exact times").
+    pub keep_times: Duration,
     /// The store is kept under this many bytes (oldest windows go first).
     pub max_size_bytes: u64,
     /// Address of the HTTP API.
     pub listen: SocketAddr,
     /// Pyroscope-compatible server to push each window to (base URL, `/ingest` is added).
     pub push_url: Option<String>,
+    /// OTLP/HTTP endpoint to send each window to (base URL, `/v1development/profiles` is added).
+    pub otlp_endpoint: Option<String>,
     /// Only threads with these comms; empty = all.
     pub comms: Vec<String>,
     /// File holding the bearer token every API request but /healthz must send.
@@ -44,10 +49,13 @@ impl Default for AgentConfig {
             window: Duration::from_secs(10),
             data_dir: PathBuf::from("/var/lib/profiler"),
             retention: Duration::from_secs(7 * 24 * 3600),
+            // Times are most of a window's bytes (docs/agent.md): a day of them, a week of counts.
+            keep_times: Duration::from_secs(24 * 3600),
             max_size_bytes: 1 << 30,
             // Loopback unless asked: profiles reveal what a host runs.
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             push_url: None,
+            otlp_endpoint: None,
             comms: Vec::new(),
             token_file: None,
             insecure_listen: false,
@@ -72,11 +80,15 @@ pub struct FileConfig {
     #[serde(alias = "data_dir")]
     pub data_dir: Option<PathBuf>,
     pub retention: Option<String>,
+    #[serde(alias = "keep_times")]
+    pub keep_times: Option<String>,
     #[serde(alias = "max_size")]
     pub max_size: Option<String>,
     pub listen: Option<String>,
     #[serde(alias = "push_url")]
     pub push_url: Option<String>,
+    #[serde(alias = "otlp_endpoint")]
+    pub otlp_endpoint: Option<String>,
     pub comm: Option<Vec<String>>,
     #[serde(alias = "token_file")]
     pub token_file: Option<PathBuf>,
@@ -117,9 +129,11 @@ impl FileConfig {
             window,
             data_dir,
             retention,
+            keep_times,
             max_size,
             listen,
             push_url,
+            otlp_endpoint,
             comm,
             token_file,
             insecure_listen,
@@ -139,6 +153,9 @@ impl FileConfig {
         if let Some(r) = retention {
             c.retention = parse_duration(&r).map_err(|e| format!("retention: {e}"))?;
         }
+        if let Some(k) = keep_times {
+            c.keep_times = parse_duration(&k).map_err(|e| format!("keep-times: {e}"))?;
+        }
         if let Some(s) = max_size {
             c.max_size_bytes = parse_size(&s)?;
         }
@@ -147,6 +164,9 @@ impl FileConfig {
         }
         if push_url.is_some() {
             c.push_url = push_url;
+        }
+        if otlp_endpoint.is_some() {
+            c.otlp_endpoint = otlp_endpoint;
         }
         if let Some(comm) = comm {
             c.comms = comm;
@@ -202,6 +222,15 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
 }
 
 impl AgentConfig {
+    /// What the store keeps (`Store::retain`).
+    pub fn store_retention(&self) -> crate::store::Retention {
+        crate::store::Retention {
+            max_age_ns: self.retention.as_nanos() as u64,
+            keep_times_ns: self.keep_times.as_nanos() as u64,
+            max_bytes: self.max_size_bytes,
+        }
+    }
+
     /// Refuses a non-loopback `listen` without a token unless `insecure_listen` says so:
     /// profiles show what every process on the host runs, and the API can be made to work.
     pub fn check_exposure(&self) -> Result<(), String> {

@@ -103,16 +103,23 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             addr: config.listen,
             source,
         })?;
-    let push_url = config
-        .push_url
-        .as_deref()
-        .map(push::parse_push_url)
-        .transpose()
-        .map_err(AgentError::PushUrl)?;
-    let pusher = match push_url {
-        Some(url) => Some(push::Pusher::new(url, &config.data_dir).map_err(AgentError::Spool)?),
-        None => None,
-    };
+    let mut pushers = Vec::new();
+    for (url, protocol) in [
+        (&config.push_url, push::Protocol::Pyroscope),
+        (&config.otlp_endpoint, push::Protocol::Otlp),
+    ] {
+        if let Some(url) = url {
+            let url = push::parse_push_url(url).map_err(|e| {
+                AgentError::PushUrl(match protocol {
+                    push::Protocol::Pyroscope => e,
+                    push::Protocol::Otlp => format!("--otlp-endpoint: {e}"),
+                })
+            })?;
+            pushers.push(
+                push::Pusher::new(url, protocol, &config.data_dir).map_err(AgentError::Spool)?,
+            );
+        }
+    }
     let delay = store_delay()?;
     let kernel = KernelSymbols::load().map_err(RecordError::Kallsyms)?;
     if kernel.hidden() {
@@ -173,7 +180,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     };
     let symbolizer = {
         let shared = shared.clone();
-        let push = pusher.is_some().then_some(push_tx);
+        let push = (!pushers.is_empty()).then_some(push_tx);
         spawn(
             "symbolize",
             Box::new(move || pipeline::symbolize(&jobs, kernel, store_tx, push, shared)),
@@ -183,8 +190,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
         let stage = pipeline::StoreStage {
             store,
             windows: store_rx,
-            retention: config.retention,
-            max_size_bytes: config.max_size_bytes,
+            retention: config.store_retention(),
             shared: shared.clone(),
             delay,
         };
@@ -203,15 +209,20 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             taps: taps_tx,
             heavy: std::cell::Cell::new(0),
         });
-        if let Some(p) = &pusher {
+        for p in &pushers {
             tokio::task::spawn_local(p.clone().run());
-            let (p, shared) = (p.clone(), shared.clone());
+        }
+        if !pushers.is_empty() {
+            let shared = shared.clone();
             tokio::task::spawn_local(async move {
                 while let Some(profile) = push_rx.recv().await {
-                    p.enqueue(&profile, &profile.meta.hostname);
+                    for p in &pushers {
+                        p.enqueue(&profile, &profile.meta.hostname);
+                    }
+                    // Both targets' windows together (profiler_push_windows_total).
                     let mut m = shared.metrics();
-                    m.push_sent = p.sent.get();
-                    m.push_dropped = p.dropped.get();
+                    m.push_sent = pushers.iter().map(|p| p.sent.get()).sum();
+                    m.push_dropped = pushers.iter().map(|p| p.dropped.get()).sum();
                 }
             });
         }

@@ -265,8 +265,7 @@ fn join(mut parts: Vec<Profile>) -> Profile {
 pub struct StoreStage {
     pub store: Store,
     pub windows: mpsc::Receiver<Arc<Profile>>,
-    pub retention: Duration,
-    pub max_size_bytes: u64,
+    pub retention: crate::store::Retention,
     pub shared: Arc<Shared>,
     /// `STORE_DELAY_ENV`, when set.
     pub delay: Option<Duration>,
@@ -284,11 +283,7 @@ impl StoreStage {
             }
             pending.push_back(profile);
             failing = self.store_pending(&mut pending, failing);
-            let retained = self.store.retain(
-                unix_now_ns(),
-                self.retention.as_nanos() as u64,
-                self.max_size_bytes,
-            );
+            let retained = self.store.retain(unix_now_ns(), self.retention);
             // Once per failing spell, like writes: on a full disk it fails every window.
             match retained {
                 Err(e) if !retention_failing => {

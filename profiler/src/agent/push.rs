@@ -1,8 +1,10 @@
-//! `--push-url`: each window goes to a Pyroscope-compatible ingest endpoint
-//! (`POST {url}/ingest?name=...&from=...&until=...&format=pprof`, pprof body). Windows are
-//! spooled on disk first (`<data-dir>/push/`, at most `MAX_SPOOLED` files) and sent oldest
-//! first; while the server is down the sender retries with exponential backoff. A window that
-//! overflows the spool is deleted and counted. Plain http:// only (a TLS proxy can front it).
+//! `--push-url` and `--otlp-endpoint`: each window goes to a Pyroscope-compatible ingest
+//! endpoint (`POST {url}/ingest?name=...&from=...&until=...&format=pprof`, pprof body) and/or
+//! an OTLP/HTTP profiles endpoint (`POST {url}/v1development/profiles`, protobuf body,
+//! `output::encode_otlp`). Windows are spooled on disk first (`<data-dir>/push/` and
+//! `<data-dir>/otlp/`, at most `MAX_SPOOLED` files each) and sent oldest first; while the
+//! server is down the sender retries with exponential backoff. A window that overflows the
+//! spool is deleted and counted. Plain http:// only (a TLS proxy can front it).
 use std::{
     cell::Cell,
     path::{Path, PathBuf},
@@ -24,6 +26,52 @@ pub const MAX_SPOOLED: usize = 360;
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Time one push may take.
 pub const PUSH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a pusher speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// Pyroscope's `/ingest`, a gzipped pprof body.
+    Pyroscope,
+    /// OTLP/HTTP profiles (`v1development`), a protobuf body.
+    Otlp,
+}
+
+impl Protocol {
+    /// The spool's directory under the data dir.
+    fn spool(self) -> &'static str {
+        match self {
+            Self::Pyroscope => "push",
+            Self::Otlp => "otlp",
+        }
+    }
+
+    /// The spooled files' suffix.
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::Pyroscope => ".pb.gz",
+            Self::Otlp => ".otlp.pb",
+        }
+    }
+
+    /// The endpoint's path after the URL's base.
+    fn path(self) -> &'static str {
+        match self {
+            Self::Pyroscope => "/ingest",
+            Self::Otlp => "/v1development/profiles",
+        }
+    }
+
+    fn encode(self, p: &Profile) -> std::io::Result<Vec<u8>> {
+        match self {
+            Self::Pyroscope => {
+                let mut body = Vec::new();
+                crate::output::write_pprof(p, &mut body)?;
+                Ok(body)
+            }
+            Self::Otlp => Ok(crate::output::encode_otlp(p)),
+        }
+    }
+}
 
 /// Where a push goes: `http://HOST:PORT[/base]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +115,7 @@ pub fn parse_push_url(text: &str) -> Result<PushUrl, String> {
 /// The spool and its counters, shared by the window loop and the sender task.
 pub struct Pusher {
     url: PushUrl,
+    protocol: Protocol,
     dir: PathBuf,
     wake: Notify,
     /// Windows sent, and windows deleted because the spool was full.
@@ -76,11 +125,12 @@ pub struct Pusher {
 
 impl Pusher {
     /// Creates the spool dir under `data_dir`; windows left there by an earlier run are sent too.
-    pub fn new(url: PushUrl, data_dir: &Path) -> std::io::Result<Rc<Self>> {
-        let dir = data_dir.join("push");
+    pub fn new(url: PushUrl, protocol: Protocol, data_dir: &Path) -> std::io::Result<Rc<Self>> {
+        let dir = data_dir.join(protocol.spool());
         std::fs::create_dir_all(&dir)?;
         Ok(Rc::new(Self {
             url,
+            protocol,
             dir,
             wake: Notify::new(),
             sent: Cell::new(0),
@@ -88,19 +138,22 @@ impl Pusher {
         }))
     }
 
-    /// Spools one window (as pprof) and wakes the sender.
+    /// Spools one window (in the protocol's encoding) and wakes the sender.
     pub fn enqueue(&self, p: &Profile, hostname: &str) {
         let until = (p.meta.start_unix_ns + p.meta.duration_ns).div_ceil(1_000_000_000);
-        let mut body = Vec::new();
-        if let Err(e) = crate::output::write_pprof(p, &mut body) {
-            log::error!("push: cannot encode a window: {e}");
-            return;
-        }
+        let body = match self.protocol.encode(p) {
+            Ok(body) => body,
+            Err(e) => {
+                log::error!("push: cannot encode a window: {e}");
+                return;
+            }
+        };
         // The name sorts by time; the host is in it because a restart may reuse a second.
         let name = format!(
-            "{:020}-{until}-{}.pb.gz",
+            "{:020}-{until}-{}{}",
             p.meta.start_unix_ns,
-            sanitize(hostname)
+            sanitize(hostname),
+            self.protocol.suffix()
         );
         if let Err(e) = std::fs::write(self.dir.join(name), body) {
             log::error!("push: cannot spool a window in {}: {e}", self.dir.display());
@@ -118,7 +171,12 @@ impl Pusher {
         let mut files: Vec<PathBuf> = std::fs::read_dir(&self.dir)
             .map(|d| d.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
-        files.retain(|p| p.extension().is_some_and(|e| e == "gz"));
+        let suffix = self.protocol.suffix();
+        files.retain(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(suffix))
+        });
         files.sort();
         files
     }
@@ -141,9 +199,10 @@ impl Pusher {
                     }
                     Err(e) => {
                         log::error!(
-                            "push to http://{}{}/ingest failed: {e}; {} windows kept on disk, retrying in {backoff:?}",
+                            "push to http://{}{}{} failed: {e}; {} windows kept on disk, retrying in {backoff:?}",
                             self.url.authority,
                             self.url.base,
+                            self.protocol.path(),
                             self.spooled().len()
                         );
                         tokio::time::sleep(backoff).await;
@@ -159,7 +218,7 @@ impl Pusher {
         let body =
             std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
         let stem = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        let mut parts = stem.trim_end_matches(".pb.gz").splitn(3, '-');
+        let mut parts = stem.trim_end_matches(self.protocol.suffix()).splitn(3, '-');
         let from = parts
             .next()
             .and_then(|v| v.parse::<u64>().ok())
@@ -170,13 +229,26 @@ impl Pusher {
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(from + 1);
         let host = parts.next().unwrap_or("");
-        // name = profiler.cpu{host="..."}, percent-encoded.
-        let name = format!("profiler.cpu%7Bhost%3D{host}%7D");
+        let (target, content_type) = match self.protocol {
+            Protocol::Pyroscope => {
+                // name = profiler.cpu{host="..."}, percent-encoded.
+                let name = format!("profiler.cpu%7Bhost%3D{host}%7D");
+                (
+                    format!(
+                        "{}/ingest?name={name}&from={from}&until={until}&format=pprof&spyName=profiler",
+                        self.url.base
+                    ),
+                    "application/octet-stream",
+                )
+            }
+            Protocol::Otlp => (
+                format!("{}{}", self.url.base, Protocol::Otlp.path()),
+                "application/x-protobuf",
+            ),
+        };
         let head = format!(
-            "POST {}/ingest?name={name}&from={from}&until={until}&format=pprof&spyName=profiler HTTP/1.1\r\n\
-             Host: {}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\
-             Connection: close\r\n\r\n",
-            self.url.base,
+            "POST {target} HTTP/1.1\r\nHost: {}\r\nContent-Type: {content_type}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
             self.url.authority,
             body.len()
         );
@@ -241,7 +313,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("push-spool-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let url = parse_push_url("http://127.0.0.1:1").unwrap();
-        let pusher = Pusher::new(url, &dir).unwrap();
+        let pusher = Pusher::new(url, Protocol::Pyroscope, &dir).unwrap();
         let mut p = Profile::default();
         for k in 0..(MAX_SPOOLED as u64 + 5) {
             p.meta.start_unix_ns = (1_000 + k * 10) * 1_000_000_000;

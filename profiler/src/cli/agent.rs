@@ -12,8 +12,8 @@ use crate::unwind::UnwindMode;
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
     /// TOML file with the same keys as these flags (frequency, window, data-dir, retention,
-    /// max-size, listen, push-url, comm, token-file, insecure-listen, unwind, unwind-memory,
-    /// python); flags given here win.
+    /// keep-times, max-size, listen, push-url, otlp-endpoint, comm, token-file, insecure-listen,
+    /// unwind, unwind-memory, python); flags given here win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Samples per second on each CPU (1..=1000; default 19).
@@ -30,6 +30,10 @@ pub struct AgentArgs {
     /// Delete windows older than this: 7d (default), 12h...
     #[arg(long, value_name = "DURATION", value_parser = crate::util::parse_duration)]
     pub retention: Option<Duration>,
+    /// Keep each sample's time and CPU this long (24h default); older windows keep their
+    /// counts (flame graphs) until --retention, and their heat map says "no exact times".
+    #[arg(long, value_name = "DURATION", value_parser = crate::util::parse_duration)]
+    pub keep_times: Option<Duration>,
     /// Keep the store under this size: 1GiB (default), 500MiB...
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_size: Option<u64>,
@@ -39,6 +43,10 @@ pub struct AgentArgs {
     /// Also push each window (pprof) to this Pyroscope-compatible server: http://HOST:PORT.
     #[arg(long, value_name = "URL")]
     pub push_url: Option<String>,
+    /// Also send each window as OTLP profiles (protobuf over HTTP, the v1development signal)
+    /// to this collector: http://HOST:4318 (`/v1development/profiles` is added).
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     /// Only threads with this comm (repeatable).
     #[arg(long = "comm", value_name = "NAME")]
     pub comms: Vec<String>,
@@ -74,9 +82,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
         window,
         data_dir,
         retention,
+        keep_times,
         max_size,
         listen,
         push_url,
+        otlp_endpoint,
         comms,
         token_file,
         insecure_listen,
@@ -91,10 +101,14 @@ pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     config.window = window.unwrap_or(config.window);
     config.data_dir = data_dir.unwrap_or(config.data_dir);
     config.retention = retention.unwrap_or(config.retention);
+    config.keep_times = keep_times.unwrap_or(config.keep_times);
     config.max_size_bytes = max_size.unwrap_or(config.max_size_bytes);
     config.listen = listen.unwrap_or(config.listen);
     if push_url.is_some() {
         config.push_url = push_url;
+    }
+    if otlp_endpoint.is_some() {
+        config.otlp_endpoint = otlp_endpoint;
     }
     if !comms.is_empty() {
         config.comms = comms;

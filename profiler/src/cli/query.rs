@@ -65,10 +65,20 @@ pub fn run(args: QueryArgs) -> anyhow::Result<()> {
             args.until
         );
     }
+    let untimed_ns: u64 = profile.meta.untimed.iter().map(|(a, b)| b - a).sum();
     eprintln!(
-        "{} samples from {:.0} s of windows",
+        "{} samples from {:.0} s of windows{}",
         profile.samples.len(),
-        profile.meta.duration_ns as f64 / 1e9
+        profile.meta.duration_ns as f64 / 1e9,
+        if untimed_ns > 0 {
+            format!(
+                "; {:.0} s of them without exact times (older than the agent's --keep-times): \
+                 heat maps and --cpus show those seconds as such",
+                untimed_ns as f64 / 1e9
+            )
+        } else {
+            String::new()
+        }
     );
     super::write_outputs(&outputs, &profile)
 }

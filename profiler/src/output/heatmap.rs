@@ -64,14 +64,16 @@ impl HeatmapData {
         // Bounded by MAX_RECORDS: fine as one string.
         let all: Vec<u64> = self.all_records.iter().flatten().copied().collect();
         let all = nums(&all);
+        let untimed = nums(&self.untimed_cols);
         write!(
             w,
-            r#"{{"first_s":{},"cols":{},"rows":{},"hz":{},"start_unix_ms":{},"cpus":{cpus},"comms":{comms},"cgroups":{cgroups},"frames":{frames},"stacks":{stacks},"grid":{grid},"cpu_busy":{busy},"cpu_kernel":{kernel},"bucket":{},"all_bucket":{},"all_rec":{all},"rec":["#,
+            r#"{{"first_s":{},"cols":{},"rows":{},"hz":{},"start_unix_ms":{},"untimed":{untimed},"untimed_n":{},"cpus":{cpus},"comms":{comms},"cgroups":{cgroups},"frames":{frames},"stacks":{stacks},"grid":{grid},"cpu_busy":{busy},"cpu_kernel":{kernel},"bucket":{},"all_bucket":{},"all_rec":{all},"rec":["#,
             self.span.first_s,
             self.span.cols,
             self.rows,
             self.frequency_hz,
             self.start_unix_ms,
+            self.untimed_samples,
             self.bucket,
             self.all_bucket,
         )?;
@@ -182,6 +184,40 @@ mod tests {
         assert_eq!(d.records.iter().map(|r| r[5]).sum::<u64>(), 60);
         assert_eq!((d.all_bucket, d.all_records.len()), (25, 6));
         assert_eq!((d.grid, d.cpu_busy), (fine.grid, fine.cpu_busy));
+    }
+
+    /// Samples without times (old stored windows) are in no cell: their seconds are listed
+    /// as untimed, for the page to mark, and counted.
+    #[test]
+    fn untimed_seconds_are_marked_not_drawn() {
+        let mut p = profile::timeline_pattern();
+        let fine = heatmap_data(&p).unwrap();
+        p.meta.untimed = vec![(1_000_000_000, 2_000_000_000)];
+        let mut moved = 0;
+        for s in p
+            .samples
+            .iter_mut()
+            .filter(|s| s.offset_ns / 1_000_000_000 == 1)
+        {
+            (s.offset_ns, s.cpu) = (1_000_000_000, profile::NO_CPU);
+            moved += u64::from(s.pid != 0);
+        }
+        let d = heatmap_data(&p).unwrap();
+        assert_eq!(
+            (d.untimed_cols.clone(), d.untimed_samples),
+            (vec![1], moved)
+        );
+        assert_eq!(d.cpus, fine.cpus, "no CPU is made up for them");
+        assert!(d.grid[50..100].iter().all(|&n| n == 0));
+        assert_eq!(
+            (&d.grid[..50], &d.grid[100..]),
+            (&fine.grid[..50], &fine.grid[100..])
+        );
+        assert!(
+            d.to_json().contains(r#""untimed":[1],"untimed_n":20,"#),
+            "{}",
+            d.to_json()
+        );
     }
 
     #[test]

@@ -2,8 +2,10 @@
 pub mod diff;
 mod folded;
 mod heatmap;
+mod otlp;
 mod perf_text;
 mod pprof;
+mod protobuf;
 mod svg;
 
 use std::{
@@ -14,6 +16,7 @@ use std::{
 
 pub use folded::{folded_lines, folded_lines_by, write_folded};
 pub use heatmap::{HeatmapData, heatmap_data, write_heatmap};
+pub use otlp::encode_otlp;
 pub use perf_text::write_perf_text;
 pub use pprof::write_pprof;
 pub use svg::{write_svg, write_svg_lines};

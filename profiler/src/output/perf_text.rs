@@ -18,7 +18,17 @@ use std::io;
 
 use crate::profile::{Frame, FrameKind, Profile};
 
+/// Every sample needs its time and CPU here: a profile with untimed ranges (old stored
+/// windows) is refused (`InvalidInput`) rather than printed with times it does not have.
 pub fn write_perf_text(profile: &Profile, w: &mut impl io::Write) -> io::Result<()> {
+    if profile.samples.iter().any(|s| !s.has_time()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "perf script text needs each sample's time, and part of this range was stored \
+             without times (older than the agent's --keep-times); pick a more recent range or \
+             another format",
+        ));
+    }
     // Module column per frame, computed once: most samples share few frames.
     let modules: Vec<String> = profile.frames.iter().map(|f| module(profile, f)).collect();
     let names: Vec<String> = profile

@@ -11,6 +11,8 @@ use std::{
 
 use flate2::{Compression, write::GzEncoder};
 
+use super::protobuf::{Msg, Strings};
+
 use crate::profile::{
     Process, Profile, Sample,
     attribution::{GroupBy, Grouper, owner},
@@ -179,76 +181,6 @@ fn samples(p: &Profile) -> Vec<PprofSample> {
         });
     }
     out
-}
-
-/// The string table; index 0 is "" as profile.proto requires.
-struct Strings {
-    ids: HashMap<String, u64>,
-    list: Vec<String>,
-}
-
-impl Default for Strings {
-    fn default() -> Self {
-        Self {
-            ids: HashMap::from([(String::new(), 0)]),
-            list: vec![String::new()],
-        }
-    }
-}
-
-impl Strings {
-    fn id(&mut self, s: &str) -> u64 {
-        if let Some(&id) = self.ids.get(s) {
-            return id;
-        }
-        let id = self.list.len() as u64;
-        self.list.push(s.to_owned());
-        self.ids.insert(s.to_owned(), id);
-        id
-    }
-}
-
-/// A protobuf message being written: varints (wire type 0) and length-delimited fields (2).
-#[derive(Default)]
-struct Msg(Vec<u8>);
-
-impl Msg {
-    fn varint(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.0.push(v as u8 | 0x80);
-            v >>= 7;
-        }
-        self.0.push(v as u8);
-    }
-
-    /// A varint field; zero is the default and is left out, as protobuf encoders do.
-    fn uint(&mut self, field: u32, v: u64) {
-        if v != 0 {
-            self.varint(u64::from(field) << 3);
-            self.varint(v);
-        }
-    }
-
-    fn bytes(&mut self, field: u32, b: &[u8]) {
-        self.varint(u64::from(field) << 3 | 2);
-        self.varint(b.len() as u64);
-        self.0.extend_from_slice(b);
-    }
-
-    fn msg(&mut self, field: u32, m: Msg) {
-        self.bytes(field, &m.0);
-    }
-
-    /// A packed repeated varint field.
-    fn packed(&mut self, field: u32, values: impl IntoIterator<Item = u64>) {
-        let mut m = Msg::default();
-        for v in values {
-            m.varint(v);
-        }
-        if !m.0.is_empty() {
-            self.msg(field, m);
-        }
-    }
 }
 
 #[cfg(test)]

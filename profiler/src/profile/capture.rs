@@ -16,7 +16,8 @@ pub const MAGIC: &[u8; 8] = b"PROFCAP\0";
 /// Bumped on any change a reader of the previous version would misread.
 /// 2: binaries (path, build id) and each frame's address and binary.
 /// 3: process lifetimes (fork, exec, exit times and exit status) after the samples.
-pub const CAPTURE_VERSION: u32 = 3;
+/// 4: the untimed ranges (`Meta::untimed`) after the lifetimes.
+pub const CAPTURE_VERSION: u32 = 4;
 
 // Bounds on what a capture may make the reader do (docs/capture-format.md, "Bounds"). A
 // capture is a file a user hands us, possibly crafted: gzip alone inflates up to ~1000x.
@@ -96,6 +97,7 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
         kernel_release,
         cpus,
         counters,
+        untimed,
     } = &p.meta;
     w.u(*start_unix_ns)?;
     w.u(*start_mono_ns)?;
@@ -225,6 +227,11 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
             w.u(v.map_or(0, |v| v.saturating_add(1)))?;
         }
     }
+    w.u(untimed.len() as u64)?;
+    for &(from, to) in untimed {
+        w.u(from)?;
+        w.u(to)?;
+    }
     w.0.into_inner()
         .map_err(io::IntoInnerError::into_error)?
         .finish()?
@@ -283,7 +290,7 @@ pub fn decode(input: &mut impl Read) -> Result<Profile, CaptureError> {
 }
 
 /// Reads versions 1 and 2 too: version 1 frames have no address or binary (both read as 0,
-/// "unknown"); before version 3 there are no lifetimes.
+/// "unknown"); before version 3 there are no lifetimes, before 4 no untimed ranges.
 fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
     let mut meta = Meta {
         start_unix_ns: r.u()?,
@@ -466,6 +473,12 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
     } else {
         Vec::new()
     };
+    if version >= 4 {
+        let n = r.items::<(u64, u64)>()?;
+        meta.untimed = (0..n)
+            .map(|_| Ok((r.u()?, r.u()?)))
+            .collect::<io::Result<_>>()?;
+    }
     Ok(Profile {
         meta,
         strings,
@@ -483,11 +496,11 @@ fn corrupt(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
 }
 
-/// LEB128 writer.
-struct Writer<W: Write>(W);
+/// LEB128 writer (also the store's per-sample times, `store::times`).
+pub(crate) struct Writer<W: Write>(pub(crate) W);
 
 impl<W: Write> Writer<W> {
-    fn u(&mut self, mut v: u64) -> io::Result<()> {
+    pub(crate) fn u(&mut self, mut v: u64) -> io::Result<()> {
         let mut buf = [0u8; 10];
         let mut n = 0;
         loop {
@@ -531,14 +544,28 @@ impl<R: Read> Read for Counting<R> {
 
 /// LEB128 reader over the inflated body; every length is checked against what is left, and
 /// every table is charged to `budget` (bytes the decoded profile may still take).
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
     budget: u64,
 }
 
-impl Reader<'_> {
-    fn u(&mut self) -> io::Result<u64> {
+impl<'a> Reader<'a> {
+    /// A reader of `buf` whose decoded items may take `budget` bytes.
+    pub(crate) fn new(buf: &'a [u8], budget: u64) -> Self {
+        Self {
+            buf,
+            pos: 0,
+            budget,
+        }
+    }
+
+    /// Bytes not read yet.
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    pub(crate) fn u(&mut self) -> io::Result<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = *self.buf.get(self.pos).ok_or(io::ErrorKind::UnexpectedEof)?;
@@ -551,7 +578,7 @@ impl Reader<'_> {
         Err(corrupt("varint too long"))
     }
 
-    fn u32(&mut self) -> io::Result<u32> {
+    pub(crate) fn u32(&mut self) -> io::Result<u32> {
         u32::try_from(self.u()?).map_err(|_| corrupt("value does not fit 32 bits"))
     }
 

@@ -1,6 +1,6 @@
 //! Unit tests of the capture format: exact round trips, old versions, corrupt input.
 use super::*;
-use crate::profile::Interner;
+use crate::profile::{Interner, NO_CPU};
 
 fn sample_profile() -> Profile {
     let mut i = Interner::new(Meta {
@@ -19,6 +19,7 @@ fn sample_profile() -> Profile {
             kstack_failed: 0,
             ustack_failed: 2,
         },
+        untimed: vec![(1_000_000_000, 1_500_000_000)],
     });
     let (main, vm) = (i.string("main"), i.string("vmlinux"));
     let fx = i.binary(Binary {
@@ -57,10 +58,17 @@ fn sample_profile() -> Profile {
     let s1 = i.stack(vec![f0, f1]);
     let s2 = i.stack(vec![f2, f1]);
     let comm = i.string("fx-chain");
-    for (t, stack) in [(5, s0), (3, s1), (7, s2), (10_000_000_000, s0)] {
+    // The one at 1 s is a stored sample whose time is no longer known (`Meta::untimed`).
+    for (t, stack) in [
+        (5, s0),
+        (3, s1),
+        (7, s2),
+        (1_000_000_000, s1),
+        (10_000_000_000, s0),
+    ] {
         i.sample(Sample {
             offset_ns: t,
-            cpu: 1,
+            cpu: if t == 1_000_000_000 { NO_CPU } else { 1 },
             pid: 42,
             tid: 43,
             cgroup_id: 9,
@@ -159,26 +167,33 @@ fn reads_version_1() {
     assert_eq!((old.frames[0].addr, old.frames[0].binary), (0, 0));
 }
 
-/// Version 2 ended with the samples: it reads with no lifetimes.
+/// Version 2 ended with the samples: it reads with no lifetimes; version 3 ended with the
+/// lifetimes: it reads with no untimed ranges.
 #[test]
-fn reads_version_2() {
+fn reads_versions_2_and_3() {
     let mut p = sample_profile();
-    p.lifetimes.clear();
-    let mut bytes = Vec::new();
-    encode(&p, &mut bytes).unwrap();
-    let mut body = Vec::new();
-    GzDecoder::new(&bytes[12..]).read_to_end(&mut body).unwrap();
-    assert_eq!(
-        body.pop(),
-        Some(0),
-        "the body ends with an empty lifetime list"
-    );
-    let mut old = MAGIC.to_vec();
-    old.extend(2u32.to_le_bytes());
-    let mut gz = GzEncoder::new(old, Compression::new(6));
-    gz.write_all(&body).unwrap();
-    let old = decode(&mut gz.finish().unwrap().as_slice()).unwrap();
-    assert_eq!(old, p);
+    p.meta.untimed.clear();
+    for version in [3u32, 2] {
+        if version == 2 {
+            p.lifetimes.clear();
+        }
+        let mut bytes = Vec::new();
+        encode(&p, &mut bytes).unwrap();
+        let mut body = Vec::new();
+        GzDecoder::new(&bytes[12..]).read_to_end(&mut body).unwrap();
+        for list in ["untimed ranges", "lifetimes"]
+            .iter()
+            .take(4 - version as usize)
+        {
+            assert_eq!(body.pop(), Some(0), "the body ends with empty {list}");
+        }
+        let mut old = MAGIC.to_vec();
+        old.extend(version.to_le_bytes());
+        let mut gz = GzEncoder::new(old, Compression::new(6));
+        gz.write_all(&body).unwrap();
+        let old = decode(&mut gz.finish().unwrap().as_slice()).unwrap();
+        assert_eq!(old, p, "version {version}");
+    }
 }
 
 #[test]

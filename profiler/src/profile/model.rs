@@ -45,6 +45,9 @@ pub struct Stack {
     pub frames: Vec<u32>,
 }
 
+/// `Sample::cpu` of a sample whose time and CPU are not known (see `Meta::untimed`).
+pub const NO_CPU: u32 = u32::MAX;
+
 /// One sample: a tick of the sampling timer on one CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sample {
@@ -61,6 +64,13 @@ pub struct Sample {
     pub comm: StrId,
     /// Index into `Profile::stacks`.
     pub stack: u32,
+}
+
+impl Sample {
+    /// Whether the sample's time and CPU are real (false for `Meta::untimed` samples).
+    pub fn has_time(&self) -> bool {
+        self.cpu != NO_CPU
+    }
 }
 
 /// Sample accounting of a recording: every sample the kernel took is in exactly one of
@@ -168,6 +178,10 @@ pub struct Meta {
     /// CPUs sampled.
     pub cpus: Vec<u32>,
     pub counters: Counters,
+    /// Offset ranges `[from, to)`, ns, sorted, whose samples have no exact time or CPU: stored
+    /// windows older than the agent's `--keep-times` (their counts outlive their times). Such
+    /// samples sit at their range's start on `NO_CPU`; time views skip them and say so.
+    pub untimed: Vec<(u64, u64)>,
 }
 
 /// A whole profile.

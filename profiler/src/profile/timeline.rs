@@ -70,6 +70,11 @@ pub fn is_idle(s: &Sample) -> bool {
     s.pid == 0
 }
 
+/// A busy sample with a real time and CPU: what the time views (heat map, CPU tables) count.
+pub fn is_timed_busy(s: &Sample) -> bool {
+    !is_idle(s) && s.has_time()
+}
+
 /// Whole seconds the grid spans: `first_s` is floor(first sample offset, s); `cols` is
 /// FlameScope's `ceil(end) - floor(start)`, plus one when the last sample sits exactly on a
 /// second boundary (FlameScope would index past its grid there).
@@ -82,11 +87,20 @@ pub struct Span {
 }
 
 impl Span {
-    /// The span of every sample in `profile` (idle ones too: they mark time that passed).
+    /// The span of every sample in `profile` (idle ones too: they mark time that passed) and
+    /// of its untimed ranges (shown as such).
     pub fn of(profile: &Profile) -> Span {
-        let (lo, hi) = profile.samples.iter().fold((u64::MAX, 0), |(lo, hi), s| {
-            (lo.min(s.offset_ns), hi.max(s.offset_ns))
-        });
+        let untimed = profile
+            .meta
+            .untimed
+            .iter()
+            .map(|&(from, to)| (from, to.saturating_sub(1).max(from)));
+        let (lo, hi) = profile
+            .samples
+            .iter()
+            .map(|s| (s.offset_ns, s.offset_ns))
+            .chain(untimed)
+            .fold((u64::MAX, 0), |(lo, hi), (a, b)| (lo.min(a), hi.max(b)));
         if lo > hi {
             return Span {
                 first_s: 0,
@@ -117,6 +131,23 @@ impl Span {
     pub fn col(&self, offset_ns: u64) -> usize {
         (offset_ns / NS_PER_S - self.first_s) as usize
     }
+
+    /// Per column: whether any part of its second lies in an untimed range of `profile`
+    /// (its samples' times are not known: the column must say so, not look quiet).
+    pub fn untimed_cols(&self, profile: &Profile) -> Vec<bool> {
+        let mut cols = vec![false; self.cols];
+        for &(from, to) in &profile.meta.untimed {
+            if to <= from {
+                continue;
+            }
+            let first = (from / NS_PER_S).max(self.first_s);
+            let last = ((to - 1) / NS_PER_S).min(self.first_s + self.cols as u64 - 1);
+            for sec in first..=last {
+                cols[(sec - self.first_s) as usize] = true;
+            }
+        }
+        cols
+    }
 }
 
 /// Row of a sample within its second: `rows - floor(rows * frac(t)) - 1`, so row 0 (the top)
@@ -145,7 +176,11 @@ pub fn heat_map(profile: &Profile, rows: u32, filter: &Filter) -> Result<HeatMap
     let span = Span::bounded(profile, cpu_ids(profile).len())?;
     let keep = filter.matcher(profile);
     let mut cells = vec![vec![0u64; rows as usize]; span.cols];
-    for s in profile.samples.iter().filter(|s| !is_idle(s) && keep(s)) {
+    for s in profile
+        .samples
+        .iter()
+        .filter(|s| is_timed_busy(s) && keep(s))
+    {
         cells[span.col(s.offset_ns)][row(s.offset_ns, rows) as usize] += 1;
     }
     let max = cells.iter().flatten().copied().max().unwrap_or(0);
@@ -189,7 +224,13 @@ pub struct CpuTable {
 /// The CPUs of `profile`, ascending: the recorded ones and any seen in samples.
 pub fn cpu_ids(profile: &Profile) -> Vec<u32> {
     let mut cpus: Vec<u32> = profile.meta.cpus.clone();
-    cpus.extend(profile.samples.iter().map(|s| s.cpu));
+    cpus.extend(
+        profile
+            .samples
+            .iter()
+            .filter(|s| s.has_time())
+            .map(|s| s.cpu),
+    );
     cpus.sort_unstable();
     cpus.dedup();
     cpus
@@ -208,7 +249,11 @@ pub fn cpu_table(profile: &Profile, filter: &Filter) -> Result<CpuTable, SpanToo
     let mut seconds = vec![vec![CpuSecond::default(); span.cols]; cpus.len()];
     // Per (cpu index, col): comm -> busy samples; small, since only busy samples count.
     let mut comms: HashMap<(usize, usize), HashMap<StrId, u64>> = HashMap::new();
-    for s in profile.samples.iter().filter(|s| !is_idle(s) && keep(s)) {
+    for s in profile
+        .samples
+        .iter()
+        .filter(|s| is_timed_busy(s) && keep(s))
+    {
         let (ci, col) = (index[&s.cpu], span.col(s.offset_ns));
         let cell = &mut seconds[ci][col];
         cell.busy += 1;
@@ -275,8 +320,14 @@ pub fn leaf_is_kernel(profile: &Profile, stack: u32) -> bool {
 impl Profile {
     /// The samples with `from_ns <= offset_ns < to_ns` (offsets from the capture start, ns).
     /// Offsets are kept, so wall-clock times stay right; the tables are shared as they are.
+    /// Untimed ranges are cut to the slice too (their samples sit at their range's start).
     pub fn slice(&self, from_ns: u64, to_ns: u64) -> Profile {
-        self.retain(|s| (from_ns..to_ns).contains(&s.offset_ns))
+        let mut p = self.retain(|s| (from_ns..to_ns).contains(&s.offset_ns));
+        p.meta.untimed = (p.meta.untimed.iter())
+            .map(|&(a, b)| (a.max(from_ns), b.min(to_ns)))
+            .filter(|(a, b)| a < b)
+            .collect();
+        p
     }
 
     /// The samples that pass `filter`.

@@ -191,6 +191,11 @@ fn slice_keeps_the_half_open_range() {
             .all(|x| (1_000 * MS..1_100 * MS).contains(&x.offset_ns))
     );
     assert_eq!(s.stacks, p.stacks);
+    // Untimed ranges are cut with the samples: none outside the slice.
+    let mut u = p.clone();
+    u.meta.untimed = vec![(500 * MS, 1_050 * MS), (2_000 * MS, 3_000 * MS)];
+    let s = u.slice(1_000 * MS, 1_100 * MS);
+    assert_eq!(s.meta.untimed, vec![(1_000 * MS, 1_050 * MS)]);
     let f = p.filtered(&Filter {
         cpus: vec![1],
         ..Filter::default()

@@ -166,7 +166,14 @@ impl Store {
             let file = (get("page_count")? * get("page_size")?).max(0) as u64;
             let cap = file / 100 * FULL_DISK_KEEP_PERCENT;
             self.disk_cap = Some(self.disk_cap.map_or(cap, |c| c.min(cap)));
-            let deleted = self.retain_inner(0, u64::MAX, cap)?;
+            let deleted = self.retain_inner(
+                0,
+                super::Retention {
+                    max_age_ns: u64::MAX,
+                    keep_times_ns: u64::MAX,
+                    max_bytes: cap,
+                },
+            )?;
             self.checkpoint()?;
             Ok(deleted)
         })();

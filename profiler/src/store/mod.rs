@@ -1,9 +1,11 @@
 //! The agent's embedded store, beside the pipeline's end: one SQLite file (WAL, crash-safe)
 //! under the data dir holding, per window, how many samples each (stack, pid, comm, cgroup)
-//! had. Per-sample times are not kept: a window's samples are rebuilt spread evenly over the
-//! window (`read`), which is what flame graphs need and all a window-sized heat map can show.
+//! had and, delta-coded beside each count, every one of those samples' time and CPU
+//! (`times`), so a stored minute reads back as exactly what was sampled. Times can be kept
+//! for a shorter period than counts; `read` then says which ranges have no exact times.
 mod health;
 mod read;
+mod times;
 
 use std::{
     collections::HashMap,
@@ -18,6 +20,8 @@ use crate::profile::{FrameKind, Profile};
 
 /// A frame row: (kernel, name id, module id, address, binary id).
 type FrameKey = (bool, i64, i64, i64, i64);
+/// A counts row: (stack, pid, comm, cgroup id) in the window's profile.
+type RowKey = (u32, u32, u32, u64);
 
 /// The database file's name inside the data dir.
 pub const DB_FILE: &str = "profiles.db";
@@ -41,6 +45,8 @@ pub enum StoreError {
     Missing(String),
     #[error("{0}")]
     Range(String),
+    #[error("{0}")]
+    Corrupt(String),
 }
 
 const SCHEMA: &str = "
@@ -52,7 +58,8 @@ CREATE TABLE IF NOT EXISTS windows(
   event TEXT NOT NULL, hostname TEXT NOT NULL, kernel TEXT NOT NULL,
   cpus TEXT NOT NULL,             -- comma-separated CPU numbers
   recorded INTEGER NOT NULL, lost_ringbuf_full INTEGER NOT NULL, filtered INTEGER NOT NULL,
-  kstack_failed INTEGER NOT NULL, ustack_failed INTEGER NOT NULL);
+  kstack_failed INTEGER NOT NULL, ustack_failed INTEGER NOT NULL,
+  has_times INTEGER NOT NULL DEFAULT 0); -- 1 while `counts.times` is kept (see times.rs)
 CREATE INDEX IF NOT EXISTS windows_start ON windows(start_ns);
 -- Comms and cgroup paths, each once.
 CREATE TABLE IF NOT EXISTS names(id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE);
@@ -67,9 +74,21 @@ CREATE TABLE IF NOT EXISTS stacks(id INTEGER PRIMARY KEY, frames TEXT NOT NULL U
 CREATE TABLE IF NOT EXISTS counts(
   window INTEGER NOT NULL, stack INTEGER NOT NULL, pid INTEGER NOT NULL,
   comm INTEGER NOT NULL, cgroup_id INTEGER NOT NULL, cgroup INTEGER NOT NULL,
-  samples INTEGER NOT NULL);
+  samples INTEGER NOT NULL,
+  times BLOB);                    -- the samples' times and CPUs (times.rs), or NULL
 CREATE INDEX IF NOT EXISTS counts_window ON counts(window);
 ";
+
+/// How long and how much the store keeps (`Store::retain`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Windows older than this are deleted, ns.
+    pub max_age_ns: u64,
+    /// Windows older than this keep their counts but lose their sample times, ns.
+    pub keep_times_ns: u64,
+    /// The live data is kept under this many bytes (oldest windows go first).
+    pub max_bytes: u64,
+}
 
 /// An open store, for writing (the agent) or reading (query, the HTTP API).
 pub struct Store {
@@ -104,6 +123,7 @@ impl Store {
         me.conn
             .execute_batch(health::PRAGMAS)
             .and_then(|()| me.conn.execute_batch(SCHEMA))
+            .and_then(|()| times::migrate(&me.conn))
             .map_err(|e| me.err(e))?;
         // Without room for it now, it is made once there is (`after_success`).
         me.reserve_spent = !health::make_reserve(dir);
@@ -167,12 +187,16 @@ impl Store {
         if self.names.len() + self.stacks.len() + self.frames.len() > MAX_CACHED {
             self.clear_caches();
         }
-        let mut counts: HashMap<(u32, u32, u32, u64), i64> = HashMap::new();
+        // Per row, its samples' (time, CPU): the count is their number.
+        let mut counts: HashMap<RowKey, Vec<(u64, u32)>> = HashMap::new();
         for s in &p.samples {
-            *counts
+            counts
                 .entry((s.stack, s.pid, s.comm, s.cgroup_id))
-                .or_default() += 1;
+                .or_default()
+                .push((s.offset_ns, s.cpu));
         }
+        // A window read back from the store with some of its times gone stays without them.
+        let timed = p.samples.iter().all(|s| s.has_time());
         let cgroup_paths: HashMap<u64, &str> =
             p.cgroups.iter().map(|c| (c.id, c.path.as_str())).collect();
         let m = &p.meta;
@@ -182,8 +206,8 @@ impl Store {
         // time was a visible part of its CPU.
         tx.prepare_cached(
             "INSERT INTO windows(start_ns, duration_ns, frequency_hz, event, hostname, kernel, \
-             cpus, recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+             cpus, recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed, \
+             has_times) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
         )?
         .execute(params![
             m.start_unix_ns as i64,
@@ -198,10 +222,11 @@ impl Store {
             m.counters.filtered as i64,
             m.counters.kstack_failed as i64,
             m.counters.ustack_failed as i64,
+            timed,
         ])?;
         let window = tx.last_insert_rowid();
         let mut stack_ids: HashMap<u32, i64> = HashMap::new();
-        for ((stack, pid, comm, cgroup_id), n) in counts {
+        for ((stack, pid, comm, cgroup_id), mut samples) in counts {
             let sid = match stack_ids.get(&stack) {
                 Some(&id) => id,
                 None => {
@@ -214,30 +239,40 @@ impl Store {
             let comm = intern(&tx, &mut self.names, "names", "text", p.str(comm))?;
             let path = cgroup_paths.get(&cgroup_id).copied().unwrap_or("");
             let cgroup = intern(&tx, &mut self.names, "names", "text", path)?;
+            let n = samples.len() as i64;
+            let blob = timed.then(|| times::encode(&mut samples));
             tx.prepare_cached(
-                "INSERT INTO counts(window, stack, pid, comm, cgroup_id, cgroup, samples) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO counts(window, stack, pid, comm, cgroup_id, cgroup, samples, times) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )?
-            .execute(params![window, sid, pid, comm, cgroup_id as i64, cgroup, n])?;
+            .execute(params![
+                window,
+                sid,
+                pid,
+                comm,
+                cgroup_id as i64,
+                cgroup,
+                n,
+                blob
+            ])?;
         }
         tx.commit()
     }
 
-    /// Deletes windows older than `max_age` and then the oldest until the live data fits in
-    /// `max_bytes`; then stacks and names no window uses. Returns the windows deleted.
-    pub fn retain(
-        &mut self,
-        now_unix_ns: u64,
-        max_age_ns: u64,
-        max_bytes: u64,
-    ) -> Result<u64, StoreError> {
-        self.retain_inner(now_unix_ns, max_age_ns, max_bytes)
-            .map_err(|e| self.err(e))
+    /// Drops the sample times of windows older than `r.keep_times_ns` (their counts stay),
+    /// deletes windows older than `r.max_age_ns` and then the oldest until the live data
+    /// fits in `r.max_bytes`; then stacks and names no window uses. Returns the windows
+    /// deleted.
+    pub fn retain(&mut self, now_unix_ns: u64, r: Retention) -> Result<u64, StoreError> {
+        self.retain_inner(now_unix_ns, r).map_err(|e| self.err(e))
     }
 
-    fn retain_inner(&mut self, now: u64, max_age: u64, max_bytes: u64) -> rusqlite::Result<u64> {
-        let max_bytes = self.disk_cap.map_or(max_bytes, |cap| cap.min(max_bytes));
-        let cutoff = now.saturating_sub(max_age) as i64;
+    fn retain_inner(&mut self, now: u64, r: Retention) -> rusqlite::Result<u64> {
+        let max_bytes = self
+            .disk_cap
+            .map_or(r.max_bytes, |cap| cap.min(r.max_bytes));
+        times::drop_older(&self.conn, now.saturating_sub(r.keep_times_ns) as i64)?;
+        let cutoff = now.saturating_sub(r.max_age_ns) as i64;
         let mut deleted = self.delete_windows_where("start_ns + duration_ns < ?1", cutoff)?;
         // Deleted pages are reused, not returned: count the pages in use.
         while self.used_bytes()? > max_bytes {

@@ -1,11 +1,14 @@
 //! Stored windows back into a `Profile`, so every output renders them. Each stored count
-//! becomes that many samples spread evenly over its window (CPU 0, tid = pid): the store keeps
-//! per-window counts, not per-sample times or CPUs.
+//! becomes its samples with their exact times and CPUs (tid = pid: threads are not stored).
+//! Windows whose times are no longer kept (`--keep-times`, or stored before times were)
+//! become `Meta::untimed` ranges: their samples sit at the window's start on `NO_CPU`, so
+//! flame graphs count them and time views say the times are missing instead of drawing.
 use std::collections::{BTreeMap, HashMap};
 
+use super::times;
 use super::{Store, StoreError};
 use crate::profile::{
-    Binary, Cgroup, Counters, Frame, FrameKind, Interner, Meta, Process, Profile, Sample,
+    Binary, Cgroup, Counters, Frame, FrameKind, Interner, Meta, NO_CPU, Process, Profile, Sample,
 };
 
 /// Samples one query may rebuild at most (about 40 bytes each in memory).
@@ -44,6 +47,8 @@ struct Window {
     id: i64,
     start: u64,
     duration: u64,
+    /// The window's sample times are stored.
+    timed: bool,
 }
 
 impl Store {
@@ -58,15 +63,22 @@ impl Store {
         self.read_inner(q, limits).map_err(|e| match e {
             ReadError::Sql(e) => self.err(e),
             ReadError::Range(m) => StoreError::Range(m),
+            ReadError::Corrupt(m) => StoreError::Corrupt(m),
         })
     }
 
     fn read_inner(&self, q: &Query, limits: ReadLimits) -> Result<Profile, ReadError> {
-        let mut stmt = self.conn.prepare(
+        // A store of an older agent, opened read-only, has no time columns: counts only.
+        let (has_times, times) = if times::has_columns(&self.conn)? {
+            ("has_times", "c.times")
+        } else {
+            ("0", "NULL")
+        };
+        let mut stmt = self.conn.prepare(&format!(
             "SELECT id, start_ns, duration_ns, frequency_hz, event, hostname, kernel, cpus, \
-             recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed FROM windows \
-             WHERE start_ns < ?1 AND start_ns + duration_ns > ?2 ORDER BY start_ns",
-        )?;
+             recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed, {has_times} \
+             FROM windows WHERE start_ns < ?1 AND start_ns + duration_ns > ?2 ORDER BY start_ns",
+        ))?;
         let mut windows = Vec::new();
         let mut meta = Meta::default();
         let mut rows = stmt.query([q.until_unix_ns as i64, q.since_unix_ns as i64])?;
@@ -75,6 +87,7 @@ impl Store {
                 id: r.get(0)?,
                 start: r.get::<_, i64>(1)? as u64,
                 duration: r.get::<_, i64>(2)? as u64,
+                timed: r.get::<_, i64>(13)? == 1,
             };
             if windows.is_empty() {
                 meta.start_unix_ns = w.start;
@@ -115,10 +128,11 @@ impl Store {
             return Err(too_many("samples", limits.max_samples)); // exact without a cgroup
         }
         let mut samples = Vec::with_capacity(upper.min(limits.max_samples) as usize);
-        let mut counts = self.conn.prepare(
-            "SELECT c.stack, c.pid, n.text, c.cgroup_id, g.text, c.samples FROM counts c \
-             JOIN names n ON n.id = c.comm JOIN names g ON g.id = c.cgroup WHERE c.window = ?1",
-        )?;
+        let mut counts = self.conn.prepare(&format!(
+            "SELECT c.stack, c.pid, n.text, c.cgroup_id, g.text, c.samples, {times} FROM counts \
+             c JOIN names n ON n.id = c.comm JOIN names g ON g.id = c.cgroup WHERE c.window = ?1",
+        ))?;
+        let mut untimed: Vec<(u64, u64)> = Vec::new();
         let mut stack_text = self
             .conn
             .prepare("SELECT frames FROM stacks WHERE id = ?1")?;
@@ -129,6 +143,14 @@ impl Store {
         )?;
         let mut frames: HashMap<i64, u32> = HashMap::new();
         for w in &windows {
+            let base = w.start.saturating_sub(start);
+            if !w.timed {
+                // Adjacent windows make one range.
+                match untimed.last_mut() {
+                    Some((_, end)) if *end >= base => *end = (*end).max(base + w.duration),
+                    _ => untimed.push((base, base + w.duration)),
+                }
+            }
             let mut rows = counts.query([w.id])?;
             while let Some(r) = rows.next()? {
                 let comm: String = r.get(2)?;
@@ -168,17 +190,28 @@ impl Store {
                     ..Process::default()
                 });
                 cgroups.entry(cgroup_id).or_insert(cgroup);
-                let base = w.start - start;
-                for i in 0..n {
-                    samples.push(Sample {
-                        offset_ns: base + w.duration * i / n,
-                        cpu: 0,
-                        pid,
-                        tid: pid,
-                        cgroup_id,
-                        comm: comm_id,
-                        stack,
-                    });
+                let sample = |offset_ns, cpu| Sample {
+                    offset_ns,
+                    cpu,
+                    pid,
+                    tid: pid,
+                    cgroup_id,
+                    comm: comm_id,
+                    stack,
+                };
+                if w.timed {
+                    let blob: Option<Vec<u8>> = r.get(6)?;
+                    let at = times::decode(blob.as_deref().unwrap_or_default(), n, w.duration)
+                        .map_err(|e| {
+                            ReadError::Corrupt(format!(
+                                "the window stored at {} ns: {e}; the store is damaged",
+                                w.start
+                            ))
+                        })?;
+                    samples.extend(at.into_iter().map(|(t, cpu)| sample(base + t, cpu)));
+                } else {
+                    // Times unknown: the window's start, on no CPU (see `Meta::untimed`).
+                    samples.extend((0..n).map(|_| sample(base, NO_CPU)));
                 }
             }
         }
@@ -192,6 +225,7 @@ impl Store {
         samples.sort_unstable_by_key(|s| s.offset_ns);
         let mut profile = out.finish();
         profile.samples = samples;
+        profile.meta.untimed = untimed;
         Ok(profile)
     }
 }
@@ -262,6 +296,7 @@ fn parse_stack(
 enum ReadError {
     Sql(rusqlite::Error),
     Range(String),
+    Corrupt(String),
 }
 
 impl From<rusqlite::Error> for ReadError {

@@ -1,10 +1,22 @@
-//! The store on synthetic windows: round trip, filters, retention by age and by size.
+//! The store on synthetic windows: round trip with exact times, filters, retention by age, by
+//! size and of times, migration of a store without times.
 use super::*;
-use crate::profile::{Cgroup, Frame, Interner, Meta, Sample};
+use crate::profile::{self, Cgroup, Filter, Frame, Interner, Meta, NO_CPU, Sample};
 
 const S: u64 = 1_000_000_000;
 
-/// A 10 s window starting at `start_s` with `n` samples of `comm` on one stack main;work.
+/// The retention of the tests: times kept as long as counts.
+pub(super) fn keep(max_age_ns: u64, max_bytes: u64) -> Retention {
+    Retention {
+        max_age_ns,
+        keep_times_ns: max_age_ns,
+        max_bytes,
+    }
+}
+
+/// A 10 s window starting at `start_s` with `n` samples of `comm` on one stack main;work,
+/// at uneven times (a stride prime to the window, so neither sorted nor evenly spread) on
+/// CPUs 0 and 1.
 fn window(start_s: u64, comm: &str, n: u64) -> Profile {
     let mut i = Interner::new(Meta {
         start_unix_ns: start_s * S,
@@ -30,8 +42,8 @@ fn window(start_s: u64, comm: &str, n: u64) -> Profile {
     let stack = i.stack(frames);
     for k in 0..n {
         i.sample(Sample {
-            offset_ns: k,
-            cpu: 0,
+            offset_ns: (k * 7_919_000_003 + start_s) % (10 * S),
+            cpu: (k % 2) as u32,
             pid: 42,
             tid: 42,
             cgroup_id: 7,
@@ -73,7 +85,7 @@ fn round_trip_and_filters() {
     assert_eq!(p.samples.len(), 8);
     assert_eq!(p.meta.start_unix_ns, 100 * S);
     assert_eq!(p.meta.duration_ns, 20 * S);
-    // Spread over the window, in order.
+    // In time order.
     assert!(
         p.samples
             .windows(2)
@@ -131,13 +143,13 @@ fn retention_by_age_and_size() {
             .unwrap();
     }
     // Age: keep windows ending within 100 s of t = 1500 s.
-    let deleted = s.retain(1500 * S, 100 * S, 1 << 30).unwrap();
+    let deleted = s.retain(1500 * S, keep(100 * S, 1 << 30)).unwrap();
     assert_eq!(deleted, 39); // the 40th ends exactly at the cutoff
     let p = s.read(&all(&s)).unwrap();
     assert_eq!(p.samples.len(), 11 * 200);
     // Size: under the current use, the oldest go first until it fits (or one is left).
     let used = s.used_bytes().unwrap();
-    s.retain(1500 * S, 1000 * S, used / 2).unwrap();
+    s.retain(1500 * S, keep(1000 * S, used / 2)).unwrap();
     let left = s.read(&all(&s)).unwrap();
     assert!(left.samples.len() < p.samples.len());
     assert!(left.samples.len() >= 200);
@@ -158,4 +170,137 @@ fn unusable_data_dir_is_a_clear_error() {
     assert!(e.to_string().starts_with("cannot use data dir"), "{e}");
     assert!(Store::open_read(&file).is_err());
     std::fs::remove_file(&file).unwrap();
+}
+
+/// Every sample as (wall-clock ns, CPU, comm): what a heat map and a CPU strip draw.
+fn wall(p: &Profile) -> Vec<(u64, u32, String)> {
+    let mut v: Vec<_> = p
+        .samples
+        .iter()
+        .map(|s| {
+            let t = p.meta.start_unix_ns + s.offset_ns;
+            (t, s.cpu, p.str(s.comm).to_owned())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn exact_times_and_cpus_round_trip_across_restarts() {
+    let dir = scratch("exact");
+    let written = [window(100, "app", 40), window(110, "other", 25)];
+    let mut s = Store::open(&dir).unwrap();
+    for w in &written {
+        s.write_window(w).unwrap();
+    }
+    let want: Vec<_> = {
+        let mut v: Vec<_> = written.iter().flat_map(wall).collect();
+        v.sort();
+        v
+    };
+    let p = s.read(&all(&s)).unwrap();
+    assert!(p.meta.untimed.is_empty());
+    assert_eq!(wall(&p), want);
+    // The heat map of the read equals the heat map of the windows as recorded (one profile
+    // per window; shifted by whole seconds, the grid of the read lines up with theirs).
+    let read_map = profile::heat_map(&p, 50, &Filter::default()).unwrap();
+    for (k, w) in written.iter().enumerate() {
+        let m = profile::heat_map(w, 50, &Filter::default()).unwrap();
+        let shift = (w.meta.start_unix_ns - p.meta.start_unix_ns) / S;
+        for (col, cells) in m.cells.iter().enumerate() {
+            let at = (m.span.first_s + shift) as usize - read_map.span.first_s as usize + col;
+            assert_eq!(&read_map.cells[at], cells, "window {k}, column {col}");
+        }
+    }
+    drop(s);
+    // A restart: the agent opens the store again and goes on writing.
+    let mut s = Store::open(&dir).unwrap();
+    let third = window(120, "app", 7);
+    s.write_window(&third).unwrap();
+    let mut want = want;
+    want.extend(wall(&third));
+    want.sort();
+    assert_eq!(wall(&s.read(&all(&s)).unwrap()), want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn times_are_dropped_before_counts() {
+    let dir = scratch("keep-times");
+    let mut s = Store::open(&dir).unwrap();
+    for k in 0..10 {
+        s.write_window(&window(1000 + 10 * k, "app", 30)).unwrap();
+    }
+    // At t = 1100 s: counts for 100 s, times for 50 s: windows ending before 1050 s lose
+    // their times (1000..1040: four windows; the fifth ends exactly at the cutoff).
+    let r = Retention {
+        max_age_ns: 100 * S,
+        keep_times_ns: 50 * S,
+        max_bytes: 1 << 30,
+    };
+    assert_eq!(s.retain(1100 * S, r).unwrap(), 0);
+    let p = s.read(&all(&s)).unwrap();
+    assert_eq!(p.samples.len(), 300, "every count is still there");
+    assert_eq!(p.meta.untimed, vec![(0, 40 * S)]);
+    let untimed: Vec<&Sample> = p.samples.iter().filter(|s| !s.has_time()).collect();
+    assert_eq!(untimed.len(), 4 * 30);
+    assert!(
+        untimed
+            .iter()
+            .all(|s| s.cpu == NO_CPU && s.offset_ns % (10 * S) == 0)
+    );
+    // The timed windows are exact; the heat map draws only them and marks the rest.
+    let timed: Vec<_> = wall(&p).into_iter().filter(|s| s.1 != NO_CPU).collect();
+    let mut want: Vec<_> = (4..10)
+        .flat_map(|k| wall(&window(1000 + 10 * k, "app", 30)))
+        .collect();
+    want.sort();
+    assert_eq!(timed, want);
+    let map = profile::heat_map(&p, 50, &Filter::default()).unwrap();
+    assert_eq!(map.cells.iter().flatten().sum::<u64>(), 6 * 30);
+    let cols = map.span.untimed_cols(&p);
+    assert_eq!(cols.iter().filter(|&&u| u).count(), 40);
+    assert!(cols[..40].iter().all(|&u| u) && !cols[40..].iter().any(|&u| u));
+    assert!(!profile::cpu_ids(&p).contains(&NO_CPU));
+    // Counts go at their own age.
+    let r = Retention {
+        max_age_ns: 45 * S,
+        ..r
+    };
+    assert_eq!(s.retain(1100 * S, r).unwrap(), 5);
+    let p = s.read(&all(&s)).unwrap();
+    assert_eq!((p.samples.len(), p.meta.untimed.clone()), (5 * 30, vec![]));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A store written before sample times were kept: read-only it reads as counts without
+/// times; opened by the agent it gains the columns and new windows have exact times.
+#[test]
+fn a_store_without_times_is_migrated() {
+    let dir = scratch("migrate");
+    let mut s = Store::open(&dir).unwrap();
+    s.write_window(&window(100, "old", 12)).unwrap();
+    s.conn
+        .execute_batch(
+            "ALTER TABLE counts DROP COLUMN times; ALTER TABLE windows DROP COLUMN has_times;",
+        )
+        .unwrap();
+    drop(s);
+    let r = Store::open_read(&dir).unwrap();
+    assert!(!times::has_columns(&r.conn).unwrap());
+    let p = r.read(&all(&r)).unwrap();
+    assert_eq!(
+        (p.samples.len(), p.meta.untimed.clone()),
+        (12, vec![(0, 10 * S)])
+    );
+    drop(r);
+    let mut s = Store::open(&dir).unwrap();
+    let new = window(110, "new", 9);
+    s.write_window(&new).unwrap();
+    let p = s.read(&all(&s)).unwrap();
+    assert_eq!(p.meta.untimed, vec![(0, 10 * S)]);
+    let timed: Vec<_> = wall(&p).into_iter().filter(|s| s.1 != NO_CPU).collect();
+    assert_eq!(timed, wall(&new));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

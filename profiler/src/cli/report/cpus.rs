@@ -21,10 +21,16 @@ pub fn cpu_report(profile: &Profile) -> Result<String, SpanTooLong> {
         let _ = write!(out, " {:>13}", format!("CPU{cpu}"));
     }
     out.push('\n');
+    let untimed = t.span.untimed_cols(profile);
     for col in 0..t.span.cols {
         let sec = t.span.first_s + col as u64;
         let clock = format_clock(profile.meta.start_unix_ns + sec * 1_000_000_000);
         let _ = write!(out, "{clock:<8} {:>5}s", sec);
+        if untimed[col] {
+            // Stored windows past the agent's --keep-times: counts without times or CPUs.
+            out.push_str(" no exact times (the store kept only counts for this second)\n");
+            continue;
+        }
         for row in &t.seconds {
             let c = &row[col];
             let cell = format!(
@@ -100,5 +106,24 @@ mod tests {
             ["00:00:00", "0s", "0%", "0/0", "20%", "10/10"]
         );
         assert_eq!(lines[5], "saturated: none");
+    }
+
+    /// A second whose samples have no known times (an old stored window) says so rather
+    /// than showing idle CPUs.
+    #[test]
+    fn untimed_seconds_say_so() {
+        let mut p = profile::timeline_pattern();
+        p.meta.untimed = vec![(1_000_000_000, 2_000_000_000)];
+        p.samples.retain(|s| s.offset_ns / 1_000_000_000 != 1);
+        let text = cpu_report(&p).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[3].ends_with("no exact times (the store kept only counts for this second)"),
+            "{text}"
+        );
+        assert!(
+            lines[2].contains("20%") && lines[4].contains("20%"),
+            "{text}"
+        );
     }
 }

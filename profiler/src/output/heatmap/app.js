@@ -17,6 +17,12 @@
   let zoom = [];    // names from the root to the zoomed node
   let drag = null;  // slice where the mouse went down
   const CW = Math.max(3, Math.min(40, Math.floor(1000 / Math.max(C, 1)))), CH = 6, SH = 12;
+  // Seconds whose stored windows kept counts but not times: drawn as such, never as quiet.
+  const UNTIMED = new Set(D.untimed);
+  function noTimes(g, c, y, h) {
+    g.fillStyle = '#ccc'; g.fillRect(c * CW, y, CW, h);
+    g.strokeStyle = '#999'; g.beginPath(); g.moveTo(c * CW, y + h); g.lineTo(c * CW + CW, y); g.stroke();
+  }
 
   function option(el, value, text) {
     const o = document.createElement('option');
@@ -56,8 +62,9 @@
   }
 
   function drawHeat() {
-    // Unfiltered: the exact grid. Filtered: from the records, a bucket's count spread evenly
-    // over its slices (exact while buckets are one slice).
+    // Unfiltered: the exact grid. Filtered: from the records; a bucket coarser than a slice
+    // is drawn as one block of its mean (its samples' slices are not known), and the summary
+    // says at what resolution.
     let cells = D.grid;
     if (filtered()) {
       const v = view(), per = new Float64Array(Math.ceil((C * R) / v.B) + 1);
@@ -70,13 +77,16 @@
     const cv = $('heat'); cv.width = C * CW; cv.height = R * CH;
     const g = cv.getContext('2d');
     for (let c = 0; c < C; c++) for (let r = 0; r < R; r++) {
+      if (UNTIMED.has(c)) { noTimes(g, c, r * CH, CH); continue; }
       const s = c * R + (R - 1 - r);
       g.fillStyle = heat(max ? cells[s] / max : 0);
       g.fillRect(c * CW, r * CH, CW, CH);
       if (sel && s >= sel[0] && s < sel[1]) { g.fillStyle = 'rgba(40,80,255,0.35)'; g.fillRect(c * CW, r * CH, CW, CH); }
     }
     cv.cells = cells;
-    $('summary').textContent = Math.round(total) + ' busy samples shown; max ' + (+max.toFixed(1)) + ' per cell; ' + D.hz + ' Hz, ' + D.cpus.length + ' CPUs';
+    $('summary').textContent = Math.round(total) + ' busy samples shown; max ' + (+max.toFixed(1)) + ' per cell; ' + D.hz + ' Hz, ' + D.cpus.length + ' CPUs' +
+      (filtered() && view().B > 1 ? '; filtered at ' + (view().B * 1000 / R) + ' ms resolution (each block: its mean per cell)' : '') +
+      (UNTIMED.size ? '; no exact times for ' + UNTIMED.size + ' s (grey: the store kept only counts there; ' + D.untimed_n + ' busy samples not drawn)' : '');
   }
 
   function drawCpus() {
@@ -99,6 +109,7 @@
     const cv = $('cpus'); cv.width = C * CW; cv.height = n * SH;
     const g = cv.getContext('2d'), hz = Math.max(D.hz, 1);
     for (let p = 0; p < n; p++) for (let c = 0; c < C; c++) {
+      if (UNTIMED.has(c)) { noTimes(g, c, p * SH, SH - 1); continue; }
       const pct = (k) => Math.min(100, (100 * k) / hz);
       const b = pct(busy[p * C + c]);
       g.fillStyle = heat(b / 100); g.fillRect(c * CW, p * SH, CW, SH - 1);

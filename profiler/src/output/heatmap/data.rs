@@ -10,6 +10,8 @@
 //!   records at full resolution would be about one per sample: that is what the bound prevents.
 //! - `all_records`: the same without the CPU, used when no CPU is filtered: on many CPUs this
 //!   stays at a much finer time resolution within the same bound.
+//! - `untimed_cols`: seconds of stored windows that kept counts but not times; their samples
+//!   are in none of the above, and the page marks those columns instead of drawing them.
 use std::{
     collections::HashMap,
     hash::{BuildHasherDefault, Hasher},
@@ -55,6 +57,11 @@ pub struct HeatmapData {
     pub all_bucket: u32,
     /// `[bucket index, comm, cgroup, stack, count]`, sorted: every CPU together.
     pub all_records: Vec<[u64; 5]>,
+    /// Columns (ascending) whose samples have no exact times (`Meta::untimed`): drawn as
+    /// "no exact times", never as quiet.
+    pub untimed_cols: Vec<u64>,
+    /// Busy samples in those ranges: in no grid cell, strip cell or record.
+    pub untimed_samples: u64,
 }
 
 /// Counts per (time bucket, key), coarsening the buckets to stay within a bound.
@@ -161,7 +168,12 @@ pub fn heatmap_data_bounded(
     let mut cpu_kernel = vec![0u64; cpus.len() * cols];
     let (mut cg_ix, mut cg_order) = (FxMap::default(), Vec::new());
     let (mut per_cpu, mut all) = (Buckets::new(), Buckets::new());
+    let mut untimed_samples = 0;
     for s in profile.samples.iter().filter(|s| !profile::is_idle(s)) {
+        if !s.has_time() {
+            untimed_samples += 1;
+            continue;
+        }
         let col = span.col(s.offset_ns);
         let slice = col * rows as usize + (rows - 1 - profile::row(s.offset_ns, rows)) as usize;
         grid[slice] += 1;
@@ -242,5 +254,10 @@ pub fn heatmap_data_bounded(
         records,
         all_bucket,
         all_records,
+        untimed_cols: (span.untimed_cols(profile).iter().enumerate())
+            .filter(|&(_, &u)| u)
+            .map(|(c, _)| c as u64)
+            .collect(),
+        untimed_samples,
     })
 }
