@@ -113,6 +113,7 @@ pub fn synth(spec: SynthSpec, out: &Path) -> anyhow::Result<SynthReport> {
         kernel_release: "6.18.0-synth".into(),
         cpus: (0..spec.cpus).collect(),
         counters: Counters::default(),
+        named_counters: Vec::new(),
     });
 
     // The frame pool: kernel frames over user frames of a few dozen binaries.

@@ -144,6 +144,7 @@ impl Recorder {
             kernel_release: self.kernel_release.clone(),
             cpus: self.sampler.cpus.clone(),
             counters,
+            named_counters: Vec::new(),
         };
         self.start_unix_ns = now_unix;
         self.start_mono_ns = now_mono;

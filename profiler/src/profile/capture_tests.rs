@@ -19,6 +19,10 @@ fn sample_profile() -> Profile {
             kstack_failed: 0,
             ustack_failed: 2,
         },
+        named_counters: vec![
+            ("unwind_table_bytes".into(), 188_136),
+            ("unwind_evicted".into(), 2),
+        ],
     });
     let (main, vm) = (i.string("main"), i.string("vmlinux"));
     let fx = i.binary(Binary {
@@ -164,6 +168,7 @@ fn reads_version_1() {
 fn reads_version_2() {
     let mut p = sample_profile();
     p.lifetimes.clear();
+    p.meta.named_counters.clear();
     let mut bytes = Vec::new();
     encode(&p, &mut bytes).unwrap();
     let mut body = Vec::new();
@@ -171,10 +176,33 @@ fn reads_version_2() {
     assert_eq!(
         body.pop(),
         Some(0),
-        "the body ends with an empty lifetime list"
+        "the body ends with an empty list of named counters (version 4)"
+    );
+    assert_eq!(
+        body.pop(),
+        Some(0),
+        "then an empty lifetime list (version 3)"
     );
     let mut old = MAGIC.to_vec();
     old.extend(2u32.to_le_bytes());
+    let mut gz = GzEncoder::new(old, Compression::new(6));
+    gz.write_all(&body).unwrap();
+    let old = decode(&mut gz.finish().unwrap().as_slice()).unwrap();
+    assert_eq!(old, p);
+}
+
+/// Version 3 ended with the lifetimes: it reads with no named counters.
+#[test]
+fn reads_version_3() {
+    let mut p = sample_profile();
+    p.meta.named_counters.clear();
+    let mut bytes = Vec::new();
+    encode(&p, &mut bytes).unwrap();
+    let mut body = Vec::new();
+    GzDecoder::new(&bytes[12..]).read_to_end(&mut body).unwrap();
+    assert_eq!(body.pop(), Some(0), "an empty list of named counters");
+    let mut old = MAGIC.to_vec();
+    old.extend(3u32.to_le_bytes());
     let mut gz = GzEncoder::new(old, Compression::new(6));
     gz.write_all(&body).unwrap();
     let old = decode(&mut gz.finish().unwrap().as_slice()).unwrap();

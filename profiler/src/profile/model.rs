@@ -168,6 +168,9 @@ pub struct Meta {
     /// CPUs sampled.
     pub cpus: Vec<u32>,
     pub counters: Counters,
+    /// Named figures of parts of the recording, `report --stats` prints them as they are
+    /// (e.g. `unwind_table_bytes`, `unwind_evicted`); capture version 4.
+    pub named_counters: Vec<(String, u64)>,
 }
 
 /// A whole profile.

@@ -96,6 +96,8 @@ pub struct LoaderStats {
     /// Rows in the kernel now, and the budget's row count.
     pub rows_now: u64,
     pub rows_capacity: u64,
+    /// Tables read from the disk cache instead of compiled.
+    pub cache_hits: u64,
     /// Time spent compiling tables, ns.
     pub compile_ns: u64,
 }
@@ -389,6 +391,16 @@ impl Loader {
             .map(|(k, b)| (b.users > 0, b.last_used, *k))
             .collect();
         victims.sort_unstable();
+        // Evict nothing when even all of them would not make room.
+        let reclaimable: u64 = victims
+            .iter()
+            .filter_map(|(_, _, k)| self.binaries.get(k))
+            .map(|b| u64::from(b.table_len))
+            .sum();
+        let free = u64::from(self.space.capacity() - self.space.used());
+        if free + reclaimable < u64::from(len) {
+            return None;
+        }
         let mut freed = Vec::new();
         let mut start = None;
         for (_, _, victim) in victims {

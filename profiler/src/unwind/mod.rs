@@ -5,6 +5,7 @@ pub mod background;
 pub mod budget;
 pub mod loader;
 pub mod procmaps;
+pub mod report;
 pub mod table;
 
 pub use background::BackgroundLoader;
