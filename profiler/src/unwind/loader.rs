@@ -78,6 +78,16 @@ struct Binary {
     users: u32,
     /// `Loader::clock` when a process last loaded it (least recently used goes first).
     last_used: u64,
+    /// Set when its table did not fit the budget: walked by frame pointer until then, when
+    /// the next process that maps it tries again (the space may have been freed).
+    retry_at: Option<std::time::Instant>,
+}
+
+impl Binary {
+    /// Whether it is loaded for good (not waiting to try the budget again).
+    fn settled(&self) -> bool {
+        self.retry_at.is_none_or(|t| std::time::Instant::now() < t)
+    }
 }
 
 /// What the loader did, for `--stats`, /metrics and the bench.
@@ -140,6 +150,10 @@ impl Drop for Loader {
 /// process's old entry just before it was rewritten may still read them. A walk runs for
 /// microseconds in the sampler's interrupt; this is far longer.
 const REUSE_GRACE: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// How long a binary whose table did not fit stays walked by frame pointer before a process
+/// that maps it tries again (each try compiles or reads its table anew).
+const RETRY_OVER_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Loader {
     /// Takes the two maps of the loaded sampler; `capacity` is UNWIND_ROWS's entry count.
@@ -223,6 +237,13 @@ impl Loader {
         let old = self.loaded.remove(&pid);
         if old.is_some() {
             let _ = self.procs.remove(&pid);
+            // Its binaries may be evicted now: binaries that did not fit may fit next time.
+            let now = std::time::Instant::now();
+            for b in self.binaries.values_mut() {
+                if b.retry_at.is_some() {
+                    b.retry_at = Some(now);
+                }
+            }
         }
         self.drop_users(old);
     }
@@ -235,9 +256,10 @@ impl Loader {
     /// Whether every binary of `mappings` has been compiled already (loading them is then
     /// a few syscalls, no table to build).
     pub fn knows_all(&self, mappings: &[MappingSpec]) -> bool {
-        mappings
-            .iter()
-            .all(|m| m.key().is_some_and(|k| self.binaries.contains_key(&k)))
+        mappings.iter().all(|m| {
+            m.key()
+                .is_some_and(|k| self.binaries.get(&k).is_some_and(Binary::settled))
+        })
     }
 
     fn drop_users(&mut self, entries: Option<Vec<(BinaryKey, UnwindMapping)>>) {
@@ -273,7 +295,7 @@ impl Loader {
         pinned: &HashSet<BinaryKey>,
     ) -> Option<(BinaryKey, UnwindMapping)> {
         let key = m.key()?;
-        let binary = match self.binaries.get(&key) {
+        let binary = match self.binaries.get(&key).filter(|b| b.settled()) {
             Some(b) => b.clone(),
             None => {
                 let file = m.open()?;
@@ -283,7 +305,11 @@ impl Loader {
                 // raise SIGBUS, a risk accepted: running executables refuse writes (ETXTBSY)
                 // and package managers replace libraries by rename, not truncation.
                 let data = unsafe { memmap(&file, meta.len())? };
-                let b = self.load_binary(&m.path, &data, key, pinned)?;
+                let mut b = self.load_binary(&m.path, &data, key, pinned)?;
+                // Tried again after it did not fit: its processes stay its users.
+                if let Some(old) = self.binaries.get(&key) {
+                    b.users = old.users;
+                }
                 self.binaries.insert(key, b.clone());
                 b
             }
@@ -325,6 +351,7 @@ impl Loader {
             segments,
             users: 0,
             last_used: self.clock,
+            retry_at: None,
         };
         let started = std::time::Instant::now();
         let compiled = table::compile(data);
@@ -355,7 +382,7 @@ impl Loader {
                 path.display()
             );
             self.stats.over_budget += 1;
-            self.stats.binaries_fp += 1;
+            binary.retry_at = Some(std::time::Instant::now() + RETRY_OVER_BUDGET);
             return Some(binary);
         };
         // SAFETY: rows [start, start + len) lie inside the mapped array (RowSpace hands out
