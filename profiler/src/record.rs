@@ -42,6 +42,8 @@ pub struct RecordConfig {
     pub unwind: UnwindMode,
     /// Kernel memory for unwind rows, bytes (`--unwind-memory`).
     pub unwind_memory: u64,
+    /// Directory of compiled unwind tables kept between runs (`unwind::cache`); None: none.
+    pub unwind_cache: Option<std::path::PathBuf>,
     /// Name Python frames in CPython processes (`--python on`, the default).
     pub python: bool,
 }
@@ -122,6 +124,7 @@ pub async fn record(
         cgroups: &kernel_cgroups,
         unwind: config.unwind,
         unwind_memory: config.unwind_memory,
+        unwind_cache: config.unwind_cache.as_deref(),
         python,
     };
     util::raise_fd_limit();

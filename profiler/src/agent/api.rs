@@ -104,6 +104,7 @@ async fn pprof(state: &State, req: &Request) -> Result<Response, Response> {
         // The agent does not feed the table walk yet (see docs/unwinding.md).
         unwind: crate::unwind::UnwindMode::Fp,
         unwind_memory: 0,
+        unwind_cache: None,
         python: false,
     };
     let result = record(&config, tokio::time::sleep(config.duration)).await;

@@ -64,6 +64,7 @@ impl Recorder {
             // The agent's collector does not feed the table walk yet.
             unwind: crate::unwind::UnwindMode::Fp,
             unwind_memory: 0,
+            unwind_cache: None,
             python: None,
         })?;
         // SAFETY: the RingBuf owns its map fd and keeps it open until the AsyncFd drops it.

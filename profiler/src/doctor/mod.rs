@@ -92,6 +92,7 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
         // The doctor reads kernel stacks; user stacks by frame pointer are enough there.
         unwind: crate::unwind::UnwindMode::Fp,
         unwind_memory: 0,
+        unwind_cache: None,
         python: false,
     })?;
     let (churn, churn_error) = match &tracer {

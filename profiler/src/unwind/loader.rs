@@ -133,6 +133,8 @@ pub struct Loader {
     loaded: HashMap<u32, Vec<(BinaryKey, UnwindMapping)>>,
     ever_loaded: HashSet<u32>,
     clock: u64,
+    /// Compiled tables kept on disk between runs.
+    cache: Option<super::cache::TableCache>,
     pub stats: LoaderStats,
 }
 
@@ -188,11 +190,17 @@ impl Loader {
             loaded: HashMap::new(),
             ever_loaded: HashSet::new(),
             clock: 0,
+            cache: None,
             stats: LoaderStats {
                 rows_capacity: u64::from(capacity),
                 ..LoaderStats::default()
             },
         })
+    }
+
+    /// Reads tables from `cache` before compiling them, and keeps those it compiles there.
+    pub fn set_cache(&mut self, cache: super::cache::TableCache) {
+        self.cache = Some(cache);
     }
 
     /// Loads the executable mappings of `pid` (and the tables of binaries not loaded yet)
@@ -354,7 +362,25 @@ impl Loader {
             retry_at: None,
         };
         let started = std::time::Instant::now();
-        let compiled = table::compile(data);
+        let compiled = match &self.cache {
+            Some(cache) => {
+                let cache_key = super::cache::key(data);
+                match cache.get(&cache_key) {
+                    Some(t) => {
+                        self.stats.cache_hits += 1;
+                        Ok(t)
+                    }
+                    None => {
+                        let compiled = table::compile(data);
+                        if let Ok(t) = &compiled {
+                            cache.put(&cache_key, t);
+                        }
+                        compiled
+                    }
+                }
+            }
+            None => table::compile(data),
+        };
         self.stats.compile_ns += started.elapsed().as_nanos() as u64;
         let table = match compiled {
             Ok(t) => t,

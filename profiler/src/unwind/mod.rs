@@ -3,6 +3,7 @@
 //! kernel maps that the sampler's table walk (profiler-ebpf `unwind`) reads.
 pub mod background;
 pub mod budget;
+pub mod cache;
 pub mod loader;
 pub mod procmaps;
 pub mod report;
