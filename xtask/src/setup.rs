@@ -52,12 +52,21 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
     }
     if extras.bench {
         tools.extend([("bpftrace", "bpftrace"), ("perf", "linux-perf")]);
+        // The unmodified Debian programs `bench unwind` profiles.
+        tools.extend([
+            ("xz", "xz-utils"),
+            ("sqlite3", "sqlite3"),
+            ("python3.11", "python3.11"),
+        ]);
     }
     ensure_apt(&tools)?;
     // The benchmarks compare with perf script | inferno; the tests feed our .perf.txt to
     // inferno-collapse-perf (tests/tests/record.rs).
     if extras.bench || extras.tests {
         ensure_inferno()?;
+    }
+    if extras.bench {
+        ensure_profile_bee()?;
     }
     if extras.tests {
         ensure_browser_node_modules()?;
@@ -84,6 +93,25 @@ fn ensure_inferno() -> Result<()> {
     println!("installing inferno (cargo install; a minute or two)");
     util::run(util::cargo().args(["install", "--locked", "inferno"]))
         .context("installing inferno failed")
+}
+
+/// profile-bee, the Rust/aya peer with .eh_frame unwinding in BPF that `bench unwind`
+/// compares with, at the version issue 10 measured.
+fn ensure_profile_bee() -> Result<()> {
+    if let Some(path) = util::which("profile-bee") {
+        println!("ok: profile-bee ({})", path.display());
+        return Ok(());
+    }
+    println!("installing profile-bee 0.3.13 (cargo install; several minutes)");
+    util::run(util::cargo().args([
+        "install",
+        "--locked",
+        "profile-bee",
+        "--version",
+        "0.3.13",
+        "--no-default-features",
+    ]))
+    .context("installing profile-bee failed")
 }
 
 /// Setup for the commands that load BPF: a failed host check is an error.
