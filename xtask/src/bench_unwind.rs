@@ -177,10 +177,16 @@ fn profile_bee(tmp: &Path, seconds: u64) -> Result<Run> {
     ensure_tracefs()?;
     let out = tmp.join("bee.folded");
     let mut cmd = Command::new(profile_bee_bin()?);
-    cmd.args(["--dwarf", "--frequency", &HZ.to_string()])
-        .args(["--time", &(seconds * 1000).to_string(), "--collapse"])
-        .arg(&out)
-        .stderr(Stdio::null());
+    // Stacks rooted at "comm (pid)" (`--group-by-process`), as collapsed text.
+    cmd.args([
+        "--dwarf",
+        "--group-by-process",
+        "--frequency",
+        &HZ.to_string(),
+    ])
+    .args(["--time", &(seconds * 1000).to_string(), "-o"])
+    .arg(&out)
+    .stderr(Stdio::null());
     let proc = Proc::spawn(&mut cmd)?;
     sleep(Duration::from_secs(seconds.saturating_sub(READ_BEFORE_END)))?;
     let stats = ProgStats::of(&proc)?;
@@ -195,9 +201,10 @@ fn profile_bee(tmp: &Path, seconds: u64) -> Result<Run> {
 }
 
 fn profile_bee_bin() -> Result<PathBuf> {
-    util::which("profile-bee")
+    // The crate installs its binary as `probee` (and `pbee`).
+    util::which("probee")
         .or_else(|| {
-            let p = Path::new(&std::env::var_os("HOME")?).join(".cargo/bin/profile-bee");
+            let p = Path::new(&std::env::var_os("HOME")?).join(".cargo/bin/probee");
             p.is_file().then_some(p)
         })
         .context("profile-bee is not installed: run `cargo xtask setup --bench`")
@@ -319,7 +326,11 @@ fn eh_frame_sizes(workload: &[Proc]) -> Result<(u64, usize)> {
         // The shells' children (xz, sqlite3) map what the programs map; their own maps too.
         let mut pids = vec![p.pid()];
         if let Ok(children) = fs::read_to_string(format!("/proc/{0}/task/{0}/children", p.pid())) {
-            pids.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+            pids.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
         }
         for pid in pids {
             let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();

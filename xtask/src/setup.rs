@@ -98,7 +98,7 @@ fn ensure_inferno() -> Result<()> {
 /// profile-bee, the Rust/aya peer with .eh_frame unwinding in BPF that `bench unwind`
 /// compares with, at the version issue 10 measured.
 fn ensure_profile_bee() -> Result<()> {
-    if let Some(path) = util::which("profile-bee") {
+    if let Some(path) = util::which("probee") {
         println!("ok: profile-bee ({})", path.display());
         return Ok(());
     }

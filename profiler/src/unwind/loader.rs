@@ -14,7 +14,6 @@ use std::{
 };
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
-use object::{Object as _, ObjectSegment as _};
 use profiler_common::unwind::{
     MAX_MAPPINGS, ProcMappings, SEARCH_STEPS, UnwindMapping, UnwindRow, mapping,
 };
@@ -71,9 +70,9 @@ struct Binary {
     kind: u32,
     table_start: u32,
     table_len: u32,
-    /// (file offset, file size, vaddr) of each segment: a mapping's bias without reading
-    /// the file again.
-    segments: Arc<[(u64, u64, u64)]>,
+    /// `table::mapping_bias` of a mapping at address 0, by file offset: a mapping's bias is
+    /// its start plus this (linear in the start), so a new process needs no re-read.
+    bias_at_zero: HashMap<u64, u64>,
     /// Loaded processes that map it.
     users: u32,
     /// `Loader::clock` when a process last loaded it (least recently used goes first).
@@ -303,17 +302,24 @@ impl Loader {
         pinned: &HashSet<BinaryKey>,
     ) -> Option<(BinaryKey, UnwindMapping)> {
         let key = m.key()?;
-        let binary = match self.binaries.get(&key).filter(|b| b.settled()) {
-            Some(b) => b.clone(),
-            None => {
+        let known = self.binaries.get(&key).filter(|b| b.settled());
+        // The file's bytes, read only when the table or this offset's bias is new.
+        let data = match known {
+            Some(b) if b.bias_at_zero.contains_key(&m.file_offset) => None,
+            _ => {
                 let file = m.open()?;
-                let meta = file.metadata().ok()?;
+                let len = file.metadata().ok()?.len();
                 // SAFETY: a read-only view. A file rewritten in place under us gives a wrong
                 // table (walks stop early), not unsafety; a file truncated under us would
                 // raise SIGBUS, a risk accepted: running executables refuse writes (ETXTBSY)
                 // and package managers replace libraries by rename, not truncation.
-                let data = unsafe { memmap(&file, meta.len())? };
-                let mut b = self.load_binary(&m.path, &data, key, pinned)?;
+                Some(unsafe { memmap(&file, len)? })
+            }
+        };
+        let binary = match known {
+            Some(b) => b.clone(),
+            None => {
+                let mut b = self.load_binary(&m.path, data.as_deref()?, key, pinned)?;
                 // Tried again after it did not fit: its processes stay its users.
                 if let Some(old) = self.binaries.get(&key) {
                     b.users = old.users;
@@ -322,7 +328,17 @@ impl Loader {
                 b
             }
         };
-        let bias = bias(&binary.segments, m.start, m.file_offset)?;
+        let at_zero = match binary.bias_at_zero.get(&m.file_offset) {
+            Some(b) => *b,
+            None => {
+                let b = table::mapping_bias(data.as_deref()?, 0, m.file_offset)?;
+                if let Some(known) = self.binaries.get_mut(&key) {
+                    known.bias_at_zero.insert(m.file_offset, b);
+                }
+                b
+            }
+        };
+        let bias = m.start.wrapping_add(at_zero);
         Some((
             key,
             UnwindMapping {
@@ -344,19 +360,13 @@ impl Loader {
         key: BinaryKey,
         pinned: &HashSet<BinaryKey>,
     ) -> Option<Binary> {
-        let segments: Arc<[(u64, u64, u64)]> = object::File::parse(data)
-            .ok()?
-            .segments()
-            .map(|s| {
-                let (off, size) = s.file_range();
-                (off, size, s.address())
-            })
-            .collect();
+        // Not ELF: no table, no bias.
+        object::File::parse(data).ok()?;
         let mut binary = Binary {
             kind: mapping::FRAME_POINTER,
             table_start: 0,
             table_len: 0,
-            segments,
+            bias_at_zero: HashMap::new(),
             users: 0,
             last_used: self.clock,
             retry_at: None,
@@ -497,21 +507,6 @@ impl Loader {
             }
         }
     }
-}
-
-/// Subtracted from an address of the mapping at `start` (file offset `file_offset`) to get
-/// the binary's file vaddr; None when no segment holds that offset.
-fn bias(segments: &[(u64, u64, u64)], start: u64, file_offset: u64) -> Option<u64> {
-    let &(off, _, vaddr) = segments
-        .iter()
-        .find(|(off, size, _)| *off <= file_offset && file_offset < off + (*size).max(1))?;
-    // address = start + (fileoff - file_offset); vaddr = fileoff - off + segment vaddr.
-    Some(
-        start
-            .wrapping_sub(file_offset)
-            .wrapping_add(off)
-            .wrapping_sub(vaddr),
-    )
 }
 
 /// A read-only view of a file's bytes.
