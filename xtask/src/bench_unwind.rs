@@ -356,10 +356,10 @@ fn eh_frame_sizes(workload: &[Proc]) -> Result<(u64, usize)> {
         for line in sections.lines() {
             let w: Vec<&str> = line.split_whitespace().collect();
             // [Nr] Name Type Address Off Size ...: after "]" (or "[ N]" split in two).
-            if let Some(i) = w.iter().position(|x| *x == ".eh_frame") {
-                if let Some(size) = w.get(i + 4).and_then(|s| u64::from_str_radix(s, 16).ok()) {
-                    total += size;
-                }
+            if let Some(i) = w.iter().position(|x| *x == ".eh_frame")
+                && let Some(size) = w.get(i + 4).and_then(|s| u64::from_str_radix(s, 16).ok())
+            {
+                total += size;
             }
         }
     }
