@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::bench_support::{BpfStatsEnabled, Proc, ProgStats, catch_ctrl_c, prepare, sleep};
+use crate::bench_support::{BpfStatsEnabled, Proc, ProgStats, catch_ctrl_c, prepare_build, sleep};
 use crate::setup::Extras;
 use crate::util;
 
@@ -37,18 +37,21 @@ const NO_FP_CFLAGS: &[&str] = &[
     "-fno-optimize-sibling-calls",
 ];
 
-pub fn unwind(seconds: u64) -> Result<()> {
-    let (bin, out_dir) = prepare(Extras {
-        bench: true,
-        ..Extras::default()
-    })?;
+pub fn unwind(seconds: u64, debug: bool) -> Result<()> {
+    let (bin, out_dir) = prepare_build(
+        Extras {
+            bench: true,
+            ..Extras::default()
+        },
+        !debug,
+    )?;
     let tmp = std::env::temp_dir().join(format!("profiler-bench-unwind-{}", std::process::id()));
     fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     catch_ctrl_c();
     let result = measure(&bin, &tmp, seconds);
     let _ = fs::remove_dir_all(&tmp);
     let m = result?;
-    let table = render(&m, seconds);
+    let table = render(&m, seconds, if debug { "debug" } else { "release" });
     print!("{table}");
     let path = out_dir.join("unwind.txt");
     fs::write(&path, &table).with_context(|| format!("cannot write {}", path.display()))?;
@@ -417,11 +420,12 @@ fn reach_folded(text: &str) -> BTreeMap<String, (u64, u64)> {
     out
 }
 
-fn render(m: &Measurement, seconds: u64) -> String {
+fn render(m: &Measurement, seconds: u64, build: &str) -> String {
     let mut o = String::new();
     let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
     o += &format!(
-        "unwind bench: {seconds} s per tool at {HZ} Hz, whole system; load average {}\n\n",
+        "unwind bench: {seconds} s per tool at {HZ} Hz, whole system, {build} build of the \
+         profiler; load average at the end {}\n\n",
         load.split_whitespace()
             .take(3)
             .collect::<Vec<_>>()

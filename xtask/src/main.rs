@@ -145,6 +145,9 @@ enum Bench {
         /// How long each tool records (one after the other, same workload).
         #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(4..))]
         seconds: u64,
+        /// Use the debug build of the profiler (its BPF programs are the same).
+        #[arg(long)]
+        debug: bool,
     },
 }
 
@@ -196,7 +199,7 @@ fn dispatch(task: Task) -> Result<ExitCode> {
         Task::Bench(Bench::Symbolize { seconds, frequency }) => {
             bench_symbolize::symbolize(seconds, frequency)?;
         }
-        Task::Bench(Bench::Unwind { seconds }) => bench_unwind::unwind(seconds)?,
+        Task::Bench(Bench::Unwind { seconds, debug }) => bench_unwind::unwind(seconds, debug)?,
     }
     Ok(ExitCode::SUCCESS)
 }
