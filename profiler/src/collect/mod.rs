@@ -302,9 +302,8 @@ impl Collection {
         mapped.sort_unstable();
         mapped.dedup();
         for pid in mapped {
-            if let Some(mappings) = self.processes.unwind_mappings(pid, u64::MAX) {
-                hook(crate::unwind::ProcessEvent::Mapped { pid, mappings });
-            }
+            let mappings = self.processes.unwind_mappings(pid, u64::MAX);
+            hook(crate::unwind::ProcessEvent::Mapped { pid, mappings });
         }
         exited
     }

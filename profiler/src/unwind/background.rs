@@ -121,6 +121,13 @@ impl BackgroundLoader {
                     .last_read
                     .lock()
                     .is_ok_and(|last| last.contains_key(&pid));
+                // A process from before the recording that was sampled (a dlopen, say):
+                // read /proc now, before its walks reach the new library.
+                let Some(mappings) =
+                    mappings.or_else(|| sampled.then(|| proc_mappings(pid).ok()).flatten())
+                else {
+                    return;
+                };
                 self.load_or_queue(pid, mappings, sampled);
             }
             ProcessEvent::Exited { pid } => {

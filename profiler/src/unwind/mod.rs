@@ -25,10 +25,11 @@ pub enum ProcessEvent {
         mappings: Option<Vec<MappingSpec>>,
     },
     /// The kernel reported new executable mappings of `pid` (an exec, ld.so, a dlopen);
-    /// `mappings` is its whole space now. Loaded at once when that costs no table build.
+    /// `mappings` is its whole space now, None for a process from before the recording
+    /// (read from /proc if it was sampled). Loaded at once when that costs no table build.
     Mapped {
         pid: u32,
-        mappings: Vec<MappingSpec>,
+        mappings: Option<Vec<MappingSpec>>,
     },
     /// `pid` exited: its kernel entry goes, and its binaries may be evicted.
     Exited { pid: u32 },
