@@ -37,10 +37,11 @@ const NO_FP_CFLAGS: &[&str] = &[
     "-fno-optimize-sibling-calls",
 ];
 
-pub fn unwind(seconds: u64, debug: bool) -> Result<()> {
+pub fn unwind(seconds: u64, debug: bool, profile_bee: bool) -> Result<()> {
     let (bin, out_dir) = prepare_build(
         Extras {
             bench: true,
+            no_profile_bee: !profile_bee,
             ..Extras::default()
         },
         !debug,
@@ -48,7 +49,7 @@ pub fn unwind(seconds: u64, debug: bool) -> Result<()> {
     let tmp = std::env::temp_dir().join(format!("profiler-bench-unwind-{}", std::process::id()));
     fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     catch_ctrl_c();
-    let result = measure(&bin, &tmp, seconds);
+    let result = measure(&bin, &tmp, seconds, profile_bee);
     let _ = fs::remove_dir_all(&tmp);
     let m = result?;
     let table = render(&m, seconds, if debug { "debug" } else { "release" });
@@ -81,7 +82,7 @@ struct Measurement {
     build_python: String,
 }
 
-fn measure(bin: &Path, tmp: &Path, seconds: u64) -> Result<Measurement> {
+fn measure(bin: &Path, tmp: &Path, seconds: u64, profile_bee_too: bool) -> Result<Measurement> {
     let fx = tmp.join("fx-unwind");
     let source = util::workspace_root().join("tests/fixtures/fx-unwind.c");
     util::run(
@@ -157,7 +158,9 @@ fn measure(bin: &Path, tmp: &Path, seconds: u64) -> Result<Measurement> {
             map_bytes: maps.map(|(all, rows)| (all, rows, num("unwind_table_bytes"))),
         });
     }
-    runs.push(profile_bee(tmp, seconds)?);
+    if profile_bee_too {
+        runs.push(profile_bee(tmp, seconds)?);
+    }
     runs.push(bpftrace(seconds)?);
     runs.push(perf_dwarf(tmp, seconds)?);
     // Table build times with no disk cache: python3.11's process (python3.11, libc, libm,

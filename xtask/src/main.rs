@@ -148,6 +148,9 @@ enum Bench {
         /// Use the debug build of the profiler (its BPF programs are the same).
         #[arg(long)]
         debug: bool,
+        /// Leave profile-bee out (it is not installed, and installing it takes long).
+        #[arg(long)]
+        no_profile_bee: bool,
     },
 }
 
@@ -164,7 +167,11 @@ fn main() -> ExitCode {
 fn dispatch(task: Task) -> Result<ExitCode> {
     match task {
         Task::Setup { tests, bench } => {
-            let failed = setup::setup(setup::Extras { tests, bench })?;
+            let failed = setup::setup(setup::Extras {
+                tests,
+                bench,
+                ..Default::default()
+            })?;
             if !failed.is_empty() {
                 // Building needs no privileges, so setup itself succeeds; run/test/bench refuse.
                 println!(
@@ -199,7 +206,11 @@ fn dispatch(task: Task) -> Result<ExitCode> {
         Task::Bench(Bench::Symbolize { seconds, frequency }) => {
             bench_symbolize::symbolize(seconds, frequency)?;
         }
-        Task::Bench(Bench::Unwind { seconds, debug }) => bench_unwind::unwind(seconds, debug)?,
+        Task::Bench(Bench::Unwind {
+            seconds,
+            debug,
+            no_profile_bee,
+        }) => bench_unwind::unwind(seconds, debug, !no_profile_bee)?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -21,6 +21,9 @@ pub struct Extras {
     pub tests: bool,
     /// bpftrace and perf, the peers the benchmarks compare with.
     pub bench: bool,
+    /// With `bench`: leave profile-bee out (a long cargo install; `bench unwind
+    /// --no-profile-bee`).
+    pub no_profile_bee: bool,
 }
 
 /// Installs what is missing and checks the host; returns the failed host checks, each with its fix.
@@ -65,7 +68,7 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
     if extras.bench || extras.tests {
         ensure_inferno()?;
     }
-    if extras.bench {
+    if extras.bench && !extras.no_profile_bee {
         ensure_profile_bee()?;
     }
     if extras.tests {
