@@ -131,8 +131,7 @@ fn measure(bin: &Path, tmp: &Path, seconds: u64, profile_bee_too: bool) -> Resul
         .arg(&capture)
         .stderr(Stdio::null());
         let proc = Proc::spawn(&mut cmd)?;
-        sleep(Duration::from_secs(seconds.saturating_sub(READ_BEFORE_END)))?;
-        let stats = ProgStats::of(&proc)?;
+        let stats = sampling_window(&proc, seconds)?;
         let maps = map_memory(proc.pid());
         let mut proc = proc;
         proc.wait_success(Duration::from_secs(seconds) + EXIT_GRACE)?;
@@ -177,6 +176,29 @@ fn measure(bin: &Path, tmp: &Path, seconds: u64, profile_bee_too: bool) -> Resul
     })
 }
 
+/// BPF run time of `proc`'s programs over its sampling: from their first run (loading and
+/// verifying take seconds on a busy host, and the tools' durations count from there) to
+/// READ_BEFORE_END seconds before its end.
+fn sampling_window(proc: &Proc, seconds: u64) -> Result<ProgStats> {
+    let started = std::time::Instant::now();
+    let first = loop {
+        if let Ok(s) = ProgStats::of(proc) {
+            break s;
+        }
+        anyhow::ensure!(
+            started.elapsed() < EXIT_GRACE,
+            "its BPF programs did not run within {EXIT_GRACE:?}"
+        );
+        sleep(Duration::from_millis(200))?;
+    };
+    sleep(Duration::from_secs(seconds.saturating_sub(READ_BEFORE_END)))?;
+    let last = ProgStats::of(proc)?;
+    Ok(ProgStats {
+        run_time_ns: last.run_time_ns - first.run_time_ns,
+        run_cnt: last.run_cnt - first.run_cnt,
+    })
+}
+
 /// profile-bee 0.3.13 with its .eh_frame unwinder, writing collapsed stacks.
 fn profile_bee(tmp: &Path, seconds: u64) -> Result<Run> {
     println!("==> profile-bee --dwarf -F {HZ} for {seconds}s");
@@ -194,8 +216,7 @@ fn profile_bee(tmp: &Path, seconds: u64) -> Result<Run> {
     .arg(&out)
     .stderr(Stdio::null());
     let proc = Proc::spawn(&mut cmd)?;
-    sleep(Duration::from_secs(seconds.saturating_sub(READ_BEFORE_END)))?;
-    let stats = ProgStats::of(&proc)?;
+    let stats = sampling_window(&proc, seconds)?;
     let mut proc = proc;
     proc.wait_success(Duration::from_secs(seconds) + EXIT_GRACE)?;
     Ok(Run {
@@ -229,12 +250,12 @@ fn bpftrace(seconds: u64) -> Result<Run> {
     let mut cmd = Command::new("bpftrace");
     cmd.args([
         "-e",
-        &format!("profile:hz:{HZ} {{ @[ustack, comm] = count(); }}"),
+        // The map is cleared at exit: printing thousands of symbolized stacks takes minutes.
+        &format!("profile:hz:{HZ} {{ @[ustack, comm] = count(); }} END {{ clear(@); }}"),
     ])
     .stderr(Stdio::null());
     let proc = Proc::spawn(&mut cmd)?;
-    sleep(Duration::from_secs(seconds.saturating_sub(READ_BEFORE_END)))?;
-    let stats = ProgStats::of(&proc)?;
+    let stats = sampling_window(&proc, seconds)?;
     sleep(Duration::from_secs(READ_BEFORE_END))?;
     proc.interrupt();
     let mut proc = proc;
