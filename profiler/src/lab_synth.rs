@@ -114,6 +114,7 @@ pub fn synth(spec: SynthSpec, out: &Path) -> anyhow::Result<SynthReport> {
         cpus: (0..spec.cpus).collect(),
         counters: Counters::default(),
         untimed: Vec::new(),
+        named_counters: Vec::new(),
     });
 
     // The frame pool: kernel frames over user frames of a few dozen binaries.

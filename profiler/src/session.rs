@@ -39,6 +39,8 @@ pub struct SessionConfig {
     pub unwind: UnwindMode,
     /// Kernel memory for unwind rows, bytes.
     pub unwind_memory: u64,
+    /// Directory of compiled unwind tables kept between runs (`unwind::cache`); None: none.
+    pub unwind_cache: Option<std::path::PathBuf>,
     /// Name Python frames in CPython processes.
     pub python: bool,
     /// Bytes of ring per CPU for the kernel's process records: enough for the process
@@ -173,6 +175,7 @@ impl Session {
             cgroups: &kernel_cgroups,
             unwind: config.unwind,
             unwind_memory: config.unwind_memory,
+            unwind_cache: config.unwind_cache.as_deref(),
             python,
         })?;
         let events = ProcessEvents::new(kernel_records, sampler.take_exits());
@@ -279,6 +282,7 @@ impl Session {
                 ..Counters::default()
             },
             untimed: Vec::new(),
+            named_counters: Vec::new(),
         };
         Ok(Window {
             collection,
@@ -356,6 +360,11 @@ impl Session {
             cpus: self.sampler.cpus.clone(),
             counters,
             untimed: Vec::new(),
+            named_counters: self
+                .loader
+                .as_ref()
+                .map(|l| crate::unwind::report::named_counters(&l.stats()))
+                .unwrap_or_default(),
         };
         self.start_unix_ns = unix_now_ns();
         self.start_mono_ns = now_mono;

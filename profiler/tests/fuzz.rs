@@ -433,3 +433,41 @@ fn unwind_tables_from_eh_frame() {
         linear(bytes, 64, 256 << 10)
     });
 }
+
+/// The unwind-table cache (`unwind::cache`) reads files from a directory on disk: a damaged
+/// or crafted file must be refused, never panic or hand the kernel unsorted rows. Mutations
+/// are tried as they are and with their checksum made right again (what a crafted file
+/// would do), so the row checks behind the checksum get them too.
+#[test]
+fn unwind_table_cache_files() {
+    use profiler::unwind::{cache, table};
+    let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("Debian's libc");
+    let mut small = table::compile(&libc).expect("libc compiles");
+    small.rows.truncate(300);
+    let id = [3u8; 20];
+    let seed = cache::encode(&small, &id);
+    assert!(cache::decode(&seed, &id).is_ok());
+    fuzz("unwind table cache file", &[&seed], |bytes| {
+        let mut resealed = bytes.to_vec();
+        if resealed.len() >= 56 {
+            let mut crc = flate2::Crc::new();
+            crc.update(&resealed[..52]);
+            crc.update(&resealed[56..]);
+            resealed[52..56].copy_from_slice(&crc.sum().to_le_bytes());
+        }
+        for input in [bytes, &resealed[..]] {
+            match cache::decode(input, &id) {
+                Ok(t) => {
+                    assert!(
+                        t.rows.windows(2).all(|w| w[0].pc < w[1].pc),
+                        "unsorted rows"
+                    );
+                    assert_eq!(t.rows.len() * 8 + 56, input.len());
+                }
+                Err(e) => one_line("unwind cache", &e.to_string()),
+            }
+        }
+        // The rows and the resealed copy: a few times the input.
+        linear(bytes, 8, 64 << 10)
+    });
+}

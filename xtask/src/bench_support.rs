@@ -20,8 +20,14 @@ use crate::{
 /// What every benchmark starts with: its set-up extras installed, the release binary built,
 /// and target/bench (where results go) made. Returns (binary, target/bench).
 pub fn prepare(extras: Extras) -> Result<(PathBuf, PathBuf)> {
+    prepare_build(extras, true)
+}
+
+/// `prepare` with the debug build when `release` is false (quicker to build on a busy host;
+/// the BPF programs are the same).
+pub fn prepare_build(extras: Extras, release: bool) -> Result<(PathBuf, PathBuf)> {
     setup::require(extras)?;
-    let bin = run::build(true)?;
+    let bin = run::build(release)?;
     let out_dir = util::target_dir().join("bench");
     fs::create_dir_all(&out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
     Ok((bin, out_dir))

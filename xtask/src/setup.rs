@@ -21,6 +21,9 @@ pub struct Extras {
     pub tests: bool,
     /// bpftrace and perf, the peers the benchmarks compare with.
     pub bench: bool,
+    /// With `bench`: leave profile-bee out (a long cargo install; `bench unwind
+    /// --no-profile-bee`).
+    pub no_profile_bee: bool,
 }
 
 /// Installs what is missing and checks the host; returns the failed host checks, each with its fix.
@@ -55,6 +58,12 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
     }
     if extras.bench {
         tools.extend([("bpftrace", "bpftrace"), ("perf", "linux-perf")]);
+        // The unmodified Debian programs `bench unwind` profiles.
+        tools.extend([
+            ("xz", "xz-utils"),
+            ("sqlite3", "sqlite3"),
+            ("python3.11", "python3.11"),
+        ]);
     }
     ensure_apt(&tools)?;
     // The benchmarks compare with perf script | inferno; the tests feed our .perf.txt to
@@ -64,6 +73,9 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
     }
     if extras.bench {
         ensure_py_spy()?;
+    }
+    if extras.bench && !extras.no_profile_bee {
+        ensure_profile_bee()?;
     }
     if extras.tests {
         ensure_browser_node_modules()?;
@@ -111,6 +123,25 @@ fn ensure_py_spy() -> Result<()> {
         .context("creating the py-spy venv failed")?;
     util::run(Command::new(venv.join("bin/pip")).args(["install", "py-spy"]))
         .context("installing py-spy failed")
+}
+
+/// profile-bee, the Rust/aya peer with .eh_frame unwinding in BPF that `bench unwind`
+/// compares with, at the version issue 10 measured.
+fn ensure_profile_bee() -> Result<()> {
+    if let Some(path) = util::which("probee") {
+        println!("ok: profile-bee ({})", path.display());
+        return Ok(());
+    }
+    println!("installing profile-bee 0.3.13 (cargo install; several minutes)");
+    util::run(util::cargo().args([
+        "install",
+        "--locked",
+        "profile-bee",
+        "--version",
+        "0.3.13",
+        "--no-default-features",
+    ]))
+    .context("installing profile-bee failed")
 }
 
 /// Setup for the commands that load BPF: a failed host check is an error.

@@ -156,6 +156,8 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             unwind: config.unwind,
             unwind_memory: config.unwind_memory,
             python: config.python,
+            // Tables compiled once survive restarts, next to the store (docs/unwinding.md).
+            unwind_cache: Some(config.data_dir.join("unwind-tables")),
             kernel_record_bytes: sampler::KERNEL_RECORD_BYTES,
         },
         window: config.window,

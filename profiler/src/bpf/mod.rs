@@ -140,6 +140,8 @@ pub struct SamplerConfig<'a> {
     pub unwind: UnwindMode,
     /// Bytes of kernel memory for unwind rows (`--unwind-memory`).
     pub unwind_memory: u64,
+    /// Directory of compiled tables kept between runs (`unwind::cache`); None: none.
+    pub unwind_cache: Option<&'a Path>,
     /// Walk Python frames in registered processes (`crate::python`); None = off.
     pub python: Option<crate::python::KernelFacts>,
 }
@@ -229,6 +231,18 @@ impl Sampler {
                 .ok_or(BpfError::Missing("unwind mappings"))?;
             let mut loader = Loader::new(config.unwind, rows, unwind_rows, procs)
                 .map_err(BpfError::UnwindMaps)?;
+            if let Some(dir) = config.unwind_cache {
+                match crate::unwind::cache::TableCache::open(
+                    dir,
+                    crate::unwind::cache::DEFAULT_MAX_BYTES,
+                ) {
+                    Ok(cache) => loader.set_cache(cache),
+                    Err(e) => eprintln!(
+                        "warning: unwind tables are not cached: cannot create {}: {e}",
+                        dir.display()
+                    ),
+                }
+            }
             // The processes asked for by pid are loaded before sampling starts, so their
             // first samples are walked by table too.
             for &pid in config.pids {

@@ -123,13 +123,15 @@ fn collected(r: &RecordReport, verbose: bool, tty: bool) {
 
 fn unwind(s: &LoaderStats, truncated: &[u64; 7]) {
     eprintln!(
-        "unwind tables: {} processes, {} binaries by table ({} rows, {:.1} MiB, compiled in {:.3} s), {} by frame pointer{}",
+        "unwind tables: {} processes, {} binaries by table ({} rows, {:.1} MiB in the kernel at the end, compiled in {:.3} s, {} from the disk cache), {} by frame pointer, {} evicted{}",
         s.processes,
         s.binaries_table,
         s.rows,
-        (s.rows * 8) as f64 / f64::from(1 << 20),
+        s.table_bytes() as f64 / f64::from(1 << 20),
         s.compile_ns as f64 / 1e9,
+        s.cache_hits,
         s.binaries_fp,
+        s.evicted,
         if s.over_budget > 0 {
             format!(" ({} over --unwind-memory)", s.over_budget)
         } else {

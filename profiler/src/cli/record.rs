@@ -58,6 +58,10 @@ pub struct RecordArgs {
     /// Binaries beyond it are walked by frame pointer.
     #[arg(long, default_value = "64M", value_name = "BYTES", value_parser = parse_bytes)]
     pub unwind_memory: u64,
+    /// Where compiled unwind tables are kept between recordings, keyed by build id (at most
+    /// 256 MiB; default ~/.cache/profiler/unwind-tables), or `off`.
+    #[arg(long, value_name = "DIR|off")]
+    pub unwind_cache: Option<PathBuf>,
     /// Name Python functions in CPython 3.11-3.13 processes: each eval-loop frame becomes
     /// the `qualname (file.py:LINE)` frames it ran. `off` shows the eval loop only.
     #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
@@ -135,6 +139,11 @@ pub fn run(args: RecordArgs) -> anyhow::Result<()> {
             cgroups,
             unwind: args.unwind,
             unwind_memory: args.unwind_memory,
+            unwind_cache: match &args.unwind_cache {
+                Some(dir) if dir.as_os_str() == "off" => None,
+                Some(dir) => Some(dir.clone()),
+                None => crate::unwind::cache::TableCache::default_dir(),
+            },
             python: args.python == OnOff::On,
             kernel_record_bytes: KERNEL_RECORD_BYTES,
         },

@@ -156,6 +156,9 @@ fn print_stats(p: &profile::Profile) {
     for (reason, n) in truncated_by_reason(p) {
         println!("truncated {reason}: {n}");
     }
+    for (name, value) in &p.meta.named_counters {
+        println!("{name}: {value}");
+    }
 }
 
 /// Samples whose user stack a table walk cut short, per reason, read from the

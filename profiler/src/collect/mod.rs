@@ -180,14 +180,14 @@ pub struct Collection {
     pub unwind_truncated: [u64; 7],
     filter: CommFilter,
     cgroup_filter: CgroupFilter,
-    /// Called with each process's pid at its first sample, and again when a table walk found
-    /// an address outside its loaded mappings (the table walk loads its mappings there:
-    /// `unwind::BackgroundLoader`).
+    /// Told of each process's first sample, of samples whose table walk found an address
+    /// outside its loaded mappings, of new mappings and of exits (the table walk loads
+    /// mappings there: `unwind::BackgroundLoader`).
     new_process_hook: Option<NewProcessHook>,
 }
 
 /// See `Collection::on_new_process`.
-pub type NewProcessHook = Box<dyn FnMut(u32) + Send>;
+pub type NewProcessHook = Box<dyn FnMut(crate::unwind::ProcessEvent) + Send>;
 
 /// User "addresses" at and above this mark the root of a stack that a table walk cut short:
 /// `TRUNCATED_MARK + unwind::reason` (in the kernel half, so never a user address).
@@ -305,7 +305,8 @@ impl Collection {
     }
 
     /// Keeps only samples of processes in these cgroups (see `CgroupFilter`).
-    /// Calls `hook` with each new process's pid at its first sample.
+    /// Tells `hook` of each new process's first sample, its mappings and its exit
+    /// (`unwind::ProcessEvent`).
     pub fn on_new_process(mut self, hook: NewProcessHook) -> Self {
         self.new_process_hook = Some(hook);
         self
@@ -353,12 +354,42 @@ impl Collection {
             ends.push(batch.len());
         }
         self.events.read_into(&mut self.processes);
+        let exited = self.tell_mappings();
         let mut start = 0;
         for &end in &ends {
             self.add(&batch[start..end]);
             start = end;
         }
+        // After the samples: a process's last samples come before its exit record.
+        if let Some(hook) = self.new_process_hook.as_mut() {
+            for pid in exited {
+                hook(crate::unwind::ProcessEvent::Exited { pid });
+            }
+        }
         (self.batch, self.batch_ends) = (batch, ends);
+    }
+
+    /// Tells the hook of every process whose mappings the records just read changed (with
+    /// its whole space, when the records hold all of it); returns the pids that exited.
+    fn tell_mappings(&mut self) -> Vec<u32> {
+        let Some(hook) = self.new_process_hook.as_mut() else {
+            return Vec::new();
+        };
+        let (mut mapped, mut exited) = (Vec::new(), Vec::new());
+        for r in &self.events.records {
+            match r {
+                KernelRecord::Map { pid, .. } => mapped.push(*pid),
+                KernelRecord::Exit { pid, .. } => exited.push(*pid),
+                _ => {}
+            }
+        }
+        mapped.sort_unstable();
+        mapped.dedup();
+        for pid in mapped {
+            let mappings = self.processes.unwind_mappings(pid, u64::MAX);
+            hook(crate::unwind::ProcessEvent::Mapped { pid, mappings });
+        }
+        exited
     }
 
     /// One record: a `SampleHeader`, then the kernel and user addresses (profiler-common).
@@ -401,7 +432,11 @@ impl Collection {
             && h.pid != 0
             && (stale || !self.processes.processes.contains_key(&h.pid))
         {
-            hook(h.pid);
+            hook(crate::unwind::ProcessEvent::Sampled {
+                pid: h.pid,
+                stale,
+                mappings: self.processes.unwind_mappings(h.pid, h.time_ns),
+            });
         }
         let space = self.processes.saw(h.pid, h.time_ns, &user);
         let user = with_truncation_marker(user, h.flags);

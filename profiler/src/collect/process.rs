@@ -209,6 +209,34 @@ impl ProcessTable {
         }
     }
 
+    /// `pid`'s executable file mappings at `time_ns` for the table walk's loader, each with
+    /// the file kept open since the kernel reported it; None unless the kernel's records
+    /// hold the whole space (a process from before the recording: read /proc instead).
+    pub fn unwind_mappings(
+        &self,
+        pid: u32,
+        time_ns: u64,
+    ) -> Option<Vec<crate::unwind::MappingSpec>> {
+        let (_, space) = self.mappings.space_at(pid, time_ns)?;
+        if !space.complete {
+            return None;
+        }
+        space
+            .mappings()
+            .iter()
+            .map(|m| {
+                let file = &self.files[m.file as usize];
+                Some(crate::unwind::MappingSpec {
+                    start: m.start,
+                    end: m.end,
+                    file_offset: m.file_offset,
+                    path: file.path.clone(),
+                    file: Some(std::sync::Arc::new(file.handle.as_ref()?.try_clone().ok()?)),
+                })
+            })
+            .collect()
+    }
+
     /// A process's exit status (from the exit tracepoint).
     pub fn exited(&mut self, pid: u32, time_ns: u64, status: u32) {
         self.lifetimes.status(pid, time_ns, status);

@@ -98,6 +98,7 @@ pub fn examine(
                 unwind: config.unwind,
                 unwind_memory: config.unwind_memory,
                 python: config.python,
+                unwind_cache: None,
                 kernel_record_bytes: KERNEL_RECORD_BYTES,
             },
             duration: config.duration,

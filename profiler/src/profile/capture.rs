@@ -16,7 +16,8 @@ pub const MAGIC: &[u8; 8] = b"PROFCAP\0";
 /// Bumped on any change a reader of the previous version would misread.
 /// 2: binaries (path, build id) and each frame's address and binary.
 /// 3: process lifetimes (fork, exec, exit times and exit status) after the samples.
-/// 4: the untimed ranges (`Meta::untimed`) after the lifetimes.
+/// 4: the untimed ranges (`Meta::untimed`) and named counters (`Meta::named_counters`) after
+/// the lifetimes.
 pub const CAPTURE_VERSION: u32 = 4;
 
 // Bounds on what a capture may make the reader do (docs/capture-format.md, "Bounds"). A
@@ -98,6 +99,7 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
         cpus,
         counters,
         untimed,
+        named_counters,
     } = &p.meta;
     w.u(*start_unix_ns)?;
     w.u(*start_mono_ns)?;
@@ -232,6 +234,11 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
         w.u(from)?;
         w.u(to)?;
     }
+    w.u(named_counters.len() as u64)?;
+    for (name, value) in named_counters {
+        w.s(name)?;
+        w.u(*value)?;
+    }
     w.0.into_inner()
         .map_err(io::IntoInnerError::into_error)?
         .finish()?
@@ -290,7 +297,7 @@ pub fn decode(input: &mut impl Read) -> Result<Profile, CaptureError> {
 }
 
 /// Reads versions 1 and 2 too: version 1 frames have no address or binary (both read as 0,
-/// "unknown"); before version 3 there are no lifetimes, before 4 no untimed ranges.
+/// "unknown"); before version 3 there are no lifetimes, before 4 no untimed ranges or named counters.
 fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
     let mut meta = Meta {
         start_unix_ns: r.u()?,
@@ -477,6 +484,10 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
         let n = r.items::<(u64, u64)>()?;
         meta.untimed = (0..n)
             .map(|_| Ok((r.u()?, r.u()?)))
+            .collect::<io::Result<_>>()?;
+        let n = r.items::<(String, u64)>()?;
+        meta.named_counters = (0..n)
+            .map(|_| Ok((r.s()?, r.u()?)))
             .collect::<io::Result<_>>()?;
     }
     Ok(Profile {

@@ -20,6 +20,10 @@ fn sample_profile() -> Profile {
             ustack_failed: 2,
         },
         untimed: vec![(1_000_000_000, 1_500_000_000)],
+        named_counters: vec![
+            ("unwind_table_bytes".into(), 188_136),
+            ("unwind_evicted".into(), 2),
+        ],
     });
     let (main, vm) = (i.string("main"), i.string("vmlinux"));
     let fx = i.binary(Binary {
@@ -173,6 +177,7 @@ fn reads_version_1() {
 fn reads_versions_2_and_3() {
     let mut p = sample_profile();
     p.meta.untimed.clear();
+    p.meta.named_counters.clear();
     for version in [3u32, 2] {
         if version == 2 {
             p.lifetimes.clear();
@@ -181,9 +186,9 @@ fn reads_versions_2_and_3() {
         encode(&p, &mut bytes).unwrap();
         let mut body = Vec::new();
         GzDecoder::new(&bytes[12..]).read_to_end(&mut body).unwrap();
-        for list in ["untimed ranges", "lifetimes"]
+        for list in ["named counters", "untimed ranges", "lifetimes"]
             .iter()
-            .take(4 - version as usize)
+            .take(5 - version as usize)
         {
             assert_eq!(body.pop(), Some(0), "the body ends with empty {list}");
         }

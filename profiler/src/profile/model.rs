@@ -182,6 +182,9 @@ pub struct Meta {
     /// windows older than the agent's `--keep-times` (their counts outlive their times). Such
     /// samples sit at their range's start on `NO_CPU`; time views skip them and say so.
     pub untimed: Vec<(u64, u64)>,
+    /// Named figures of parts of the recording, `report --stats` prints them as they are
+    /// (e.g. `unwind_table_bytes`, `unwind_evicted`); capture version 4.
+    pub named_counters: Vec<(String, u64)>,
 }
 
 /// A whole profile.

@@ -1,12 +1,16 @@
 //! Feeds the kernel's table walk: compiles each binary's table once (keyed by device and
 //! inode, so every process mapping it shares one copy), copies the rows into the mmaped
 //! UNWIND_ROWS array, and writes each process's executable mappings into UNWIND_PROCS.
-//! `Loader::load_process` takes a plain list of mappings, so /proc/PID/maps or the kernel's
-//! MMAP2 records can feed it alike.
+//! `Loader::load_process` takes a plain list of mappings, so the kernel's MMAP2 records
+//! (through the collector) or /proc/PID/maps (`procmaps`) feed it alike. Rows live within
+//! the `--unwind-memory` budget (`budget`): when a table does not fit, least recently used
+//! binaries are evicted, those no loaded process maps first.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
+    fs::File,
     os::{fd::AsFd as _, unix::fs::MetadataExt as _},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
@@ -14,51 +18,122 @@ use profiler_common::unwind::{
     MAX_MAPPINGS, ProcMappings, SEARCH_STEPS, UnwindMapping, UnwindRow, mapping,
 };
 
-use super::{UnwindMode, table};
+use super::{UnwindMode, budget::RowSpace, table};
 
 /// One executable file mapping of a process.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct MappingSpec {
     pub start: u64,
     pub end: u64,
     /// Offset in the file of `start`.
     pub file_offset: u64,
-    /// A path that reads the file now (e.g. through /proc/PID/root).
+    /// A path that reads the file now (e.g. through /proc/PID/root), for logs and when
+    /// `file` is None.
     pub path: PathBuf,
+    /// The mapped file itself, opened by the collector when the kernel reported the mapping
+    /// (so it reads after the process exited, or in another mount namespace).
+    pub file: Option<Arc<File>>,
 }
 
-/// Where a binary's table sits in UNWIND_ROWS, or that it is walked by frame pointer.
-#[derive(Clone, Copy, Debug)]
+impl PartialEq for MappingSpec {
+    fn eq(&self, o: &Self) -> bool {
+        (self.start, self.end, self.file_offset, &self.path)
+            == (o.start, o.end, o.file_offset, &o.path)
+    }
+}
+impl Eq for MappingSpec {}
+
+impl MappingSpec {
+    fn open(&self) -> Option<File> {
+        match &self.file {
+            Some(f) => f.try_clone().ok(),
+            None => File::open(&self.path).ok(),
+        }
+    }
+
+    /// (device, inode) of the file, without opening it when it is open already.
+    fn key(&self) -> Option<(u64, u64)> {
+        let meta = match &self.file {
+            Some(f) => f.metadata().ok()?,
+            None => std::fs::metadata(&self.path).ok()?,
+        };
+        Some((meta.dev(), meta.ino()))
+    }
+}
+
+type BinaryKey = (u64, u64);
+
+/// One binary known to the loader: where its table sits in UNWIND_ROWS, or that it is walked
+/// by frame pointer.
+#[derive(Clone, Debug)]
 struct Binary {
     kind: u32,
     table_start: u32,
     table_len: u32,
+    /// `table::mapping_bias` of a mapping at address 0, by file offset: a mapping's bias is
+    /// its start plus this (linear in the start), so a new process needs no re-read.
+    bias_at_zero: HashMap<u64, u64>,
+    /// Loaded processes that map it.
+    users: u32,
+    /// `Loader::clock` when a process last loaded it (least recently used goes first).
+    last_used: u64,
+    /// Set when its table did not fit the budget: walked by frame pointer until then, when
+    /// the next process that maps it tries again (the space may have been freed).
+    retry_at: Option<std::time::Instant>,
 }
 
-/// What the loader did, for `--stats` and the bench.
+impl Binary {
+    /// Whether it is loaded for good (not waiting to try the budget again).
+    fn settled(&self) -> bool {
+        self.retry_at.is_none_or(|t| std::time::Instant::now() < t)
+    }
+}
+
+/// What the loader did, for `--stats`, /metrics and the bench.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoaderStats {
+    /// Processes loaded (each pid once).
     pub processes: u64,
     pub binaries_table: u64,
     pub binaries_fp: u64,
+    /// Rows copied into the kernel over the recording (evicted and reloaded ones again).
     pub rows: u64,
-    /// Binaries left to frame pointers because the row budget was used up.
+    /// Binaries left to frame pointers because their table does not fit the budget at all.
     pub over_budget: u64,
+    /// Binaries whose rows were freed to make room for another's.
+    pub evicted: u64,
+    /// Rows in the kernel now, and the budget's row count.
+    pub rows_now: u64,
+    pub rows_capacity: u64,
+    /// Tables read from the disk cache instead of compiled.
+    pub cache_hits: u64,
     /// Time spent compiling tables, ns.
     pub compile_ns: u64,
+}
+
+impl LoaderStats {
+    /// Kernel memory the tables take now, bytes.
+    pub fn table_bytes(&self) -> u64 {
+        self.rows_now * size_of::<UnwindRow>() as u64
+    }
 }
 
 pub struct Loader {
     mode: UnwindMode,
     rows: *mut UnwindRow,
-    capacity: u32,
-    used: u32,
+    space: RowSpace,
     /// The mmap of UNWIND_ROWS, unmapped on drop (keeps the map's fd open too).
     _rows_map: MapData,
     map_len: usize,
     procs: BpfHashMap<MapData, u32, ProcMappings>,
-    binaries: HashMap<(u64, u64), Binary>,
-    loaded: std::collections::HashSet<u32>,
+    binaries: HashMap<BinaryKey, Binary>,
+    /// What each loaded process's kernel entry holds, by binary (to rewrite it when one of
+    /// its binaries is evicted, and to count users).
+    loaded: HashMap<u32, Vec<(BinaryKey, UnwindMapping)>>,
+    ever_loaded: HashSet<u32>,
+    clock: u64,
+    /// Compiled tables kept on disk between runs.
+    cache: Option<super::cache::TableCache>,
     pub stats: LoaderStats,
 }
 
@@ -71,6 +146,15 @@ impl Drop for Loader {
         unsafe { libc::munmap(self.rows.cast(), self.map_len) };
     }
 }
+
+/// How long freed rows wait before they are written again: a kernel walk that looked up a
+/// process's old entry just before it was rewritten may still read them. A walk runs for
+/// microseconds in the sampler's interrupt; this is far longer.
+const REUSE_GRACE: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// How long a binary whose table did not fit stays walked by frame pointer before a process
+/// that maps it tries again (each try compiles or reads its table anew).
+const RETRY_OVER_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Loader {
     /// Takes the two maps of the loaded sampler; `capacity` is UNWIND_ROWS's entry count.
@@ -97,104 +181,223 @@ impl Loader {
         Ok(Self {
             mode,
             rows: ptr.cast(),
-            capacity,
-            used: 0,
+            space: RowSpace::new(capacity),
             _rows_map: rows,
             map_len,
             procs,
             binaries: HashMap::new(),
-            loaded: std::collections::HashSet::new(),
-            stats: LoaderStats::default(),
+            loaded: HashMap::new(),
+            ever_loaded: HashSet::new(),
+            clock: 0,
+            cache: None,
+            stats: LoaderStats {
+                rows_capacity: u64::from(capacity),
+                ..LoaderStats::default()
+            },
         })
+    }
+
+    /// Reads tables from `cache` before compiling them, and keeps those it compiles there.
+    pub fn set_cache(&mut self, cache: super::cache::TableCache) {
+        self.cache = Some(cache);
     }
 
     /// Loads the executable mappings of `pid` (and the tables of binaries not loaded yet)
     /// into the kernel. From then on its samples are walked by table.
     pub fn load_process(&mut self, pid: u32, mappings: &[MappingSpec]) -> std::io::Result<()> {
-        let mut value = ProcMappings {
-            count: 0,
-            _pad: 0,
-            maps: [UnwindMapping::default(); MAX_MAPPINGS],
-        };
         let mut sorted: Vec<&MappingSpec> = mappings.iter().collect();
         sorted.sort_by_key(|m| m.start);
-        let mut n = 0;
+        self.clock += 1;
+        let mut entries: Vec<(BinaryKey, UnwindMapping)> = Vec::new();
+        // Binaries of this process: never evicted to make room for another of its own.
+        let mut pinned: HashSet<BinaryKey> = HashSet::new();
         for m in sorted {
-            if n == MAX_MAPPINGS {
+            if entries.len() == MAX_MAPPINGS {
                 log::debug!("pid {pid}: more than {MAX_MAPPINGS} executable mappings");
                 break;
             }
-            let Some(entry) = self.mapping(m) else {
+            let Some(entry) = self.mapping(m, &pinned) else {
                 continue;
             };
-            value.maps[n] = entry;
-            n += 1;
+            pinned.insert(entry.0);
+            entries.push(entry);
         }
-        value.count = n as u32;
-        self.procs
-            .insert(pid, value, 0)
-            .map_err(std::io::Error::other)?;
+        for key in &pinned {
+            if let Some(b) = self.binaries.get_mut(key) {
+                b.users += 1;
+                b.last_used = self.clock;
+            }
+        }
+        let n = entries.len();
+        let old = self.loaded.insert(pid, entries);
+        self.drop_users(old);
+        self.write_entry(pid)?;
         // A process loaded again (by --pid, then at its first sample) counts once.
-        self.loaded.insert(pid);
-        self.stats.processes = self.loaded.len() as u64;
+        self.ever_loaded.insert(pid);
+        self.stats.processes = self.ever_loaded.len() as u64;
         log::debug!("pid {pid}: {n} executable mappings loaded for unwinding");
         Ok(())
+    }
+
+    /// `pid` exited: its kernel entry goes, and its binaries lose a user.
+    pub fn forget_process(&mut self, pid: u32) {
+        let old = self.loaded.remove(&pid);
+        if old.is_some() {
+            let _ = self.procs.remove(&pid);
+            // Its binaries may be evicted now: binaries that did not fit may fit next time.
+            let now = std::time::Instant::now();
+            for b in self.binaries.values_mut() {
+                if b.retry_at.is_some() {
+                    b.retry_at = Some(now);
+                }
+            }
+        }
+        self.drop_users(old);
+    }
+
+    /// Whether `pid`'s mappings are in the kernel.
+    pub fn is_loaded(&self, pid: u32) -> bool {
+        self.loaded.contains_key(&pid)
     }
 
     /// Whether every binary of `mappings` has been compiled already (loading them is then
     /// a few syscalls, no table to build).
     pub fn knows_all(&self, mappings: &[MappingSpec]) -> bool {
         mappings.iter().all(|m| {
-            std::fs::metadata(&m.path)
-                .is_ok_and(|meta| self.binaries.contains_key(&(meta.dev(), meta.ino())))
+            m.key()
+                .is_some_and(|k| self.binaries.get(&k).is_some_and(Binary::settled))
         })
+    }
+
+    fn drop_users(&mut self, entries: Option<Vec<(BinaryKey, UnwindMapping)>>) {
+        let keys: HashSet<BinaryKey> = entries.into_iter().flatten().map(|(k, _)| k).collect();
+        for key in keys {
+            if let Some(b) = self.binaries.get_mut(&key) {
+                b.users = b.users.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Writes `pid`'s entry in UNWIND_PROCS from `loaded`.
+    fn write_entry(&mut self, pid: u32) -> std::io::Result<()> {
+        let mut value = ProcMappings {
+            count: 0,
+            _pad: 0,
+            maps: [UnwindMapping::default(); MAX_MAPPINGS],
+        };
+        let entries = self.loaded.get(&pid).map_or(&[][..], Vec::as_slice);
+        for (slot, (_, m)) in value.maps.iter_mut().zip(entries) {
+            *slot = *m;
+        }
+        value.count = entries.len().min(MAX_MAPPINGS) as u32;
+        self.procs
+            .insert(pid, value, 0)
+            .map_err(std::io::Error::other)
     }
 
     /// The kernel entry for one mapping; None for a file that cannot be read as ELF.
-    fn mapping(&mut self, m: &MappingSpec) -> Option<UnwindMapping> {
-        let file = std::fs::File::open(&m.path).ok()?;
-        let meta = file.metadata().ok()?;
-        // SAFETY: a read-only view. A file rewritten in place under us gives a wrong table
-        // (walks stop early), not unsafety; a file truncated under us would raise SIGBUS,
-        // a risk accepted: running executables refuse writes (ETXTBSY) and
-        // package managers replace libraries by rename, not truncation.
-        let data = unsafe { memmap(&file, meta.len())? };
-        let bias = table::mapping_bias(&data, m.start, m.file_offset)?;
-        let key = (meta.dev(), meta.ino());
-        let binary = match self.binaries.get(&key) {
-            Some(b) => *b,
+    fn mapping(
+        &mut self,
+        m: &MappingSpec,
+        pinned: &HashSet<BinaryKey>,
+    ) -> Option<(BinaryKey, UnwindMapping)> {
+        let key = m.key()?;
+        let known = self.binaries.get(&key).filter(|b| b.settled());
+        // The file's bytes, read only when the table or this offset's bias is new.
+        let data = match known {
+            Some(b) if b.bias_at_zero.contains_key(&m.file_offset) => None,
+            _ => {
+                let file = m.open()?;
+                let len = file.metadata().ok()?.len();
+                // SAFETY: a read-only view. A file rewritten in place under us gives a wrong
+                // table (walks stop early), not unsafety; a file truncated under us would
+                // raise SIGBUS, a risk accepted: running executables refuse writes (ETXTBSY)
+                // and package managers replace libraries by rename, not truncation.
+                Some(unsafe { memmap(&file, len)? })
+            }
+        };
+        let binary = match known {
+            Some(b) => b.clone(),
             None => {
-                let b = self.load_binary(&m.path, &data);
-                self.binaries.insert(key, b);
+                let mut b = self.load_binary(&m.path, data.as_deref()?, key, pinned)?;
+                // Tried again after it did not fit: its processes stay its users.
+                if let Some(old) = self.binaries.get(&key) {
+                    b.users = old.users;
+                }
+                self.binaries.insert(key, b.clone());
                 b
             }
         };
-        Some(UnwindMapping {
-            start: m.start,
-            end: m.end,
-            bias,
-            table_start: binary.table_start,
-            table_len: binary.table_len,
-            kind: binary.kind,
-            _pad: 0,
-        })
+        let at_zero = match binary.bias_at_zero.get(&m.file_offset) {
+            Some(b) => *b,
+            None => {
+                let b = table::mapping_bias(data.as_deref()?, 0, m.file_offset)?;
+                if let Some(known) = self.binaries.get_mut(&key) {
+                    known.bias_at_zero.insert(m.file_offset, b);
+                }
+                b
+            }
+        };
+        let bias = m.start.wrapping_add(at_zero);
+        Some((
+            key,
+            UnwindMapping {
+                start: m.start,
+                end: m.end,
+                bias,
+                table_start: binary.table_start,
+                table_len: binary.table_len,
+                kind: binary.kind,
+                _pad: 0,
+            },
+        ))
     }
 
-    fn load_binary(&mut self, path: &Path, data: &[u8]) -> Binary {
-        let fp = Binary {
+    fn load_binary(
+        &mut self,
+        path: &Path,
+        data: &[u8],
+        key: BinaryKey,
+        pinned: &HashSet<BinaryKey>,
+    ) -> Option<Binary> {
+        // Not ELF: no table, no bias.
+        object::File::parse(data).ok()?;
+        let mut binary = Binary {
             kind: mapping::FRAME_POINTER,
             table_start: 0,
             table_len: 0,
+            bias_at_zero: HashMap::new(),
+            users: 0,
+            last_used: self.clock,
+            retry_at: None,
         };
         let started = std::time::Instant::now();
-        let compiled = table::compile(data);
+        let compiled = match &self.cache {
+            Some(cache) => {
+                let cache_key = super::cache::key(data);
+                match cache.get(&cache_key) {
+                    Some(t) => {
+                        self.stats.cache_hits += 1;
+                        Ok(t)
+                    }
+                    None => {
+                        let compiled = table::compile(data);
+                        if let Ok(t) = &compiled {
+                            cache.put(&cache_key, t);
+                        }
+                        compiled
+                    }
+                }
+            }
+            None => table::compile(data),
+        };
         self.stats.compile_ns += started.elapsed().as_nanos() as u64;
         let table = match compiled {
             Ok(t) => t,
             Err(e) => {
                 log::debug!("{}: no unwind table: {e}", path.display());
                 self.stats.binaries_fp += 1;
-                return fp;
+                return Some(binary);
             }
         };
         let by_fp = table.rows.is_empty()
@@ -202,35 +405,107 @@ impl Loader {
         let len = table.rows.len() as u32;
         if by_fp {
             self.stats.binaries_fp += 1;
-            return fp;
+            return Some(binary);
         }
-        if len > 1 << SEARCH_STEPS || self.capacity - self.used < len {
+        let start = if len > 1 << SEARCH_STEPS || len > self.space.capacity() {
+            None
+        } else {
+            self.make_room(len, key, pinned)
+        };
+        let Some(start) = start else {
             log::debug!(
                 "{}: {len} rows do not fit the unwind memory",
                 path.display()
             );
             self.stats.over_budget += 1;
-            self.stats.binaries_fp += 1;
-            return fp;
-        }
-        // SAFETY: rows [used, used + len) lie inside the mapped array (checked above), and
-        // no kernel walk reads them before a mapping points at them.
+            binary.retry_at = Some(std::time::Instant::now() + RETRY_OVER_BUDGET);
+            return Some(binary);
+        };
+        // SAFETY: rows [start, start + len) lie inside the mapped array (RowSpace hands out
+        // only ranges below its capacity, the array's length), and no kernel walk reads
+        // them before a mapping points at them (evicted ones waited REUSE_GRACE).
         unsafe {
             std::ptr::copy_nonoverlapping(
                 table.rows.as_ptr(),
-                self.rows.add(self.used as usize),
+                self.rows.add(start as usize),
                 len as usize,
             );
         }
-        let b = Binary {
-            kind: mapping::TABLE,
-            table_start: self.used,
-            table_len: len,
-        };
-        self.used += len;
+        binary.kind = mapping::TABLE;
+        binary.table_start = start;
+        binary.table_len = len;
         self.stats.rows += u64::from(len);
+        self.stats.rows_now = u64::from(self.space.used());
         self.stats.binaries_table += 1;
-        b
+        Some(binary)
+    }
+
+    /// Takes `len` rows, evicting least recently used binaries when needed: first those no
+    /// loaded process maps, then the others (whose processes' entries lose those mappings,
+    /// so their walks stop there with "no mapping" and the collector has them loaded again).
+    fn make_room(&mut self, len: u32, key: BinaryKey, pinned: &HashSet<BinaryKey>) -> Option<u32> {
+        if let Some(start) = self.space.alloc(len) {
+            return Some(start);
+        }
+        let mut victims: Vec<(bool, u64, BinaryKey)> = self
+            .binaries
+            .iter()
+            .filter(|(k, b)| b.table_len > 0 && **k != key && !pinned.contains(*k))
+            .map(|(k, b)| (b.users > 0, b.last_used, *k))
+            .collect();
+        victims.sort_unstable();
+        // Evict nothing when even all of them would not make room.
+        let reclaimable: u64 = victims
+            .iter()
+            .filter_map(|(_, _, k)| self.binaries.get(k))
+            .map(|b| u64::from(b.table_len))
+            .sum();
+        let free = u64::from(self.space.capacity() - self.space.used());
+        if free + reclaimable < u64::from(len) {
+            return None;
+        }
+        let mut freed = Vec::new();
+        let mut start = None;
+        for (_, _, victim) in victims {
+            let Some(b) = self.binaries.remove(&victim) else {
+                continue;
+            };
+            self.unmap_everywhere(victim);
+            freed.push((b.table_start, b.table_len));
+            self.space.release(b.table_start, b.table_len);
+            self.stats.evicted += 1;
+            log::debug!(
+                "unwind memory full: evicted a table of {} rows",
+                b.table_len
+            );
+            start = self.space.alloc(len);
+            if start.is_some() {
+                break;
+            }
+        }
+        self.stats.rows_now = u64::from(self.space.used());
+        if start.is_some() && !freed.is_empty() {
+            std::thread::sleep(REUSE_GRACE);
+        }
+        start
+    }
+
+    /// Removes binary `key`'s mappings from every loaded process's kernel entry.
+    fn unmap_everywhere(&mut self, key: BinaryKey) {
+        let pids: Vec<u32> = self
+            .loaded
+            .iter()
+            .filter(|(_, e)| e.iter().any(|(k, _)| *k == key))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in pids {
+            if let Some(e) = self.loaded.get_mut(&pid) {
+                e.retain(|(k, _)| *k != key);
+            }
+            if let Err(e) = self.write_entry(pid) {
+                log::debug!("pid {pid}: cannot rewrite its unwind mappings: {e}");
+            }
+        }
     }
 }
 
@@ -271,84 +546,4 @@ unsafe fn memmap(file: &std::fs::File, len: u64) -> Option<Mmap> {
         )
     };
     (ptr != libc::MAP_FAILED).then_some(Mmap { ptr, len })
-}
-
-/// The executable file mappings of a live process, from /proc/PID/maps, with paths that
-/// read the files through /proc/PID/root (its own mount namespace).
-pub fn proc_mappings(pid: u32) -> std::io::Result<Vec<MappingSpec>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    let mut maps = parse_maps(&text, &format!("/proc/{pid}/root"));
-    maps.extend(super::vdso::mapping(&text));
-    Ok(maps)
-}
-
-fn parse_maps(text: &str, root: &str) -> Vec<MappingSpec> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        let (Some(range), Some(perms), Some(offset), Some(_dev), Some(_inode)) = (
-            words.next(),
-            words.next(),
-            words.next(),
-            words.next(),
-            words.next(),
-        ) else {
-            continue;
-        };
-        let path = words.collect::<Vec<_>>().join(" ");
-        if !perms.contains('x') || !path.starts_with('/') || path.ends_with(" (deleted)") {
-            continue;
-        }
-        let Some((start, end)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(start), Ok(end), Ok(file_offset)) = (
-            u64::from_str_radix(start, 16),
-            u64::from_str_radix(end, 16),
-            u64::from_str_radix(offset, 16),
-        ) else {
-            continue;
-        };
-        out.push(MappingSpec {
-            start,
-            end,
-            file_offset,
-            path: PathBuf::from(format!("{root}{path}")),
-        });
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn maps_lines_become_exec_file_mappings() {
-        let text = "\
-55d0c0000000-55d0c0001000 r--p 00000000 fe:01 123 /usr/bin/xz
-55d0c0001000-55d0c0010000 r-xp 00001000 fe:01 123 /usr/bin/xz
-7f0000000000-7f0000001000 r-xp 00000000 00:00 0 [vdso]
-7f0000002000-7f0000003000 r-xp 00002000 fe:01 9 /opt/my lib.so
-7f0000004000-7f0000005000 rw-p 00000000 00:00 0
-";
-        let maps = parse_maps(text, "/proc/7/root");
-        assert_eq!(
-            maps,
-            vec![
-                MappingSpec {
-                    start: 0x55d0_c000_1000,
-                    end: 0x55d0_c001_0000,
-                    file_offset: 0x1000,
-                    path: "/proc/7/root/usr/bin/xz".into(),
-                },
-                MappingSpec {
-                    start: 0x7f00_0000_2000,
-                    end: 0x7f00_0000_3000,
-                    file_offset: 0x2000,
-                    path: "/proc/7/root/opt/my lib.so".into(),
-                },
-            ]
-        );
-    }
 }

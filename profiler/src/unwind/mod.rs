@@ -2,12 +2,39 @@
 //! binary's .eh_frame into rows, `loader` puts the rows and each process's mappings into the
 //! kernel maps that the sampler's table walk (profiler-ebpf `unwind`) reads.
 pub mod background;
+pub mod budget;
+pub mod cache;
 pub mod loader;
+pub mod procmaps;
+pub mod report;
 pub mod table;
 pub mod vdso;
 
 pub use background::BackgroundLoader;
-pub use loader::{Loader, LoaderStats, MappingSpec, proc_mappings};
+pub use loader::{Loader, LoaderStats, MappingSpec};
+pub use procmaps::proc_mappings;
+
+/// What the collector tells the loader about a process (`collect::NewProcessHook`).
+#[derive(Debug)]
+pub enum ProcessEvent {
+    /// A sample of `pid`: its first, or one whose walk left the loaded mappings (`stale`).
+    /// `mappings` are the kernel's (MMAP2 records) when they hold the process's whole
+    /// address space; None: a process from before the recording, read from /proc.
+    Sampled {
+        pid: u32,
+        stale: bool,
+        mappings: Option<Vec<MappingSpec>>,
+    },
+    /// The kernel reported new executable mappings of `pid` (an exec, ld.so, a dlopen);
+    /// `mappings` is its whole space now, None for a process from before the recording
+    /// (read from /proc if it was sampled). Loaded at once when that costs no table build.
+    Mapped {
+        pid: u32,
+        mappings: Option<Vec<MappingSpec>>,
+    },
+    /// `pid` exited: its kernel entry goes, and its binaries may be evicted.
+    Exited { pid: u32 },
+}
 
 /// How user stacks are walked (`--unwind`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

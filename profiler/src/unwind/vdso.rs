@@ -18,6 +18,7 @@ pub fn mapping(maps: &str) -> Option<MappingSpec> {
         end: u64::from_str_radix(end, 16).ok()?,
         file_offset: 0,
         path: image()?.clone(),
+        file: None,
     })
 }
 

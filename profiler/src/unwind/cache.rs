@@ -1,0 +1,396 @@
+//! Compiled unwind tables kept on disk, between the table compiler (`table`) and the
+//! `loader`: a binary's table is compiled once per machine, not once per recording or agent
+//! start. Files are keyed by the binary's GNU build id (a hash of its bytes when it has none),
+//! hold the id of the profiler build that compiled them (another build may compile
+//! differently: its files miss), are written atomically, and the directory is kept under a
+//! size bound (least recently used files go). A cache file is untrusted input: it is read
+//! only when owned by us and writable by no one else, bounded in size, checksummed, and its
+//! rows checked (sorted, known kinds) before the kernel sees them.
+use std::{
+    fs::File,
+    io::{self, Read as _},
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use profiler_common::unwind::{SEARCH_STEPS, UnwindRow, kind};
+
+use super::table::Table;
+
+const MAGIC: &[u8; 8] = b"PROFUNW\0";
+/// Bumped on any change of the layout below.
+const VERSION: u32 = 1;
+const HEADER: usize = 56;
+/// Largest table the kernel walk searches (its binary search has SEARCH_STEPS steps).
+const MAX_ROWS: usize = 1 << SEARCH_STEPS;
+/// Kinds a row may have (`profiler_common::unwind::kind`).
+const KINDS: [u8; 7] = [
+    kind::NONE,
+    kind::CFA_RSP,
+    kind::CFA_RBP,
+    kind::PLT,
+    kind::STOP,
+    kind::UNSUPPORTED,
+    kind::SIGNAL,
+];
+/// Default bound of the directory: a few hundred binaries' tables.
+pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CacheError {
+    #[error("not an unwind table cache file (bad magic or version)")]
+    NotCache,
+    #[error("cache file of {0} bytes does not match its row count")]
+    Length(usize),
+    #[error("cache file holds {0} rows, more than the kernel walk searches")]
+    TooManyRows(usize),
+    #[error("cache file compiled by another profiler build")]
+    OtherBuild,
+    #[error("cache file checksum mismatch (corrupt)")]
+    Checksum,
+    #[error("cache file row {0} is out of order or of an unknown kind")]
+    BadRow(usize),
+}
+
+/// The on-disk bytes of `table`, compiled by the profiler build `compiler`.
+pub fn encode(table: &Table, compiler: &[u8; 20]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + table.rows.len() * 8);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(table.rows.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(table.fdes as u64).to_le_bytes());
+    out.extend_from_slice(&(table.rbp_fdes as u64).to_le_bytes());
+    out.extend_from_slice(compiler);
+    out.extend_from_slice(&[0; 4]); // checksum, below
+    for r in &table.rows {
+        out.extend_from_slice(&r.pc.to_le_bytes());
+        out.extend_from_slice(&r.cfa_off.to_le_bytes());
+        out.extend_from_slice(&r.rbp_off.to_le_bytes());
+        out.push(r.kind);
+    }
+    let crc = checksum(&out);
+    out[52..56].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// crc32 of everything but the checksum field.
+fn checksum(bytes: &[u8]) -> u32 {
+    let mut h = flate2::Crc::new();
+    h.update(&bytes[..52]);
+    h.update(&bytes[HEADER..]);
+    h.sum()
+}
+
+/// The table in `bytes`, if they are a sound cache file written by the build `compiler`.
+pub fn decode(bytes: &[u8], compiler: &[u8; 20]) -> Result<Table, CacheError> {
+    if bytes.len() < HEADER || &bytes[..8] != MAGIC || bytes[8..12] != VERSION.to_le_bytes() {
+        return Err(CacheError::NotCache);
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let n = u32_at(12) as usize;
+    if n > MAX_ROWS {
+        return Err(CacheError::TooManyRows(n));
+    }
+    if bytes.len() != HEADER + n * 8 {
+        return Err(CacheError::Length(bytes.len()));
+    }
+    if bytes[32..52] != compiler[..] {
+        return Err(CacheError::OtherBuild);
+    }
+    if u32_at(52) != checksum(bytes) {
+        return Err(CacheError::Checksum);
+    }
+    let (fdes, rbp_fdes) = (u64_at(16), u64_at(24));
+    let mut rows = Vec::with_capacity(n);
+    for (i, r) in bytes[HEADER..].chunks_exact(8).enumerate() {
+        let row = UnwindRow {
+            pc: u32::from_le_bytes(r[..4].try_into().expect("4 bytes")),
+            cfa_off: u16::from_le_bytes([r[4], r[5]]),
+            rbp_off: i8::from_le_bytes([r[6]]),
+            kind: r[7],
+        };
+        let sorted = rows.last().is_none_or(|p: &UnwindRow| p.pc < row.pc);
+        if !sorted || !KINDS.contains(&row.kind) {
+            return Err(CacheError::BadRow(i));
+        }
+        rows.push(row);
+    }
+    if rbp_fdes > fdes || fdes > u64::from(u32::MAX) {
+        return Err(CacheError::BadRow(0));
+    }
+    #[allow(
+        clippy::needless_update,
+        reason = "Table may gain fields the cache does not keep"
+    )]
+    Ok(Table {
+        rows,
+        fdes: fdes as usize,
+        rbp_fdes: rbp_fdes as usize,
+        ..Table::default()
+    })
+}
+
+/// The cache key of an ELF image: `b<build id>` or, without one, `h<length, crc32 and
+/// SipHash of the bytes>` (96 bits of hash and the length: a false match would mis-unwind).
+pub fn key(data: &[u8]) -> String {
+    use object::Object as _;
+    use std::hash::Hasher as _;
+    let build_id = object::File::parse(data)
+        .ok()
+        .and_then(|f| f.build_id().ok().flatten().map(<[u8]>::to_vec))
+        .filter(|id| !id.is_empty() && id.len() <= 64);
+    match build_id {
+        Some(id) => format!("b{}", hex(&id)),
+        None => {
+            // DefaultHasher::new() has fixed keys: the same bytes hash the same in every run
+            // of one build (another build may differ: its files miss, as they would anyway).
+            let mut sip = std::collections::hash_map::DefaultHasher::new();
+            sip.write(data);
+            format!(
+                "h{:x}-{:08x}-{:016x}",
+                data.len(),
+                {
+                    let mut crc = flate2::Crc::new();
+                    crc.update(data);
+                    crc.sum()
+                },
+                sip.finish()
+            )
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A directory of cache files.
+#[derive(Debug, Clone)]
+pub struct TableCache {
+    dir: PathBuf,
+    max_bytes: u64,
+    compiler: [u8; 20],
+}
+
+impl TableCache {
+    /// The cache in `dir` (created, mode 0700), bounded to `max_bytes`.
+    pub fn open(dir: &Path, max_bytes: u64) -> io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            max_bytes,
+            compiler: own_build_id(),
+        })
+    }
+
+    /// The default directory of `profiler record`: $XDG_CACHE_HOME or ~/.cache, then
+    /// `profiler/unwind-tables`.
+    pub fn default_dir() -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|v| !v.is_empty())
+                    .map(|h| Path::new(&h).join(".cache"))
+            })?;
+        Some(base.join("profiler").join("unwind-tables"))
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.unw"))
+    }
+
+    /// The cached table of the binary with cache key `key` (see `key`), if there is a sound one.
+    pub fn get(&self, key: &str) -> Option<Table> {
+        let path = self.path(key);
+        let file = crate::util::open_regular(&path).ok()?;
+        let meta = file.metadata().ok()?;
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        // Written by us, and by no one else since.
+        if meta.uid() != euid || meta.mode() & 0o022 != 0 {
+            log::debug!("{}: not ours alone; ignored", path.display());
+            return None;
+        }
+        if meta.len() > (HEADER + MAX_ROWS * 8) as u64 {
+            return None;
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        file.take((HEADER + MAX_ROWS * 8) as u64)
+            .read_to_end(&mut bytes)
+            .ok()?;
+        match decode(&bytes, &self.compiler) {
+            Ok(table) => {
+                // Recently used: the size bound removes the oldest files first.
+                if let Ok(f) = File::options().write(true).open(&path) {
+                    let _ = f.set_modified(std::time::SystemTime::now());
+                }
+                Some(table)
+            }
+            Err(e) => {
+                log::debug!("{}: {e}; compiled again", path.display());
+                None
+            }
+        }
+    }
+
+    /// Stores `table` as the binary `key`'s, then keeps the directory under its bound.
+    pub fn put(&self, key: &str, table: &Table) {
+        use std::io::Write as _;
+        let bytes = encode(table, &self.compiler);
+        if bytes.len() as u64 > self.max_bytes {
+            return;
+        }
+        let path = self.path(key);
+        if let Err(e) = crate::util::write_atomic(&path, |w| w.write_all(&bytes)) {
+            log::debug!(
+                "{}: cannot write the unwind table cache: {e}",
+                path.display()
+            );
+            return;
+        }
+        self.prune();
+    }
+
+    /// Removes the least recently used cache files until the directory is within its bound.
+    fn prune(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".unw"))
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((m.modified().ok()?, m.len(), e.path()))
+            })
+            .collect();
+        let mut total: u64 = files.iter().map(|f| f.1).sum();
+        files.sort();
+        for (_, len, path) in files {
+            if total <= self.max_bytes {
+                break;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                total -= len;
+            }
+        }
+    }
+}
+
+/// The GNU build id of this profiler's executable (zero padded to 20 bytes), or, without
+/// one, a hash of its length and modification time: tables compiled by another build miss.
+fn own_build_id() -> [u8; 20] {
+    let mut out = [0u8; 20];
+    let Ok(exe) = File::open("/proc/self/exe") else {
+        return out;
+    };
+    match crate::symbolize::file_build_id(&exe) {
+        Some(id) => {
+            let n = id.len().min(20);
+            out[..n].copy_from_slice(&id[..n]);
+        }
+        None => {
+            let m = exe.metadata().ok();
+            let stamp = m.map_or(0, |m| m.len() ^ (m.mtime() as u64).rotate_left(32));
+            out[..8].copy_from_slice(&stamp.to_le_bytes());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Table {
+        let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("Debian's libc");
+        super::super::table::compile(&libc).expect("libc compiles")
+    }
+
+    #[test]
+    fn round_trip_and_every_kind_of_damage_is_refused() {
+        let t = table();
+        let id = [7u8; 20];
+        let bytes = encode(&t, &id);
+        let back = decode(&bytes, &id).expect("round trip");
+        assert_eq!(back.rows, t.rows);
+        assert_eq!((back.fdes, back.rbp_fdes), (t.fdes, t.rbp_fdes));
+        assert_eq!(
+            decode(&bytes, &[8u8; 20]).err(),
+            Some(CacheError::OtherBuild)
+        );
+        assert_eq!(decode(&bytes[..40], &id).err(), Some(CacheError::NotCache));
+        assert_eq!(
+            decode(&bytes[..bytes.len() - 1], &id).err(),
+            Some(CacheError::Length(bytes.len() - 1))
+        );
+        let mut flipped = bytes.clone();
+        flipped[HEADER + 100] ^= 1;
+        assert_eq!(decode(&flipped, &id).err(), Some(CacheError::Checksum));
+        // A row out of order with a valid checksum (a crafted file): refused all the same.
+        let mut swapped = t.rows.clone();
+        swapped.swap(10, 11);
+        let crafted = encode(
+            &Table {
+                rows: swapped,
+                ..Table::default()
+            },
+            &id,
+        );
+        assert_eq!(decode(&crafted, &id).err(), Some(CacheError::BadRow(11)));
+        let mut huge = bytes.clone();
+        huge[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            decode(&huge, &id),
+            Err(CacheError::TooManyRows(_))
+        ));
+    }
+
+    #[test]
+    fn keys_are_build_ids_or_content_hashes() {
+        let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+        assert!(key(&libc).starts_with('b'), "{}", key(&libc));
+        let a = key(b"no elf here");
+        assert!(a.starts_with('h'));
+        assert_ne!(a, key(b"no elf herf"));
+        assert_eq!(a, key(b"no elf here"));
+    }
+
+    #[test]
+    fn files_are_read_back_and_the_directory_stays_bounded() {
+        let dir = std::env::temp_dir().join(format!("unw-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let t = table();
+        let one = encode(&t, &[0; 20]).len() as u64;
+        // Room for two tables.
+        let cache = TableCache::open(&dir, one * 2 + one / 2).unwrap();
+        cache.put("b01", &t);
+        assert_eq!(cache.get("b01").map(|t| t.rows.len()), Some(t.rows.len()));
+        assert!(cache.get("b02").is_none());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        cache.put("b02", &t);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // b01 used again: b02 is now the least recently used.
+        assert!(cache.get("b01").is_some());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        cache.put("b03", &t);
+        let left: Vec<bool> = ["b01", "b02", "b03"]
+            .iter()
+            .map(|k| dir.join(format!("{k}.unw")).exists())
+            .collect();
+        assert_eq!(left, [true, false, true]);
+        // A file others may write is not trusted.
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(dir.join("b01.unw"), std::fs::Permissions::from_mode(0o666))
+            .unwrap();
+        assert!(cache.get("b01").is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,136 @@
+//! What the table walk did, for the outputs, last step of the unwind data flow: the loader's
+//! figures (`LoaderStats`) and the collector's per-reason counts of stacks cut short become
+//! the capture's named counters (`report --stats`) and Prometheus text for the agent's
+//! /metrics. Plain functions, so record and the agent share them.
+use std::fmt::Write as _;
+
+use profiler_common::unwind::reason;
+
+use super::LoaderStats;
+
+/// The capture's named counters (`Meta::named_counters`). The per-reason counts of cut
+/// stacks are not among them: the capture's stacks carry them (their `[truncated: reason]`
+/// root frames), so `report --stats` counts them for any time slice.
+pub fn named_counters(s: &LoaderStats) -> Vec<(String, u64)> {
+    [
+        ("unwind_table_bytes", s.table_bytes()),
+        ("unwind_table_capacity_bytes", s.rows_capacity * 8),
+        ("unwind_rows_loaded", s.rows),
+        ("unwind_processes", s.processes),
+        ("unwind_binaries_table", s.binaries_table),
+        ("unwind_binaries_frame_pointer", s.binaries_fp),
+        ("unwind_over_budget", s.over_budget),
+        ("unwind_evicted", s.evicted),
+        ("unwind_cache_hits", s.cache_hits),
+        ("unwind_compile_ms", s.compile_ns / 1_000_000),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+/// The `reason` label of a truncation code: its name with underscores (`not_loaded`).
+pub fn reason_label(code: usize) -> String {
+    reason::NAMES
+        .get(code)
+        .copied()
+        .unwrap_or("unknown")
+        .replace(' ', "_")
+}
+
+/// Prometheus text exposition (0.0.4) of the table walk: kernel memory of the tables now,
+/// the budget, evictions, binaries by walk, and `truncated` (cumulative samples cut short,
+/// by `unwind::reason` code; index 0 unused).
+pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7]) -> String {
+    let mut o = String::new();
+    let mut metric = |name: &str, help: &str, kind: &str, series: &[(String, u64)]| {
+        let _ = writeln!(o, "# HELP {name} {help}");
+        let _ = writeln!(o, "# TYPE {name} {kind}");
+        for (labels, v) in series {
+            if labels.is_empty() {
+                let _ = writeln!(o, "{name} {v}");
+            } else {
+                let _ = writeln!(o, "{name}{{{labels}}} {v}");
+            }
+        }
+    };
+    metric(
+        "profiler_unwind_table_bytes",
+        "Kernel memory the unwind tables take now (8 bytes a row).",
+        "gauge",
+        &[(String::new(), s.table_bytes())],
+    );
+    metric(
+        "profiler_unwind_table_capacity_bytes",
+        "Kernel memory reserved for unwind tables (--unwind-memory).",
+        "gauge",
+        &[(String::new(), s.rows_capacity * 8)],
+    );
+    metric(
+        "profiler_unwind_evictions_total",
+        "Binaries whose table was evicted to make room for another's.",
+        "counter",
+        &[(String::new(), s.evicted)],
+    );
+    metric(
+        "profiler_unwind_binaries_total",
+        "Binaries seen, by how their frames are walked.",
+        "counter",
+        &[
+            ("walk=\"table\"".to_owned(), s.binaries_table),
+            ("walk=\"frame_pointer\"".to_owned(), s.binaries_fp),
+        ],
+    );
+    let cut: Vec<(String, u64)> = (1..truncated.len())
+        .map(|code| {
+            (
+                format!("reason=\"{}\"", reason_label(code)),
+                truncated[code],
+            )
+        })
+        .collect();
+    metric(
+        "profiler_unwind_truncated_total",
+        "Samples whose user stack the table walk cut short, by reason.",
+        "counter",
+        &cut,
+    );
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_carry_every_reason_and_the_memory() {
+        let s = LoaderStats {
+            rows_now: 1000,
+            rows_capacity: 8 << 20,
+            evicted: 3,
+            ..LoaderStats::default()
+        };
+        let text = metrics_text(&s, &[0, 5, 0, 0, 2, 0, 1]);
+        assert!(
+            text.contains("\nprofiler_unwind_table_bytes 8000\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("profiler_unwind_evictions_total 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("profiler_unwind_truncated_total{reason=\"not_loaded\"} 5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("profiler_unwind_truncated_total{reason=\"unsupported_rule\"} 1\n"),
+            "{text}"
+        );
+        // Every reason has its series, zero or not, so rates work from the first scrape.
+        assert_eq!(text.matches("profiler_unwind_truncated_total{").count(), 6);
+        let named = named_counters(&s);
+        assert!(named.contains(&("unwind_table_bytes".to_owned(), 8000)));
+        assert!(named.contains(&("unwind_evicted".to_owned(), 3)));
+    }
+}

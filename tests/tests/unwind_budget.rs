@@ -1,0 +1,222 @@
+//! The unwind-table memory budget (`--unwind-memory`, issue 10): with a budget that holds
+//! python3's table or libc's but not both, a python3 process sampled next to fx-unwind (whose
+//! stacks cross libc) makes the loader evict tables; once python3 has exited, fx-unwind's
+//! stacks are whole again (its libc table re-loaded), and the capture says how many tables
+//! were evicted and how much kernel memory the tables took.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use profiler_tests::{
+    Running, TempDir, cannot_run, exclusive, expect_success, report, require_bpf,
+    spawn_fixture_args,
+};
+
+const FIXTURE: &str = env!("FIXTURE_FX_UNWIND");
+
+/// Rows of the table the profiler compiles for the binary at `path`.
+fn rows(path: &Path) -> u64 {
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let table = profiler::unwind::table::compile(&data)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    table.rows.len() as u64
+}
+
+/// The file `pid` maps whose name starts with `prefix` (e.g. `libc.so`), waiting (5 s at
+/// most) for ld.so to map it.
+fn mapped(pid: u32, prefix: &str) -> String {
+    let started = std::time::Instant::now();
+    loop {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("reading maps");
+        let found = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| {
+                Path::new(p)
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+            });
+        if let Some(path) = found {
+            return path.to_owned();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "pid {pid} maps no {prefix}*:\n{maps}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One sample of `report -o x.perf.txt`: comm, time (s), frames leaf first.
+struct Sample {
+    comm: String,
+    time: f64,
+    frames: Vec<String>,
+}
+
+fn perf_samples(text: &str) -> Vec<Sample> {
+    text.split("\n\n")
+        .filter_map(|block| {
+            let mut lines = block.lines().filter(|l| !l.is_empty());
+            let head: Vec<&str> = lines.next()?.split_whitespace().collect();
+            let time = head.get(3)?.trim_end_matches(':').parse().ok()?;
+            let frames = lines
+                .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+                .collect();
+            Some(Sample {
+                comm: head[0].to_owned(),
+                time,
+                frames,
+            })
+        })
+        .collect()
+}
+
+/// Root `_start`, then main -> a -> b on the way to the leaf.
+fn whole(frames: &[String]) -> bool {
+    let root_first: Vec<&str> = frames.iter().rev().map(String::as_str).collect();
+    let chain = ["_start", "main", "a", "b"];
+    root_first.first() == Some(&"_start")
+        && chain
+            .iter()
+            .try_fold(0, |from, f| {
+                root_first[from..]
+                    .iter()
+                    .position(|x| x == f)
+                    .map(|i| from + i + 1)
+            })
+            .is_some()
+}
+
+#[test]
+fn tables_evicted_for_another_process_come_back_whole() {
+    if !require_bpf() {
+        return;
+    }
+    // Debian's python3.11 (`cargo xtask setup --tests` installs it), not a pyenv shim.
+    let python = Path::new("/usr/bin/python3.11");
+    if !python.is_file() {
+        cannot_run("/usr/bin/python3.11 is missing (apt install python3.11)");
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("unwind-budget");
+    let fixture = spawn_fixture_args(Path::new(FIXTURE), &["30", "qsort"]);
+    let libc = mapped(fixture.pid(), "libc.so");
+    let (py_rows, libc_rows) = (rows(python), rows(Path::new(&libc)));
+    let fixture_rows =
+        rows(Path::new(FIXTURE)) + libc_rows + rows(Path::new(&mapped(fixture.pid(), "ld-linux")));
+    // python3's table fits, fx-unwind's tables fit, python3's and libc's together do not.
+    let budget_rows = py_rows + libc_rows / 2;
+    assert!(
+        fixture_rows < budget_rows,
+        "fx-unwind needs {fixture_rows} rows"
+    );
+    let budget = (budget_rows * 8).to_string();
+    eprintln!(
+        "rows: python3 {py_rows}, libc {libc_rows}, fx-unwind's {fixture_rows}; budget {budget_rows}"
+    );
+
+    let capture = dir.file("budget.capture");
+    let mut rec = Running::start(&[
+        "record",
+        "-v",
+        "-F",
+        "499",
+        "-d",
+        "9s",
+        "--unwind",
+        "dwarf",
+        "--unwind-memory",
+        &budget,
+        "--comm",
+        "fx-unwind",
+        "--comm",
+        "python3.11",
+        "-o",
+        &capture,
+    ]);
+    rec.wait_for("sampling ");
+    std::thread::sleep(Duration::from_secs(1));
+    // Two seconds of pure-Python work: its stacks cross python3's own code.
+    let py = Command::new(python)
+        .args([
+            "-c",
+            "import time\nt = time.time()\nwhile time.time() - t < 2: sum(range(1000))",
+        ])
+        .output()
+        .expect("running python3.11");
+    assert!(py.status.success(), "python3.11 failed: {py:?}");
+    let (status, stderr) = rec.finish();
+    assert!(status.success(), "record failed:\n{stderr}");
+    drop(fixture);
+
+    let stats = report(&[&capture, "--stats"]);
+    expect_success(&stats, "report --stats");
+    let stats = String::from_utf8_lossy(&stats.stdout).into_owned();
+    let counter = |name: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in report --stats:\n{stats}\n{stderr}"))
+    };
+    let evicted = counter("unwind_evicted");
+    assert!(evicted >= 1, "no table was evicted:\n{stats}\n{stderr}");
+    let (bytes, capacity) = (
+        counter("unwind_table_bytes"),
+        counter("unwind_table_capacity_bytes"),
+    );
+    assert!(
+        bytes > 0 && bytes <= capacity && capacity == budget_rows * 8,
+        "table bytes {bytes} of {capacity}:\n{stats}"
+    );
+
+    let text = dir.file("out.perf.txt");
+    let out = report(&[&capture, "-o", &text]);
+    expect_success(&out, "report -o perf.txt");
+    let samples = perf_samples(&std::fs::read_to_string(&text).expect("reading perf.txt"));
+    let py_end = samples
+        .iter()
+        .filter(|s| s.comm.starts_with("python3"))
+        .map(|s| s.time)
+        .fold(f64::NAN, f64::max);
+    assert!(
+        py_end.is_finite(),
+        "no python3.11 samples: it was never loaded, nothing competed for the budget\n{stderr}"
+    );
+    // The last 3 s of the recording, and at least two seconds after python3 exited (time for
+    // the reader to run and load libc's table again on a slow, busy machine): fx-unwind's
+    // libc table is back.
+    let end = samples.iter().map(|s| s.time).fold(f64::NAN, f64::max);
+    let from = (py_end + 2.0).max(end - 3.0);
+    let late: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.comm == "fx-unwind" && s.time > from)
+        .collect();
+    let whole_late = late.iter().filter(|s| whole(&s.frames)).count();
+    let broken: Vec<String> = late
+        .iter()
+        .filter(|s| !whole(&s.frames))
+        .take(5)
+        .map(|s| format!("{:.3}: {}", s.time - py_end, s.frames.join(" <- ")))
+        .collect();
+    eprintln!(
+        "{evicted} evicted; {whole_late} of {} fx-unwind samples whole after python3 exited\n{stderr}",
+        late.len()
+    );
+    assert!(
+        late.len() >= 100,
+        "only {} late samples\n{stderr}",
+        late.len()
+    );
+    assert!(
+        whole_late * 100 >= late.len() * 95,
+        "only {whole_late} of {} fx-unwind samples reach _start -> main -> a -> b after \
+         python3 exited: its evicted tables did not come back; s after python3's end: \
+         stack\n{}\n{stderr}",
+        late.len(),
+        broken.join("\n")
+    );
+}
