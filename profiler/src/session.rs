@@ -247,6 +247,11 @@ impl Session {
     /// since the last cut, ready to symbolize anywhere. Process facts of live processes stay
     /// for the next window; those of exited processes go, so memory follows the number of
     /// live processes, not the pid churn.
+    /// Table loader figures now, when stacks are walked by table.
+    pub fn unwind_stats(&self) -> Option<crate::unwind::LoaderStats> {
+        self.loader.as_ref().map(|l| l.stats())
+    }
+
     pub async fn cut(&mut self) -> Result<Window, RecordError> {
         self.settle().await?;
         let (meta, _) = self.meta()?;

@@ -237,19 +237,36 @@ fn agent_defaults_walk_whole_stacks() {
             t.last().is_some_and(|root| root == "_start")
                 && t.windows(3).any(|w| w == ["b", "a", "main"])
         });
-        (whole, total, traces)
+        let metrics = String::from_utf8_lossy(&agent.get("/metrics").1).into_owned();
+        (whole, total, traces, metrics)
     };
-    let (n, total, traces) = whole(&[]);
+    // The tables' kernel memory, from /metrics (windows were cut during the 8 s above).
+    let table_bytes = |metrics: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("profiler_unwind_table_bytes "))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let (n, total, traces, metrics) = whole(&[]);
     assert!(
         total >= 20 && n * 100 >= total * 80,
         "{n} of {total} samples reach _start -> main -> a -> b; {:?}",
         traces.iter().take(5).collect::<Vec<_>>()
     );
+    assert!(
+        table_bytes(&metrics).is_some_and(|b| b > 0),
+        "no profiler_unwind_table_bytes > 0 in /metrics:\n{metrics}"
+    );
     // Negative control: the agent's --unwind fp loses them.
-    let (n, total, _) = whole(&["--unwind", "fp"]);
+    let (n, total, _, metrics) = whole(&["--unwind", "fp"]);
     assert!(
         total >= 20 && n * 100 < total * 80,
         "{n} of {total} samples whole by frame pointers: the fixture must lack them"
+    );
+    assert_eq!(
+        table_bytes(&metrics),
+        None,
+        "tables reported under --unwind fp"
     );
 }
 

@@ -18,6 +18,10 @@ const OTHER: &str = "other";
 /// Cumulative figures since the agent started.
 #[derive(Debug, Default)]
 pub struct Metrics {
+    /// Samples whose table walk stopped early, by `unwind::reason` code, since start.
+    unwind_truncated: [u64; 7],
+    /// `unwind::report::metrics_text` as of the last window; empty under `--unwind fp`.
+    unwind_text: String,
     /// CPU seconds by comm (idle task excluded).
     cpu_by_comm: BoundedCounter,
     /// CPU seconds by cgroup v2 path.
@@ -185,9 +189,17 @@ impl Metrics {
         self.crash_loops = programs.iter().filter(|p| p.crash_loop).count() as u64;
     }
 
+    /// The table walk's figures after a window: its cut-short samples added to the totals.
+    pub fn add_unwind(&mut self, stats: &crate::unwind::LoaderStats, truncated: &[u64; 7]) {
+        for (total, n) in self.unwind_truncated.iter_mut().zip(truncated) {
+            *total += n;
+        }
+        self.unwind_text = crate::unwind::report::metrics_text(stats, &self.unwind_truncated);
+    }
+
     /// The Prometheus text exposition format (version 0.0.4).
     pub fn render(&self) -> String {
-        let mut o = String::new();
+        let mut o = self.unwind_text.clone();
         counter_family(
             &mut o,
             "profiler_process_cpu_seconds_total",

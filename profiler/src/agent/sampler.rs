@@ -149,6 +149,11 @@ impl Stage {
                     tap.parts.push(session.copy_since(tap.since_mono_ns).await?);
                 }
                 let window = session.cut().await?;
+                if let Some(stats) = session.unwind_stats() {
+                    self.shared
+                        .metrics()
+                        .add_unwind(&stats, &window.collection.unwind_truncated);
+                }
                 self.queue_window(window, stopping);
                 window_end = now + self.window;
             }
