@@ -1,7 +1,7 @@
 //! `cargo xtask bench heatmap`: the heat-map page (`.html`) at scale and in a browser.
 //!
 //! 1. A synthetic capture the size of an hour at 99 Hz on 64 CPUs (22.8M samples, written by
-//!    the hidden `profiler lab synth`): wall time, CPU time and peak RSS of
+//!    `profiler-lab synth`, tests/src/lab): wall time, CPU time and peak RSS of
 //!    `profiler report big.capture -o big.html`, and the page's size.
 //! 2. A real capture of this machine (`profiler record -d 60s`): the same for its page.
 //! 3. Both pages in headless Chromium (`--dump-dom`): wall time, raw and minus the time of an
@@ -106,8 +106,8 @@ fn measure(opts: &Options, bin: &Path, browser: &Path, work: &Path) -> Result<Re
         seconds * u64::from(opts.hz) * u64::from(opts.cpus)
     );
     let (synth, synth_out) = timed(
-        Command::new(bin)
-            .args(["lab", "synth", "--cpus", &opts.cpus.to_string()])
+        Command::new(crate::lab::build(true)?)
+            .args(["synth", "--cpus", &opts.cpus.to_string()])
             .args(["--hz", &opts.hz.to_string()])
             .args(["--seconds", &seconds.to_string(), "-o"])
             .arg(&big_capture),

@@ -2,7 +2,6 @@
 mod agent;
 mod diff;
 mod doctor;
-mod lab;
 mod query;
 mod record;
 mod report;
@@ -41,9 +40,6 @@ pub enum Command {
     Agent(agent::AgentArgs),
     /// Render a time range of the agent's store: -o FILE... (every output format).
     Query(query::QueryArgs),
-    /// Reproducible incidents for testing the doctor (`cargo xtask lab`).
-    #[command(subcommand, hide = true)]
-    Lab(lab::LabCommand),
 }
 
 /// Runs the parsed command.
@@ -53,7 +49,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Report(args) => report::run(args),
         Command::Doctor(args) => doctor::run(args, cli.verbose > 0),
         Command::Diff(args) => diff::run(args),
-        Command::Lab(cmd) => lab::run(cmd),
         Command::Agent(args) => agent::run(args),
         Command::Query(args) => query::run(args),
     }
