@@ -151,7 +151,7 @@ impl Recorder {
         let all_locs = std::mem::take(&mut window.processes.locs);
         window.processes.locs = window
             .ustacks
-            .stacks
+            .items()
             .iter()
             .flat_map(|(pid, addrs)| addrs.iter().map(move |a| (*pid, *a)))
             .filter_map(|k| all_locs.get(&k).map(|l| (k, *l)))

@@ -87,21 +87,7 @@ pub struct RawSample {
 
 /// Raw stacks stored once each. Addresses are leaf first; every frame but the leaf is a return
 /// address, already moved back by one byte so it falls inside the call instruction.
-#[derive(Default)]
-pub struct StackTable<K> {
-    ids: HashMap<K, u32>,
-    pub stacks: Vec<K>,
-}
-
-impl<K: std::hash::Hash + Eq + Clone> StackTable<K> {
-    fn intern(&mut self, key: K) -> u32 {
-        let next = self.stacks.len() as u32;
-        *self.ids.entry(key.clone()).or_insert_with(|| {
-            self.stacks.push(key);
-            next
-        })
-    }
-}
+pub type StackTable<K> = crate::util::Dense<K>;
 
 /// Which samples the user wants, beyond the in-kernel pid filter.
 #[derive(Clone, Debug, Default)]

@@ -74,7 +74,7 @@ pub fn text(f: &Findings, v: &Verdict) -> String {
             c.pid,
             c.mkdirs,
             c.rmdirs,
-            c.mkdirs as f64 / f.duration_s.max(0.001),
+            f.churn_rate(c),
             c.parents
                 .iter()
                 .take(3)
@@ -244,7 +244,7 @@ pub fn json(f: &Findings, v: &Verdict) -> String {
                 q(&c.comm),
                 c.mkdirs,
                 c.rmdirs,
-                c.mkdirs as f64 / f.duration_s.max(0.001),
+                f.churn_rate(c),
                 c.parents
                     .iter()
                     .map(|(p, n)| format!(r#"{{"path":{},"events":{n}}}"#, q(p)))

@@ -67,7 +67,7 @@ pub fn build_profile_cached(
     });
     let kstacks: Vec<Vec<u32>> = collection
         .kstacks
-        .stacks
+        .items()
         .iter()
         .map(|addrs| {
             addrs
@@ -120,7 +120,7 @@ pub fn build_profile_cached(
     // Each frame with whether it is the eval loop (where Python frames go).
     let ustacks: Vec<Vec<(u32, bool)>> = collection
         .ustacks
-        .stacks
+        .items()
         .iter()
         .map(|(space, addrs)| {
             let mut frames = Vec::with_capacity(addrs.len());
@@ -156,7 +156,7 @@ pub fn build_profile_cached(
                         }
                     }
                     Some(UserLoc::Named(id)) => vec![(
-                        out.string(&collection.processes.names[id as usize]),
+                        out.string(&collection.processes.names[id]),
                         out.string(JIT_MODULE),
                         false,
                     )],
@@ -244,7 +244,7 @@ fn python_stacks(collection: &Collection, out: &mut Interner) -> Vec<Vec<(u32, b
     };
     collection
         .pystacks
-        .stacks
+        .items()
         .iter()
         .map(|(pid, frames)| {
             frames
