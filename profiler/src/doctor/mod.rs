@@ -3,6 +3,7 @@
 //! (`crate::cgroups`) into findings and a verdict. The incident it is built for: a CPU
 //! starved by kubelet reading memory statistics while tens of thousands of dying memcgs,
 //! left by a crash-looping creator, make every read slow.
+mod json;
 pub mod kmsg;
 pub mod memcg;
 mod report;

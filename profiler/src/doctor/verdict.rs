@@ -508,6 +508,25 @@ mod tests {
         );
     }
 
+    /// Strings with quotes, backslashes, control characters and non-ASCII come back intact
+    /// from the JSON, which stays one line.
+    #[test]
+    fn json_strings_are_escaped() {
+        let awkward = "a\"b\\c\n\u{1}é";
+        let mut f = findings(0, 0, 0);
+        f.kernel = awkward.to_owned();
+        let mut v = judge(&f);
+        v.problems.push(awkward.to_owned());
+        let json = super::super::report::json(&f, &v);
+        assert!(!json.contains('\n'), "one line: {json}");
+        let back: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(back["kernel"], awkward);
+        assert_eq!(
+            back["problems"].as_array().unwrap().last().unwrap(),
+            awkward
+        );
+    }
+
     #[test]
     fn a_cpu_is_saturated_from_90_percent() {
         let mut f = findings(0, 0, 0);
