@@ -48,12 +48,12 @@ pub struct RecordConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    #[error("cannot start sampling: {0}")]
+    #[error("cannot start sampling")]
     Sampler(#[from] BpfError),
-    #[error("reading samples failed: {0}")]
+    #[error("reading samples failed")]
     Io(#[from] std::io::Error),
-    #[error("cannot read /proc/kallsyms: {0}")]
-    Kallsyms(std::io::Error),
+    #[error("cannot read /proc/kallsyms")]
+    Kallsyms(#[source] std::io::Error),
 }
 
 /// Records on a runtime of its own; blocks until done. Ctrl-C and SIGTERM are caught from the
@@ -108,7 +108,7 @@ pub async fn record(
         match crate::python::KernelFacts::find() {
             Ok(f) => Some(f),
             Err(e) => {
-                eprintln!("warning: no Python frames: {e}");
+                eprintln!("warning: no Python frames: {}", crate::util::chain(&e));
                 None
             }
         }

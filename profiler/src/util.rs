@@ -4,6 +4,20 @@ mod dense;
 
 pub use dense::{Dense, FxDense, FxHasher, FxMap};
 
+/// An error and its causes on one line, `: `-separated, for logs and HTTP bodies (the CLI
+/// prints anyhow's `{:#}`, the same). The crate's errors name only their own step and give
+/// their cause through `source()`, so no cause is repeated.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        line.push_str(": ");
+        line.push_str(&c.to_string());
+        cause = c.source();
+    }
+    line
+}
+
 /// A kernel comm (NUL padded, not always UTF-8) as a string.
 pub fn comm_str(raw: &[u8]) -> String {
     let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
@@ -168,6 +182,17 @@ pub fn raise_fd_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chain_names_each_cause_once() {
+        let e = crate::profile::CaptureError::Io {
+            path: "/x.capture".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_eq!(chain(&e), "/x.capture: entity not found");
+        let outer = crate::record::RecordError::Kallsyms(std::io::Error::other("denied"));
+        assert_eq!(chain(&outer), "cannot read /proc/kallsyms: denied");
+    }
     use std::{os::unix::fs::FileTypeExt as _, time::Duration};
 
     #[test]

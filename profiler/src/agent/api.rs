@@ -108,10 +108,16 @@ async fn pprof(state: &State, req: &Request) -> Result<Response, Response> {
     };
     let result = record(&config, tokio::time::sleep(config.duration)).await;
     state.pprof_busy.set(false);
-    let profile = result.map_err(|e| Response::text(500, &format!("recording failed: {e}")))?;
+    let profile = result.map_err(|e| {
+        Response::text(
+            500,
+            &format!("recording failed: {}", crate::util::chain(&e)),
+        )
+    })?;
     let mut body = Vec::new();
-    output::write_pprof(&profile, &mut body)
-        .map_err(|e| Response::text(500, &format!("encoding failed: {e}")))?;
+    output::write_pprof(&profile, &mut body).map_err(|e| {
+        Response::text(500, &format!("encoding failed: {}", crate::util::chain(&e)))
+    })?;
     Ok(Response::ok("application/octet-stream", body))
 }
 
@@ -147,7 +153,7 @@ async fn stored(state: &State, req: &Request, flamegraph: bool) -> Result<Respon
             .and_then(|s| s.read_bounded(&query, API_LIMITS))
             .map_err(|e| match e {
                 StoreError::Range(m) => bad(&m),
-                e => Response::text(500, &e.to_string()),
+                e => Response::text(500, &crate::util::chain(&e)),
             })?;
         if profile.samples.is_empty() {
             return Err(Response::text(404, "no samples stored in that range"));

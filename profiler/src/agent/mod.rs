@@ -28,19 +28,19 @@ pub const MAX_PENDING: usize = 60;
 pub enum AgentError {
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
     #[error(transparent)]
     Record(#[from] RecordError),
-    #[error("cannot use the push spool in the data dir: {0}")]
-    Spool(std::io::Error),
+    #[error("cannot use the push spool in the data dir")]
+    Spool(#[source] std::io::Error),
     #[error("{0}")]
     PushUrl(String),
-    #[error("cannot start the runtime: {0}")]
-    Runtime(std::io::Error),
+    #[error("cannot start the runtime")]
+    Runtime(#[source] std::io::Error),
     #[error(transparent)]
     Token(#[from] crate::http::TokenError),
     #[error("{0}")]
@@ -156,7 +156,7 @@ pub fn run(config: AgentConfig) -> Result<(), AgentError> {
             // Once per failing spell, like writes: on a full disk it fails every window.
             match retained {
                 Err(e) if !retention_failing => {
-                    log::error!("store retention failed: {e}");
+                    log::error!("store retention failed: {}", crate::util::chain(&e));
                     retention_failing = true;
                 }
                 Err(_) => {}
@@ -193,12 +193,14 @@ fn store_pending(
             }
             Err(e) => {
                 *state.store_problem.borrow_mut() = Some(format!(
-                    "cannot write to the store: {e}; {} windows wait in memory",
+                    "cannot write to the store: {}; {} windows wait in memory",
+                    crate::util::chain(&e),
                     pending.len().min(MAX_PENDING)
                 ));
                 if !failing {
                     log::error!(
-                        "cannot write to the store: {e}; sampling goes on, keeping up to {MAX_PENDING} windows in memory"
+                        "cannot write to the store: {}; sampling goes on, keeping up to {MAX_PENDING} windows in memory",
+                        crate::util::chain(&e)
                     );
                 }
                 while pending.len() > MAX_PENDING {

@@ -93,7 +93,7 @@ impl Pusher {
         let until = (p.meta.start_unix_ns + p.meta.duration_ns).div_ceil(1_000_000_000);
         let mut body = Vec::new();
         if let Err(e) = crate::output::write_pprof(p, &mut body) {
-            log::error!("push: cannot encode a window: {e}");
+            log::error!("push: cannot encode a window: {}", crate::util::chain(&e));
             return;
         }
         // The name sorts by time; the host is in it because a restart may reuse a second.

@@ -47,9 +47,9 @@ impl Event {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BpfError {
-    #[error("loading the eBPF sampler failed: {0}")]
+    #[error("loading the eBPF sampler failed")]
     Load(#[from] aya::EbpfError),
-    #[error("the eBPF sampler was rejected: {0}")]
+    #[error("the eBPF sampler was rejected")]
     Program(#[from] aya::programs::ProgramError),
     #[error(
         "this kernel's verifier rejected {program}: {reason} (run with -v for the verifier's log)"
@@ -63,21 +63,21 @@ pub enum BpfError {
          needs Linux 5.8 or newer"
     )]
     NoRingBuffer,
-    #[error("eBPF map error: {0}")]
+    #[error("eBPF map error")]
     Map(#[from] aya::maps::MapError),
     #[error("the eBPF object has no {0}")]
     Missing(&'static str),
-    #[error("cannot list online CPUs ({0}): {1}")]
-    Cpus(&'static str, std::io::Error),
+    #[error("cannot list online CPUs ({0})")]
+    Cpus(&'static str, #[source] std::io::Error),
     #[error(
         "--event cycles needs a hardware PMU and this machine has none \
          (no /sys/bus/event_source/devices/cpu); use --event cpu-clock"
     )]
     NoPmu,
-    #[error("cannot open cgroup {0}: {1}")]
-    Cgroup(PathBuf, std::io::Error),
-    #[error("cannot map the unwind tables' memory: {0}")]
-    UnwindMaps(std::io::Error),
+    #[error("cannot open cgroup {0}")]
+    Cgroup(PathBuf, #[source] std::io::Error),
+    #[error("cannot map the unwind tables' memory")]
+    UnwindMaps(#[source] std::io::Error),
     #[error("at most {MAX_CGROUP_FILTER} cgroups can be filtered in the kernel, got {0}")]
     TooManyCgroups(usize),
 }
@@ -235,7 +235,10 @@ impl Sampler {
                 if let Ok(mappings) = crate::unwind::proc_mappings(pid)
                     && let Err(e) = loader.load_process(pid, &mappings)
                 {
-                    log::debug!("pid {pid}: cannot load its mappings for unwinding: {e}");
+                    log::debug!(
+                        "pid {pid}: cannot load its mappings for unwinding: {}",
+                        crate::util::chain(&e)
+                    );
                 }
             }
             Some(loader)
@@ -278,8 +281,10 @@ impl Sampler {
         let exits = (exit_code_offset != 0)
             .then(|| exits::attach(&mut ebpf))
             .and_then(|r| {
-                r.map_err(|e| log::warn!("exit statuses are not recorded: {e}"))
-                    .ok()
+                r.map_err(|e| {
+                    log::warn!("exit statuses are not recorded: {}", crate::util::chain(&e))
+                })
+                .ok()
             });
         let samples = RingBuf::try_from(
             ebpf.take_map(MAP_SAMPLES)

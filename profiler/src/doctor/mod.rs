@@ -97,7 +97,7 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
     })?;
     let (churn, churn_error) = match &tracer {
         Ok(t) => (t.counts(), None),
-        Err(e) => (Vec::new(), Some(e.to_string())),
+        Err(e) => (Vec::new(), Some(crate::util::chain(&e))),
     };
     let (attaches, attach_error) = match tracer.as_ref().map(|t| t.attaches()) {
         Ok(Some(a)) => (a, None),
@@ -105,7 +105,7 @@ pub fn examine(config: &DoctorConfig) -> Result<Findings, RecordError> {
             Vec::new(),
             Some("the kernel refused the cgroup_attach_task tracer (see the warning)".to_owned()),
         ),
-        Err(e) => (Vec::new(), Some(e.to_string())),
+        Err(e) => (Vec::new(), Some(crate::util::chain(e))),
     };
     drop(tracer);
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").map_err(RecordError::Kallsyms)?;

@@ -35,10 +35,10 @@ pub const END_SLACK_NS: u64 = 60_000_000_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io { path: String, source: io::Error },
     /// A decoding error of the capture file at `path`.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     In {
         path: String,
         source: Box<CaptureError>,

@@ -29,10 +29,10 @@ pub struct KernelFacts {
 /// Why the Python walk cannot run on this host at all (one line).
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
-    #[error("Python frames need the kernel's BTF (/sys/kernel/btf/vmlinux): {0}")]
-    Btf(std::io::Error),
-    #[error("Python frames need glibc's thread-specific data layout: {0}")]
-    Tsd(std::io::Error),
+    #[error("Python frames need the kernel's BTF (/sys/kernel/btf/vmlinux)")]
+    Btf(#[source] std::io::Error),
+    #[error("Python frames need glibc's thread-specific data layout")]
+    Tsd(#[source] std::io::Error),
 }
 
 impl KernelFacts {
@@ -166,9 +166,9 @@ impl Tracker {
                         self.registered += 1;
                         self.interps.insert(pid, interp);
                     }
-                    Err(e) => self.refuse(pid, "sampler map full", e.to_string()),
+                    Err(e) => self.refuse(pid, "sampler map full", crate::util::chain(&e)),
                 },
-                Err(e) => self.refuse(pid, e.kind(), e.to_string()),
+                Err(e) => self.refuse(pid, e.kind(), crate::util::chain(&e)),
             }
         }
         for key in std::mem::take(&mut self.unnamed) {
