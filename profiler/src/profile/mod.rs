@@ -2,6 +2,7 @@
 //! sample with its time. Outputs render from it; `capture` stores it on disk.
 pub mod attribution;
 mod capture;
+mod leb128;
 pub mod lifecycle;
 mod lifetimes;
 mod model;
