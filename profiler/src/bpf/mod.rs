@@ -1,6 +1,7 @@
 //! First stage on the user side: load the embedded sampler object, set its load-time globals,
 //! attach it to a perf event on every online CPU, and hand the maps to the collector.
 pub mod churn;
+mod ebpf_log;
 mod exits;
 pub mod features;
 
@@ -112,6 +113,8 @@ pub struct Sampler {
     python_counters: Option<PerCpuArray<MapData, u64>>,
     /// Exit statuses of processes (`exits`), until the collector takes them.
     exits: Option<RingBuf<MapData>>,
+    /// The programs' debug log (`-vv` only).
+    _log: Option<ebpf_log::EbpfLog>,
 }
 
 /// Counters kept by the sampler (sums over CPUs); see `profiler_common::counter`.
@@ -186,7 +189,9 @@ impl Sampler {
         };
         let fsbase_offset: u32 = config.python.map_or(0, |p| p.fsbase_offset);
         let exit_code_offset = exits::exit_code_offset().unwrap_or(0);
+        let log_level = ebpf_log::level();
         let mut ebpf = EbpfLoader::new()
+            .override_global(ebpf_log::GLOBAL_LOG_LEVEL, &log_level, true)
             .override_global(py::GLOBAL_FSBASE_OFFSET, &fsbase_offset, true)
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
             .override_global(GLOBAL_FILTER_CGROUPS, &cgroup_count, true)
@@ -286,6 +291,7 @@ impl Sampler {
                 })
                 .ok()
             });
+        let log = ebpf_log::EbpfLog::start(&mut ebpf);
         let samples = RingBuf::try_from(
             ebpf.take_map(MAP_SAMPLES)
                 .ok_or(BpfError::Missing("ring buffer"))?,
@@ -317,6 +323,7 @@ impl Sampler {
                 python_map,
                 python_counters,
                 exits,
+                _log: log,
             },
             samples,
         ))
