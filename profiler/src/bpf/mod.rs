@@ -103,7 +103,6 @@ pub struct Sampler {
     // Dropping Ebpf unloads the program and closes the perf events (see `detach`).
     ebpf: Option<Ebpf>,
     counters: PerCpuArray<MapData, u64>,
-    program_id: Option<u32>,
     /// CPUs the program is attached on.
     pub cpus: Vec<u32>,
     /// Feeds processes' mappings and tables to the table walk (None with `--unwind fp`).
@@ -273,7 +272,6 @@ impl Sampler {
             verify_started.elapsed().as_secs_f64(),
             info.as_ref().and_then(|i| i.verified_instruction_count())
         );
-        let program_id = info.map(|info| info.id());
         for &cpu in &cpus {
             program.attach(
                 perf_config,
@@ -317,7 +315,6 @@ impl Sampler {
             Sampler {
                 ebpf: Some(ebpf),
                 counters,
-                program_id,
                 cpus,
                 unwind,
                 python_map,
@@ -338,11 +335,6 @@ impl Sampler {
     /// Stops sampling on every CPU; the ring buffer and counters stay readable.
     pub fn detach(&mut self) {
         self.ebpf = None;
-    }
-
-    /// The loaded program's id (for `bpftool prog show id N` and BPF statistics).
-    pub fn program_id(&self) -> Option<u32> {
-        self.program_id
     }
 
     /// The map the collector registers Python processes in (once; None when Python is off).

@@ -79,7 +79,11 @@ pub fn write_folded(profile: &Profile, group: GroupBy, w: &mut impl io::Write) -
 
 /// `;` separates frames and a newline ends the record: neither may appear inside a name.
 fn clean(name: &str) -> String {
-    let name = if name.is_empty() { "[unknown]" } else { name };
+    let name = if name.is_empty() {
+        crate::profile::UNKNOWN_FRAME
+    } else {
+        name
+    };
     name.replace([';', '\n', '\r'], ":")
 }
 

@@ -16,7 +16,7 @@ pub use capture::{
 pub use lifetimes::{LifetimeStats, lifetime_stats};
 pub use model::{
     Binary, Cgroup, Counters, Frame, FrameKind, Interner, Lifetime, Meta, Process, Profile, Sample,
-    Stack, StrId,
+    Stack, StrId, UNKNOWN_FRAME,
 };
 #[cfg(test)]
 pub(crate) use timeline::tests::pattern_profile as timeline_pattern;

@@ -187,9 +187,22 @@ pub struct Profile {
     pub binaries: Vec<Binary>,
 }
 
+/// How a frame that could not be named reads, in the model and in every output (perf's
+/// spelling). The one place it is written: symbolize stores it, outputs show it for a frame
+/// with no name (`Profile::frame_name`).
+pub const UNKNOWN_FRAME: &str = "[unknown]";
+
 impl Profile {
     pub fn str(&self, id: StrId) -> &str {
         &self.strings[id as usize]
+    }
+
+    /// A frame's name for display: `UNKNOWN_FRAME` when it has none.
+    pub fn frame_name(&self, f: &Frame) -> &str {
+        match self.str(f.name) {
+            "" => UNKNOWN_FRAME,
+            name => name,
+        }
     }
 
     /// The frames of a stack, root first.

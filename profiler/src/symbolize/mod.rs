@@ -13,7 +13,7 @@ pub use user::UserSymbolizer;
 
 use crate::{
     collect::{Collection, UserLoc},
-    profile::{Binary, Cgroup, Frame, FrameKind, Interner, Meta, Profile, Sample},
+    profile::{Binary, Cgroup, Frame, FrameKind, Interner, Meta, Profile, Sample, UNKNOWN_FRAME},
     python::merge::is_eval_loop,
 };
 
@@ -88,7 +88,7 @@ pub fn build_profile_cached(
                         None if kernel.hidden() => {
                             (out.string("[kernel]"), kernel_module, kernel_binary)
                         }
-                        None => (out.string("[unknown]"), kernel_module, kernel_binary),
+                        None => (out.string(UNKNOWN_FRAME), kernel_module, kernel_binary),
                     };
                     out.frame(Frame {
                         name,
@@ -160,7 +160,7 @@ pub fn build_profile_cached(
                         out.string(JIT_MODULE),
                         false,
                     )],
-                    _ => vec![(out.string("[unknown]"), 0, false)],
+                    _ => vec![(out.string(UNKNOWN_FRAME), 0, false)],
                 };
                 let (addr, binary) = match loc {
                     Some(UserLoc::File { file, offset }) => (offset, user_binaries[file as usize]),

@@ -184,8 +184,7 @@ pub fn heatmap_data_bounded(
         .iter()
         .map(|&f| {
             let f = &profile.frames[f as usize];
-            let name = profile.str(f.name);
-            let name = if name.is_empty() { "[unknown]" } else { name };
+            let name = profile.frame_name(f);
             (name.to_owned(), f.kind == FrameKind::Kernel)
         })
         .collect();
