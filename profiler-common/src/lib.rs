@@ -155,6 +155,8 @@ const _: () = assert!(core::mem::align_of::<SampleHeader>() == 8);
 // SAFETY: repr(C), only integers and arrays of integers, no padding (size asserted above).
 unsafe impl aya::Pod for SampleHeader {}
 
+#[cfg(not(target_arch = "bpf"))]
+pub mod caps;
 pub mod python;
 
 /// cgroup churn tracer (profiler-ebpf `churn`): map and program names, and the map's key.

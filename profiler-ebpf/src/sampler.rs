@@ -4,6 +4,10 @@
 //! scratch buffer that stays in cache and copied once into the ring buffer with only the
 //! frames the stacks have, and the reader is woken only when the buffer fills (see
 //! `wakeup_flag`).
+//!
+//! Failures also go to aya-log at debug level (`profiler record -vv`). The loader sets
+//! `AYA_LOG_LEVEL` to 0 otherwise: a read-only global, so the verifier sees each log call's
+//! guard as always false and removes the call; it costs nothing on the sampling path.
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
@@ -15,6 +19,7 @@ use aya_ebpf::{
     maps::{CgroupArray, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::PerfEventContext,
 };
+use aya_log_ebpf::debug;
 use profiler_common::{
     COMM_LEN, HEADER_BYTES, MAX_CGROUP_FILTER, MAX_FRAMES, MAX_PID_FILTER, RING_BUFFER_BYTES,
     SEEN_PIDS_CAPACITY, SampleScratch, WAKEUP_FRACTION, counter, flags, unwind::reason,
@@ -101,6 +106,10 @@ fn sample(ctx: &PerfEventContext) {
     if kbytes < 0 {
         f |= flags::KSTACK_FAILED;
         count(counter::KSTACK_FAILED);
+        debug!(
+            ctx,
+            "pid {}: bpf_get_stack (kernel) failed: {}", pid, kbytes
+        );
     }
     let klen = frame_count(kbytes);
     if klen == 0 {
@@ -143,6 +152,7 @@ fn sample(ctx: &PerfEventContext) {
     if ubytes < 0 && pid != 0 {
         f |= flags::USTACK_FAILED;
         count(counter::USTACK_FAILED);
+        debug!(ctx, "pid {}: bpf_get_stack (user) failed: {}", pid, ubytes);
     }
     let ulen = frame_count(ubytes);
     // Python frames (issue 17) after the user addresses; none unless the pid is registered.
@@ -166,7 +176,10 @@ fn sample(ctx: &PerfEventContext) {
     let bytes = unsafe { core::slice::from_raw_parts(scratch.cast::<u8>(), len) };
     match SAMPLES.output::<[u8]>(bytes, wakeup_flag(pid, maybe_new)) {
         Ok(()) => count(counter::SENT),
-        Err(_) => count(counter::LOST_RINGBUF_FULL),
+        Err(_) => {
+            count(counter::LOST_RINGBUF_FULL);
+            debug!(ctx, "pid {}: sample lost, the ring buffer is full", pid);
+        }
     }
 }
 

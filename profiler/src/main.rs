@@ -22,7 +22,9 @@ fn main() {
     let filter = format!("{level},inferno=error");
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(filter)).init();
     if let Err(e) = cli::run(cli) {
-        eprintln!("error: {}", one_line(&e));
+        // `{:#}`: the error and its causes, `: `-separated. Each error names only its own
+        // step and leaves its cause to `source()`, so nothing is said twice.
+        eprintln!("error: {e:#}");
         std::process::exit(1);
     }
 }
@@ -41,20 +43,4 @@ fn clap_one_line(text: &str) -> String {
     } else {
         line
     }
-}
-
-/// The error and its causes on one line. Library errors already name their cause in their own
-/// message (`cannot write X: <io error>`), so a cause already said is not repeated.
-fn one_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            if !line.is_empty() {
-                line.push_str(": ");
-            }
-            line.push_str(&text);
-        }
-    }
-    line
 }

@@ -27,12 +27,12 @@ pub struct RecordConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    #[error("cannot start sampling: {0}")]
+    #[error("cannot start sampling")]
     Sampler(#[from] BpfError),
-    #[error("reading samples failed: {0}")]
+    #[error("reading samples failed")]
     Io(#[from] std::io::Error),
-    #[error("cannot read /proc/kallsyms: {0}")]
-    Kallsyms(std::io::Error),
+    #[error("cannot read /proc/kallsyms")]
+    Kallsyms(#[source] std::io::Error),
 }
 
 /// What a recording tells its front end as it goes; the CLI prints it (`cli::record`).

@@ -1,5 +1,23 @@
 //! Small helpers shared across the pipeline.
 
+mod dense;
+
+pub use dense::{Dense, FxDense, FxHasher, FxMap};
+
+/// An error and its causes on one line, `: `-separated, for logs and HTTP bodies (the CLI
+/// prints anyhow's `{:#}`, the same). The crate's errors name only their own step and give
+/// their cause through `source()`, so no cause is repeated.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        line.push_str(": ");
+        line.push_str(&c.to_string());
+        cause = c.source();
+    }
+    line
+}
+
 /// A kernel comm (NUL padded, not always UTF-8) as a string.
 pub fn comm_str(raw: &[u8]) -> String {
     let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
@@ -100,6 +118,16 @@ pub fn check_atomic_writable(path: &std::path::Path) -> std::io::Result<()> {
 
 /// Parses a duration: `10s`, `500ms`, `2m`, `1h`, `7d`, or a bare number of seconds (`1.5`).
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let ns = duration_ns(text)?;
+    if !(0.5..1e18).contains(&ns) {
+        return Err(format!("`{text}` must be a positive duration"));
+    }
+    Ok(std::time::Duration::from_nanos(ns.round() as u64))
+}
+
+/// A duration in ns, unchecked beyond its syntax: `parse_duration` and the offsets of
+/// `report --from/--to` (where 0 is valid) share it. Units: us, ms, s (or none), m, min, h, d.
+pub fn duration_ns(text: &str) -> Result<f64, String> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -109,22 +137,19 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         .parse()
         .map_err(|_| format!("`{text}` is not a duration; write e.g. 10s, 500ms, 2m, 1d"))?;
     let scale = match unit {
-        "" | "s" => 1.0,
-        "ms" => 1e-3,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        "d" => 86400.0,
+        "" | "s" => 1e9,
+        "ms" => 1e6,
+        "us" => 1e3,
+        "m" | "min" => 60e9,
+        "h" => 3600e9,
+        "d" => 86400e9,
         _ => {
             return Err(format!(
                 "`{text}`: unknown unit `{unit}`; use ms, s, m, h or d"
             ));
         }
     };
-    let secs = value * scale;
-    if !(secs.is_finite() && secs > 0.0 && secs < 1e9) {
-        return Err(format!("`{text}` must be a positive duration"));
-    }
-    Ok(std::time::Duration::from_secs_f64(secs))
+    Ok(value * scale)
 }
 
 /// CLOCK_MONOTONIC now, ns: the clock of `bpf_ktime_get_ns`, which stamps every sample.
@@ -157,6 +182,17 @@ pub fn raise_fd_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chain_names_each_cause_once() {
+        let e = crate::profile::CaptureError::Io {
+            path: "/x.capture".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_eq!(chain(&e), "/x.capture: entity not found");
+        let outer = crate::record::RecordError::Kallsyms(std::io::Error::other("denied"));
+        assert_eq!(chain(&outer), "cannot read /proc/kallsyms: denied");
+    }
     use std::{os::unix::fs::FileTypeExt as _, time::Duration};
 
     #[test]

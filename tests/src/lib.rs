@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests in tests/tests: where the profiler binary is,
 //! whether this host can load BPF, fixture processes, running the profiler with a timeout,
-//! parsing folded output, and scratch directories.
+//! parsing folded output, and scratch directories; and the labs (`lab`, run by the
+//! `profiler-lab` binary): incidents for the doctor and synthetic captures.
 //!
 //! The fixtures themselves are built by build.rs (C, env `FIXTURE_<NAME>`) and as the bin
 //! target `fixture-rust` (env `CARGO_BIN_EXE_fixture-rust` in integration tests).
@@ -9,6 +10,7 @@ mod agent;
 mod cpu;
 mod folded;
 mod image;
+pub mod lab;
 mod privilege;
 mod process;
 mod tempdir;
@@ -20,8 +22,8 @@ pub use folded::{Stack, has_chain, head, is_kernel, parse_folded, read_folded, s
 pub use image::{PngSummary, png_summary, svg_frames, svg_titles};
 pub use privilege::{missing_privilege, require_bpf};
 pub use process::{
-    Fixture, Running, expect_success, profiler_bin, record, report, run_profiler, spawn_fixture,
-    spawn_fixture_args, wait_timeout,
+    Fixture, Running, expect_success, profiler_bin, record, report, run_profiler, run_program,
+    spawn_fixture, spawn_fixture_args, wait_timeout,
 };
 pub use tempdir::TempDir;
 pub use tools::{

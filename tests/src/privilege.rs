@@ -2,11 +2,6 @@
 //! developer without root gets a clear skip, while CI (CI=true) fails instead of passing with
 //! nothing tested (see DESIGN.md, "Tests in layers").
 
-/// Capability bits in `CapEff` (linux/capability.h).
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
-
 /// True if the profiler can load BPF here. Otherwise: with CI=true, panics with the reason;
 /// elsewhere prints `skipped: <reason>` to stderr and returns false. Privileged tests start
 /// with `if !require_bpf() { return; }`.
@@ -29,17 +24,15 @@ fn unavailable(reason: String) -> bool {
 /// None if it can: it needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN (kernels before 5.8
 /// have no CAP_BPF). Capabilities rather than uid 0: root in a default container lacks them.
 pub fn missing_privilege(status: &str) -> Option<String> {
+    use profiler_common::caps;
     let Some(cap_eff) = field(status, "CapEff:") else {
         return Some("no CapEff line in /proc/self/status".into());
     };
-    let caps = match u64::from_str_radix(cap_eff, 16) {
-        Ok(caps) => caps,
-        Err(e) => return Some(format!("unparsable CapEff {cap_eff:?}: {e}")),
+    let Some(eff) = caps::cap_eff(status) else {
+        return Some(format!("unparsable CapEff {cap_eff:?}"));
     };
-    let has = |bit: u32| caps & (1 << bit) != 0;
-    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
-        return None;
-    }
+    // Nothing missing: nothing to say.
+    caps::missing_for_bpf(eff).next()?;
     // The effective uid (second field of `Uid:`) makes the usual case obvious in the message.
     let euid = field(status, "Uid:").unwrap_or("?");
     Some(format!(
@@ -62,6 +55,7 @@ fn field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use profiler_common::caps::{CAP_BPF, CAP_PERFMON};
 
     fn status(uid: &str, cap_eff: &str) -> String {
         format!("Name:\tcargo\nUid:\t{uid}\nGid:\t0\t0\t0\t0\nCapEff:\t{cap_eff}\n")

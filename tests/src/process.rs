@@ -40,13 +40,20 @@ pub fn profiler_bin() -> PathBuf {
 
 /// Runs the profiler with `args` as given, waiting at most `timeout`.
 pub fn run_profiler(args: &[&str], timeout: Duration) -> Output {
-    let mut child = Command::new(profiler_bin())
+    run_program(&profiler_bin(), args, timeout)
+}
+
+/// Runs `program` (the profiler, or `profiler-lab` from env `CARGO_BIN_EXE_profiler-lab`)
+/// with `args`, waiting at most `timeout`.
+pub fn run_program(program: &Path, args: &[&str], timeout: Duration) -> Output {
+    let name = program.file_name().unwrap_or_default().to_string_lossy();
+    let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("starting profiler {args:?}: {e}"));
+        .unwrap_or_else(|e| panic!("starting {name} {args:?}: {e}"));
     // Drain both pipes while waiting, so a chatty child cannot block on a full pipe.
     let stdout = drain(child.stdout.take().unwrap());
     let stderr = drain(child.stderr.take().unwrap());
@@ -55,7 +62,7 @@ pub fn run_profiler(args: &[&str], timeout: Duration) -> Output {
     let stderr = stderr.join().unwrap();
     let Some(status) = status else {
         panic!(
-            "profiler {args:?} did not exit within {timeout:?}; stderr:\n{}",
+            "{name} {args:?} did not exit within {timeout:?}; stderr:\n{}",
             String::from_utf8_lossy(&stderr)
         );
     };

@@ -1,15 +1,24 @@
-//! `profiler doctor` against the zombie-memcg lab (`profiler lab zombie`, the code behind
+//! `profiler doctor` against the zombie-memcg lab (`profiler-lab zombie`, the code behind
 //! `cargo xtask lab zombie`) and on the host as it is. The lab runs while the doctor watches,
 //! so the churn tracer sees it create the cgroups, and its `kubelet` poller is profiled.
 
 use std::thread;
 use std::time::Duration;
 
-use profiler_tests::{exclusive, expect_success, require_bpf, run_profiler};
+use profiler_tests::{exclusive, expect_success, require_bpf, run_profiler, run_program};
 use serde_json::Value;
 
 const LAB_COUNT: u64 = 500;
 const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// `profiler-lab ARGS` (the lab is test support, not a command of the profiler).
+fn run_lab(args: &[&str]) -> std::process::Output {
+    run_program(
+        std::path::Path::new(env!("CARGO_BIN_EXE_profiler-lab")),
+        args,
+        TIMEOUT,
+    )
+}
 
 fn memory_num_cgroups() -> u64 {
     let text = std::fs::read_to_string("/proc/cgroups").unwrap();
@@ -36,7 +45,7 @@ struct LabGuard;
 
 impl Drop for LabGuard {
     fn drop(&mut self) {
-        let _ = run_profiler(&["lab", "zombie", "--cleanup"], TIMEOUT);
+        let _ = run_lab(&["zombie", "--cleanup"]);
     }
 }
 
@@ -66,17 +75,14 @@ fn doctor_finds_the_zombie_lab_and_cleanup_restores() {
         return;
     }
     let _lock = exclusive();
-    let _ = run_profiler(&["lab", "zombie", "--cleanup"], TIMEOUT);
+    let _ = run_lab(&["zombie", "--cleanup"]);
     let baseline = memory_num_cgroups();
     let guard = LabGuard;
     let doctor = thread::spawn(|| run_profiler(&["doctor", "--duration", "8s", "--json"], TIMEOUT));
     // Let the doctor attach its tracers; the lab then runs inside its window.
     thread::sleep(Duration::from_secs(2));
-    let lab = run_profiler(
-        &["lab", "zombie", "--count", &LAB_COUNT.to_string()],
-        TIMEOUT,
-    );
-    expect_success(&lab, "profiler lab zombie");
+    let lab = run_lab(&["zombie", "--count", &LAB_COUNT.to_string()]);
+    expect_success(&lab, "profiler-lab zombie");
     eprintln!("lab: {}", String::from_utf8_lossy(&lab.stdout));
     let out = doctor.join().unwrap();
     expect_success(&out, "profiler doctor");
@@ -118,7 +124,7 @@ fn doctor_finds_the_zombie_lab_and_cleanup_restores() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|c| c["comm"] == "profiler" && c["mkdirs"].as_u64().unwrap() >= LAB_COUNT)
+        .find(|c| c["comm"] == "profiler-lab" && c["mkdirs"].as_u64().unwrap() >= LAB_COUNT)
         .unwrap_or_else(|| panic!("the lab is not named as creator: {}", v["churn"]));
     assert!(creator["rmdirs"].as_u64().unwrap() >= LAB_COUNT);
     assert_eq!(
@@ -147,8 +153,8 @@ fn doctor_finds_the_zombie_lab_and_cleanup_restores() {
     );
     assert!(text.contains(&format!("{holder}/memory.force_empty")));
 
-    let cleanup = run_profiler(&["lab", "zombie", "--cleanup"], TIMEOUT);
-    expect_success(&cleanup, "profiler lab zombie --cleanup");
+    let cleanup = run_lab(&["zombie", "--cleanup"]);
+    expect_success(&cleanup, "profiler-lab zombie --cleanup");
     let said = String::from_utf8_lossy(&cleanup.stdout).into_owned();
     eprintln!("cleanup: {said}");
     std::mem::forget(guard);

@@ -1,14 +1,25 @@
-//! `profiler doctor` against the crash-loop lab (`profiler lab crashloop`, the code behind
+//! `profiler doctor` against the crash-loop lab (`profiler-lab crashloop`, the code behind
 //! `cargo xtask lab crashloop`): a supervisor restarting a script that fails with status 2 in
 //! a memory cgroup it makes anew each time. The doctor must name the program, its status, its
 //! restart rate, the cgroup and the supervisor, and see every start the lab's log records.
 
 use std::time::Duration;
 
-use profiler_tests::{Agent, TempDir, exclusive, expect_success, require_bpf, run_profiler};
+use profiler_tests::{
+    Agent, TempDir, exclusive, expect_success, require_bpf, run_profiler, run_program,
+};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// `profiler-lab ARGS` (the lab is test support, not a command of the profiler).
+fn run_lab(args: &[&str]) -> std::process::Output {
+    run_program(
+        std::path::Path::new(env!("CARGO_BIN_EXE_profiler-lab")),
+        args,
+        TIMEOUT,
+    )
+}
 const LOG: &str = "/var/tmp/profiler-crashloop/log";
 const CGROUP: &str = "/profiler-crashloop/crashy-agent.service";
 
@@ -17,7 +28,7 @@ struct LabGuard;
 
 impl Drop for LabGuard {
     fn drop(&mut self) {
-        let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+        let _ = run_lab(&["crashloop", "--cleanup"]);
     }
 }
 
@@ -70,10 +81,10 @@ fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
         return;
     }
     let _lock = exclusive();
-    let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
-    let lab = run_profiler(&["lab", "crashloop"], TIMEOUT);
+    let _ = run_lab(&["crashloop", "--cleanup"]);
+    let lab = run_lab(&["crashloop"]);
     let guard = LabGuard;
-    expect_success(&lab, "profiler lab crashloop");
+    expect_success(&lab, "profiler-lab crashloop");
     let said = String::from_utf8_lossy(&lab.stdout).into_owned();
     eprintln!("lab: {said}");
     // "supervisor pid N restarts ..."
@@ -173,8 +184,8 @@ fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
         sh.display()
     )));
 
-    let cleanup = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
-    expect_success(&cleanup, "profiler lab crashloop --cleanup");
+    let cleanup = run_lab(&["crashloop", "--cleanup"]);
+    expect_success(&cleanup, "profiler-lab crashloop --cleanup");
     std::mem::forget(guard);
     assert!(!std::path::Path::new(LOG).exists(), "cleanup left the log");
     assert!(
@@ -189,7 +200,7 @@ fn doctor_on_a_host_without_the_lab_raises_no_crash_loop() {
         return;
     }
     let _lock = exclusive();
-    let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
+    let _ = run_lab(&["crashloop", "--cleanup"]);
     let out = run_profiler(&["doctor", "--duration", "5s", "--json"], TIMEOUT);
     expect_success(&out, "profiler doctor");
     let text = String::from_utf8_lossy(&out.stderr);
@@ -210,10 +221,10 @@ fn report_stats_of_a_capture_names_the_crash_loop() {
         return;
     }
     let _lock = exclusive();
-    let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
-    let lab = run_profiler(&["lab", "crashloop"], TIMEOUT);
+    let _ = run_lab(&["crashloop", "--cleanup"]);
+    let lab = run_lab(&["crashloop"]);
     let guard = LabGuard;
-    expect_success(&lab, "profiler lab crashloop");
+    expect_success(&lab, "profiler-lab crashloop");
     let dir = TempDir::new("crashloop");
     let capture = dir.file("loop.capture");
     let rec = run_profiler(&["record", "-d", "8s", "-o", &capture], TIMEOUT);
@@ -254,10 +265,10 @@ fn agent_metrics_count_the_loops_starts_and_failing_exits() {
         return;
     }
     let _lock = exclusive();
-    let _ = run_profiler(&["lab", "crashloop", "--cleanup"], TIMEOUT);
-    let lab = run_profiler(&["lab", "crashloop"], TIMEOUT);
+    let _ = run_lab(&["crashloop", "--cleanup"]);
+    let lab = run_lab(&["crashloop"]);
     let _guard = LabGuard;
-    expect_success(&lab, "profiler lab crashloop");
+    expect_success(&lab, "profiler-lab crashloop");
     let dir = TempDir::new("crashloop-agent");
     let data = dir.file("data");
     let agent = Agent::start(&data, &["--window", "5s", "-F", "19"]);

@@ -159,3 +159,13 @@ fn report_outputs_twice_or_onto_the_capture() {
         "the input is untouched"
     );
 }
+
+/// Each cause is said once: an error names its own step and leaves its cause to `source()`,
+/// and the binary prints the chain as it is (it no longer strips repeats by substring).
+#[test]
+fn a_cause_is_said_once() {
+    let path = "/nonexistent-dir/x.capture";
+    let line = expect_error(&["report", path, "--stats"], &[path, "no such file"]);
+    assert_eq!(line.matches("No such file").count(), 1, "{line}");
+    assert_eq!(line.matches(path).count(), 1, "{line}");
+}

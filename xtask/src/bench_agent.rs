@@ -14,10 +14,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
+use serde_json::json;
 
 use crate::{
-    bench_support::{Proc, catch_ctrl_c, prepare, process_cpu_seconds, sleep},
+    bench_support::{Proc, catch_ctrl_c, prepare, process_cpu_seconds, round, sleep, write_json},
     setup::Extras,
     util,
 };
@@ -103,21 +104,23 @@ pub fn agent(seconds: u64) -> Result<()> {
         "RSS first/last third (MB)", first, ""
     );
     println!("{:<28} {:>12.1} {:>12}", "", last, "");
-    let json = format!(
-        "{{\"seconds\": {seconds}, \"spawn_rate\": {rate:.1}, \"agent\": {{\"cpu_percent\": {:.4}, \
-         \"mb_per_hour\": {:.3}, \"rss_max_mb\": {:.2}, \"rss_first_third_mb\": {first:.2}, \
-         \"rss_last_third_mb\": {last:.2}}}, \"perf\": {{\"cpu_percent\": {:.4}, \"mb_per_hour\": {:.3}, \
-         \"rss_max_mb\": {:.2}}}}}\n",
-        ours.cpu_percent,
-        per_hour(ours.bytes),
-        max_mb(&ours.rss),
-        perf.cpu_percent,
-        per_hour(perf.bytes),
-        max_mb(&perf.rss)
-    );
-    let path = out_dir.join("agent.json");
-    fs::write(&path, json).with_context(|| format!("cannot write {}", path.display()))?;
-    println!("wrote {}", path.display());
+    let json = json!({
+        "seconds": seconds,
+        "spawn_rate": round(rate, 1),
+        "agent": {
+            "cpu_percent": round(ours.cpu_percent, 4),
+            "mb_per_hour": round(per_hour(ours.bytes), 3),
+            "rss_max_mb": round(max_mb(&ours.rss), 2),
+            "rss_first_third_mb": round(first, 2),
+            "rss_last_third_mb": round(last, 2),
+        },
+        "perf": {
+            "cpu_percent": round(perf.cpu_percent, 4),
+            "mb_per_hour": round(per_hour(perf.bytes), 3),
+            "rss_max_mb": round(max_mb(&perf.rss), 2),
+        },
+    });
+    write_json(&out_dir.join("agent.json"), &json)?;
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! `cargo xtask bench heatmap`: the heat-map page (`.html`) at scale and in a browser.
 //!
 //! 1. A synthetic capture the size of an hour at 99 Hz on 64 CPUs (22.8M samples, written by
-//!    the hidden `profiler lab synth`): wall time, CPU time and peak RSS of
+//!    `profiler-lab synth`, tests/src/lab): wall time, CPU time and peak RSS of
 //!    `profiler report big.capture -o big.html`, and the page's size.
 //! 2. A real capture of this machine (`profiler record -d 60s`): the same for its page.
 //! 3. Both pages in headless Chromium (`--dump-dom`): wall time, raw and minus the time of an
@@ -14,8 +14,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use serde_json::json;
 
-use crate::bench_support::{Proc, catch_ctrl_c, prepare, wait4};
+use crate::bench_support::{Proc, catch_ctrl_c, prepare, round, wait4, write_json};
 use crate::setup::Extras;
 use crate::util;
 
@@ -50,8 +51,7 @@ pub fn heatmap(opts: &Options) -> Result<()> {
     let r = result?;
     print_table(&r);
     let json = out_dir.join("heatmap.json");
-    fs::write(&json, to_json(&r)).with_context(|| format!("cannot write {}", json.display()))?;
-    println!("wrote {}", json.display());
+    write_json(&json, &to_json(&r))?;
     Ok(())
 }
 
@@ -106,8 +106,8 @@ fn measure(opts: &Options, bin: &Path, browser: &Path, work: &Path) -> Result<Re
         seconds * u64::from(opts.hz) * u64::from(opts.cpus)
     );
     let (synth, synth_out) = timed(
-        Command::new(bin)
-            .args(["lab", "synth", "--cpus", &opts.cpus.to_string()])
+        Command::new(crate::lab::build(true)?)
+            .args(["synth", "--cpus", &opts.cpus.to_string()])
             .args(["--hz", &opts.hz.to_string()])
             .args(["--seconds", &seconds.to_string(), "-o"])
             .arg(&big_capture),
@@ -377,60 +377,38 @@ fn print_table(r: &Results) {
     println!("load average (1 min) before: {}", loads.join(", "));
 }
 
-fn to_json(r: &Results) -> String {
+fn to_json(r: &Results) -> serde_json::Value {
     let cost = |c: &Cost| {
-        format!(
-            r#"{{"wall_s": {:.3}, "cpu_s": {:.3}, "max_rss_mib": {:.1}}}"#,
-            c.wall_s, c.cpu_s, c.max_rss_mib
-        )
+        json!({"wall_s": round(c.wall_s, 3), "cpu_s": round(c.cpu_s, 3),
+               "max_rss_mib": round(c.max_rss_mib, 1)})
     };
-    let list = |v: &[f64]| {
-        let items: Vec<String> = v.iter().map(|s| format!("{s:.3}")).collect();
-        format!("[{}]", items.join(", "))
-    };
+    let list = |v: &[f64]| v.iter().map(|s| round(*s, 3)).collect::<Vec<f64>>();
     let page = |p: &Page| {
-        format!(
-            r#"{{"samples": {}, "capture_bytes": {}, "report": {}, "html_bytes": {}, "chromium_s": {:.3}, "chromium_minus_empty_s": {:.3}, "chromium_runs_s": {}, "summary": "{}"}}"#,
-            p.samples,
-            p.capture_bytes,
-            cost(&p.report),
-            p.html_bytes,
-            p.browser_s,
-            p.browser_s - r.empty_s,
-            list(&p.browser_runs),
-            p.summary.replace(['"', '\\'], "'")
-        )
+        json!({
+            "samples": p.samples,
+            "capture_bytes": p.capture_bytes,
+            "report": cost(&p.report),
+            "html_bytes": p.html_bytes,
+            "chromium_s": round(p.browser_s, 3),
+            "chromium_minus_empty_s": round(p.browser_s - r.empty_s, 3),
+            "chromium_runs_s": list(&p.browser_runs),
+            "summary": p.summary,
+        })
     };
-    let loads: Vec<String> = r
-        .loads
-        .iter()
-        .map(|(k, v)| format!(r#""{k}": {v:.2}"#))
+    let loads: serde_json::Map<String, serde_json::Value> = (r.loads.iter())
+        .map(|(k, v)| (k.clone(), json!(round(*v, 2))))
         .collect();
-    format!(
-        r#"{{
-  "synthetic": {{"hours": {}, "cpus": {}, "hz": {}}},
-  "real_seconds": {},
-  "host_cpus": {},
-  "synthesize": {},
-  "big": {},
-  "real": {},
-  "chromium_empty_s": {:.3},
-  "chromium_empty_runs_s": {},
-  "load1_before": {{{}}}
-}}
-"#,
-        r.hours,
-        r.cpus,
-        r.hz,
-        r.seconds,
-        r.host_cpus,
-        cost(&r.synth),
-        page(&r.big),
-        page(&r.real),
-        r.empty_s,
-        list(&r.empty_runs),
-        loads.join(", ")
-    )
+    json!({
+        "synthetic": {"hours": r.hours, "cpus": r.cpus, "hz": r.hz},
+        "real_seconds": r.seconds,
+        "host_cpus": r.host_cpus,
+        "synthesize": cost(&r.synth),
+        "big": page(&r.big),
+        "real": page(&r.real),
+        "chromium_empty_s": round(r.empty_s, 3),
+        "chromium_empty_runs_s": list(&r.empty_runs),
+        "load1_before": loads,
+    })
 }
 
 #[cfg(test)]

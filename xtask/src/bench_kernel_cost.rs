@@ -8,10 +8,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use serde_json::json;
 
 use crate::bench_support::{
     BpfStatsEnabled, Proc, ProgStats, catch_ctrl_c, children_cpu_seconds, prepare,
-    process_cpu_seconds, sleep,
+    process_cpu_seconds, round, sleep, write_json,
 };
 use crate::setup::Extras;
 use crate::{host, util};
@@ -42,8 +43,7 @@ pub fn kernel_cost(seconds: u64, frequency: u64) -> Result<()> {
     let m = result?;
     print_table(&m);
     let json = out_dir.join("kernel-cost.json");
-    fs::write(&json, to_json(&m)).with_context(|| format!("cannot write {}", json.display()))?;
-    println!("wrote {}", json.display());
+    write_json(&json, &to_json(&m))?;
     Ok(())
 }
 
@@ -252,7 +252,7 @@ fn print_table(m: &Measurement) {
     );
 }
 
-fn to_json(m: &Measurement) -> String {
+fn to_json(m: &Measurement) -> serde_json::Value {
     // Destructured fully so that a new counter cannot be forgotten here.
     let Measurement {
         seconds,
@@ -272,39 +272,33 @@ fn to_json(m: &Measurement) -> String {
     } = report;
     let (ours_ns, bt_ns) = (ours.ns_per_run(), bpftrace.ns_per_run());
     let ratio = ours_ns / bt_ns;
-    let kernel = host::kernel_release().escape_default().to_string();
-    let (ours_cnt, bt_cnt) = (ours.run_cnt, bpftrace.run_cnt);
-    let (ratio_met, lost_met, cpu_met) = (ratio <= MAX_RATIO, *lost == 0, *cpu < MAX_CPU_PERCENT);
-    format!(
-        r#"{{
-  "kernel": "{kernel}",
-  "seconds": {seconds},
-  "rounds": {ROUNDS},
-  "frequency_hz": {frequency},
-  "cpus_busy": {cpus},
-  "ours": {{
-    "bpf_ns_per_sample": {ours_ns:.1},
-    "bpf_run_cnt": {ours_cnt},
-    "samples": {samples},
-    "lost_ringbuf_full": {lost},
-    "kstack_failed": {kstack_failed},
-    "ustack_failed": {ustack_failed},
-    "own_cpu_percent_at_{OWN_CPU_HZ}hz_sampling": {cpu:.4},
-    "own_cpu_percent_at_{OWN_CPU_HZ}hz_whole_run": {cpu_whole:.4}
-  }},
-  "bpftrace": {{
-    "bpf_ns_per_sample": {bt_ns:.1},
-    "bpf_run_cnt": {bt_cnt}
-  }},
-  "targets": {{
-    "ns_ratio": {ratio:.3},
-    "ns_ratio_max": {MAX_RATIO},
-    "ns_ratio_met": {ratio_met},
-    "lost_met": {lost_met},
-    "own_cpu_percent_max": {MAX_CPU_PERCENT},
-    "own_cpu_met": {cpu_met}
-  }}
-}}
-"#
-    )
+    json!({
+        "kernel": host::kernel_release(),
+        "seconds": seconds,
+        "rounds": ROUNDS,
+        "frequency_hz": frequency,
+        "cpus_busy": cpus,
+        "ours": {
+            "bpf_ns_per_sample": round(ours_ns, 1),
+            "bpf_run_cnt": ours.run_cnt,
+            "samples": samples,
+            "lost_ringbuf_full": lost,
+            "kstack_failed": kstack_failed,
+            "ustack_failed": ustack_failed,
+            format!("own_cpu_percent_at_{OWN_CPU_HZ}hz_sampling"): round(*cpu, 4),
+            format!("own_cpu_percent_at_{OWN_CPU_HZ}hz_whole_run"): round(*cpu_whole, 4),
+        },
+        "bpftrace": {
+            "bpf_ns_per_sample": round(bt_ns, 1),
+            "bpf_run_cnt": bpftrace.run_cnt,
+        },
+        "targets": {
+            "ns_ratio": round(ratio, 3),
+            "ns_ratio_max": MAX_RATIO,
+            "ns_ratio_met": ratio <= MAX_RATIO,
+            "lost_met": *lost == 0,
+            "own_cpu_percent_max": MAX_CPU_PERCENT,
+            "own_cpu_met": *cpu < MAX_CPU_PERCENT,
+        },
+    })
 }

@@ -260,3 +260,17 @@ pub fn wait4(child: &Child) -> Result<(bool, libc::rusage)> {
         usage,
     ))
 }
+
+/// `x` to `places` decimals, as the benchmark JSON reports its figures.
+pub fn round(x: f64, places: i32) -> f64 {
+    let scale = 10f64.powi(places);
+    (x * scale).round() / scale
+}
+
+/// Writes a benchmark's results, pretty-printed, to `path` and says so.
+pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).expect("a JSON value serializes") + "\n";
+    fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}

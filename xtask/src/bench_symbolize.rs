@@ -10,8 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
+use serde_json::json;
 
-use crate::bench_support::{Proc, catch_ctrl_c, prepare, sleep, wait4};
+use crate::bench_support::{Proc, catch_ctrl_c, prepare, round, sleep, wait4, write_json};
 use crate::setup::Extras;
 use crate::util;
 
@@ -120,8 +121,7 @@ pub fn symbolize(seconds: u64, frequency: u64) -> Result<()> {
     };
     print_table(&r);
     let json = out_dir.join("symbolize.json");
-    fs::write(&json, to_json(&r)).with_context(|| format!("cannot write {}", json.display()))?;
-    println!("wrote {}", json.display());
+    write_json(&json, &to_json(&r))?;
     let _ = fs::remove_dir_all(&work);
     Ok(())
 }
@@ -292,37 +292,23 @@ fn print_table(r: &Results) {
     );
 }
 
-fn to_json(r: &Results) -> String {
+fn to_json(r: &Results) -> serde_json::Value {
     let cost = |c: &Cost| {
-        format!(
-            r#"{{"wall_s": {:.3}, "cpu_s": {:.3}, "max_rss_mib": {:.1}, "sum_rss_mib": {:.1}}}"#,
-            c.wall_s, c.cpu_s, c.max_rss_mib, c.sum_rss_mib
-        )
+        json!({"wall_s": round(c.wall_s, 3), "cpu_s": round(c.cpu_s, 3),
+               "max_rss_mib": round(c.max_rss_mib, 1), "sum_rss_mib": round(c.sum_rss_mib, 1)})
     };
-    format!(
-        r#"{{
-  "seconds": {},
-  "frequency_hz": {},
-  "ours_samples": {},
-  "perf_samples": {},
-  "record_symbolize_s": {:.3},
-  "ours_report": {},
-  "perf_script_inferno": {},
-  "speedup": {:.2},
-  "speedup_with_record_symbolize": {:.2},
-  "target_speedup": {MIN_SPEEDUP}
-}}
-"#,
-        r.seconds,
-        r.frequency,
-        r.ours_samples,
-        r.perf_samples,
-        r.record_symbolize_s,
-        cost(&r.ours),
-        cost(&r.perf),
-        r.speedup(),
-        r.speedup_with_record()
-    )
+    json!({
+        "seconds": r.seconds,
+        "frequency_hz": r.frequency,
+        "ours_samples": r.ours_samples,
+        "perf_samples": r.perf_samples,
+        "record_symbolize_s": round(r.record_symbolize_s, 3),
+        "ours_report": cost(&r.ours),
+        "perf_script_inferno": cost(&r.perf),
+        "speedup": round(r.speedup(), 2),
+        "speedup_with_record_symbolize": round(r.speedup_with_record(), 2),
+        "target_speedup": MIN_SPEEDUP,
+    })
 }
 
 #[cfg(test)]

@@ -4,8 +4,6 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
-use crate::util;
-
 /// The kernel release, e.g. "6.18.44".
 pub fn kernel_release() -> String {
     fs::read_to_string("/proc/sys/kernel/osrelease")
@@ -42,23 +40,13 @@ fn btf() -> Result<(), String> {
     Err("missing; use a kernel built with CONFIG_DEBUG_INFO_BTF=y".into())
 }
 
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
-
 fn capabilities() -> Result<(), String> {
+    use profiler_common::caps;
     let status = fs::read_to_string("/proc/self/status")
         .map_err(|e| format!("cannot read /proc/self/status: {e}"))?;
-    let eff = util::field(&status, "CapEff")
-        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        .ok_or("no CapEff line in /proc/self/status")?;
+    let eff = caps::cap_eff(&status).ok_or("no CapEff line in /proc/self/status")?;
     // CAP_SYS_ADMIN stands in for both (and is the only option before kernel 5.8).
-    let has = |cap: u32| eff & (1 << cap) != 0 || eff & (1 << CAP_SYS_ADMIN) != 0;
-    let missing: Vec<&str> = [("CAP_BPF", CAP_BPF), ("CAP_PERFMON", CAP_PERFMON)]
-        .into_iter()
-        .filter(|&(_, cap)| !has(cap))
-        .map(|(name, _)| name)
-        .collect();
+    let missing: Vec<&str> = caps::missing_for_bpf(eff).collect();
     if missing.is_empty() {
         return Ok(());
     }

@@ -1,30 +1,33 @@
-//! `cargo xtask lab zombie` / `crashloop`: incidents for the doctor to find. The lab itself
-//! lives in the profiler (`profiler lab zombie`, profiler/src/lab.rs) so the integration tests
-//! drive the same code; this task builds the profiler and runs it.
+//! `cargo xtask lab zombie` / `crashloop` (`--cleanup`): incidents for the doctor to find. The lab is test
+//! support, not part of the profiler: it lives in the tests crate (tests/src/lab, the
+//! `profiler-lab` binary) so the integration tests drive the same code; this task builds it
+//! and runs it.
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result};
 
-use crate::run;
+use crate::util;
 
-/// Builds the profiler (debug: the lab does no sampling) and runs `profiler lab zombie`.
-pub fn zombie(count: u32, cleanup: bool) -> Result<ExitCode> {
-    lab(&["zombie", "--count", &count.to_string()], cleanup)
-}
-
-/// `profiler lab crashloop`: a supervisor restarting a failing program.
-pub fn crashloop(cleanup: bool) -> Result<ExitCode> {
-    lab(&["crashloop"], cleanup)
-}
-
-fn lab(args: &[&str], cleanup: bool) -> Result<ExitCode> {
-    let bin = run::build(false)?;
-    let mut cmd = Command::new(&bin);
-    cmd.arg("lab").args(args);
-    if cleanup {
-        cmd.arg("--cleanup");
+/// Builds `profiler-lab` and returns its path. The labs run it debug (they do no sampling);
+/// the heat-map benchmark's synthetic capture of millions of samples wants it release.
+pub fn build(release: bool) -> Result<PathBuf> {
+    let mut cmd = util::cargo();
+    cmd.args(["build", "-p", "profiler-tests", "--bin", "profiler-lab"]);
+    if release {
+        cmd.arg("--release");
     }
-    let status = cmd
+    util::run(&mut cmd).context("building profiler-lab failed")?;
+    let profile = if release { "release" } else { "debug" };
+    Ok(util::target_dir().join(profile).join("profiler-lab"))
+}
+
+/// `profiler-lab ARGS`: `zombie` (dying memory cgroups and a `kubelet` poller), `crashloop`
+/// (a supervisor restarting a failing program), each with `--cleanup`.
+pub fn run(args: &[String]) -> Result<ExitCode> {
+    let bin = build(false)?;
+    let status = Command::new(&bin)
+        .args(args)
         .status()
         .with_context(|| format!("cannot start {}", bin.display()))?;
     Ok(if status.success() {

@@ -72,27 +72,11 @@ enum Task {
     /// Benchmarks; they print a table and write JSON under target/bench/.
     #[command(subcommand)]
     Bench(Bench),
-    /// Reproducible incidents for `profiler doctor` (root; see docs/doctor.md).
-    #[command(subcommand)]
-    Lab(Lab),
-}
-
-#[derive(Subcommand)]
-enum Lab {
-    /// Leave N dying memory cgroups under profiler-lab and start a `kubelet` stats poller.
-    Zombie {
-        /// How many dying memory cgroups to add.
-        #[arg(long, default_value_t = 500)]
-        count: u32,
-        /// Stop the poller, free the page cache, remove the lab cgroup.
-        #[arg(long)]
-        cleanup: bool,
-    },
-    /// Start a supervisor restarting a failing program in a memory cgroup made anew each time.
-    Crashloop {
-        /// Stop the supervisor, free the page cache, remove the lab cgroup.
-        #[arg(long)]
-        cleanup: bool,
+    /// Reproducible incidents for `profiler doctor` (root; see docs/doctor.md): `zombie
+    /// [--count N]`, `crashloop`, each with `--cleanup`; the arguments go to `profiler-lab`.
+    Lab {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -194,8 +178,7 @@ fn dispatch(task: Task) -> Result<ExitCode> {
             args,
             repeat,
         } => test::test(kernels, &args, repeat)?,
-        Task::Lab(Lab::Zombie { count, cleanup }) => return lab::zombie(count, cleanup),
-        Task::Lab(Lab::Crashloop { cleanup }) => return lab::crashloop(cleanup),
+        Task::Lab { args } => return lab::run(&args),
         Task::Bench(Bench::Agent { seconds }) => bench_agent::agent(seconds)?,
         Task::Bench(Bench::Heatmap {
             hours,

@@ -148,7 +148,7 @@ async fn stored(state: &State, req: &Request, flamegraph: bool) -> Result<Respon
             .and_then(|s| s.read_bounded(&query, API_LIMITS))
             .map_err(|e| match e {
                 StoreError::Range(m) => bad(&m),
-                e => Response::text(500, &e.to_string()),
+                e => Response::text(500, &crate::util::chain(&e)),
             })?;
         if profile.samples.is_empty() {
             return Err(Response::text(404, "no samples stored in that range"));

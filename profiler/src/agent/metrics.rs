@@ -137,7 +137,7 @@ impl Metrics {
         let mut by_comm: BTreeMap<&str, u64> = BTreeMap::new();
         let mut by_cgroup: BTreeMap<&str, u64> = BTreeMap::new();
         let mut by_container: BTreeMap<String, u64> = BTreeMap::new();
-        for s in p.samples.iter().filter(|s| s.pid != 0) {
+        for s in p.samples.iter().filter(|s| !crate::profile::is_idle(s)) {
             *by_comm.entry(p.str(s.comm)).or_default() += 1;
             let path = paths.get(&s.cgroup_id).copied().unwrap_or("");
             *by_cgroup

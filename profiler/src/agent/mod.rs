@@ -34,19 +34,19 @@ pub const MAX_PENDING: usize = 60;
 pub enum AgentError {
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
     #[error(transparent)]
     Record(#[from] RecordError),
-    #[error("cannot use the push spool in the data dir: {0}")]
-    Spool(std::io::Error),
+    #[error("cannot use the push spool in the data dir")]
+    Spool(#[source] std::io::Error),
     #[error("{0}")]
     PushUrl(String),
-    #[error("cannot start the runtime: {0}")]
-    Runtime(std::io::Error),
+    #[error("cannot start the runtime")]
+    Runtime(#[source] std::io::Error),
     #[error(transparent)]
     Token(#[from] crate::http::TokenError),
     #[error("{0}")]

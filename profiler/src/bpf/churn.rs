@@ -74,7 +74,12 @@ impl ChurnTracer {
                 None
             }
             Some(_) => attach_program(&mut ebpf)
-                .map_err(|e| log::warn!("processes are not linked to cgroups: {e}"))
+                .map_err(|e| {
+                    log::warn!(
+                        "processes are not linked to cgroups: {}",
+                        crate::util::chain(&e)
+                    )
+                })
                 .ok(),
         };
         Ok(Self {

@@ -1,6 +1,7 @@
 //! First stage on the user side: load the embedded sampler object, set its load-time globals,
 //! attach it to a perf event on every online CPU, and hand the maps to the collector.
 pub mod churn;
+mod ebpf_log;
 mod exits;
 pub mod features;
 
@@ -47,9 +48,9 @@ impl Event {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BpfError {
-    #[error("loading the eBPF sampler failed: {0}")]
+    #[error("loading the eBPF sampler failed")]
     Load(#[from] aya::EbpfError),
-    #[error("the eBPF sampler was rejected: {0}")]
+    #[error("the eBPF sampler was rejected")]
     Program(#[from] aya::programs::ProgramError),
     #[error(
         "this kernel's verifier rejected {program}: {reason} (run with -v for the verifier's log)"
@@ -63,21 +64,21 @@ pub enum BpfError {
          needs Linux 5.8 or newer"
     )]
     NoRingBuffer,
-    #[error("eBPF map error: {0}")]
+    #[error("eBPF map error")]
     Map(#[from] aya::maps::MapError),
     #[error("the eBPF object has no {0}")]
     Missing(&'static str),
-    #[error("cannot list online CPUs ({0}): {1}")]
-    Cpus(&'static str, std::io::Error),
+    #[error("cannot list online CPUs ({0})")]
+    Cpus(&'static str, #[source] std::io::Error),
     #[error(
         "--event cycles needs a hardware PMU and this machine has none \
          (no /sys/bus/event_source/devices/cpu); use --event cpu-clock"
     )]
     NoPmu,
-    #[error("cannot open cgroup {0}: {1}")]
-    Cgroup(PathBuf, std::io::Error),
-    #[error("cannot map the unwind tables' memory: {0}")]
-    UnwindMaps(std::io::Error),
+    #[error("cannot open cgroup {0}")]
+    Cgroup(PathBuf, #[source] std::io::Error),
+    #[error("cannot map the unwind tables' memory")]
+    UnwindMaps(#[source] std::io::Error),
     #[error("at most {MAX_CGROUP_FILTER} cgroups can be filtered in the kernel, got {0}")]
     TooManyCgroups(usize),
 }
@@ -102,7 +103,6 @@ pub struct Sampler {
     // Dropping Ebpf unloads the program and closes the perf events (see `detach`).
     ebpf: Option<Ebpf>,
     counters: PerCpuArray<MapData, u64>,
-    program_id: Option<u32>,
     /// CPUs the program is attached on.
     pub cpus: Vec<u32>,
     /// Feeds processes' mappings and tables to the table walk (None with `--unwind fp`).
@@ -112,6 +112,8 @@ pub struct Sampler {
     python_counters: Option<PerCpuArray<MapData, u64>>,
     /// Exit statuses of processes (`exits`), until the collector takes them.
     exits: Option<RingBuf<MapData>>,
+    /// The programs' debug log (`-vv` only).
+    _log: Option<ebpf_log::EbpfLog>,
 }
 
 /// Counters kept by the sampler (sums over CPUs); see `profiler_common::counter`.
@@ -188,7 +190,9 @@ impl Sampler {
         };
         let fsbase_offset: u32 = config.python.map_or(0, |p| p.fsbase_offset);
         let exit_code_offset = exits::exit_code_offset().unwrap_or(0);
+        let log_level = ebpf_log::level();
         let mut ebpf = EbpfLoader::new()
+            .override_global(ebpf_log::GLOBAL_LOG_LEVEL, &log_level, true)
             .override_global(py::GLOBAL_FSBASE_OFFSET, &fsbase_offset, true)
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
             .override_global(GLOBAL_FILTER_CGROUPS, &cgroup_count, true)
@@ -249,7 +253,10 @@ impl Sampler {
                 if let Ok(mappings) = crate::unwind::proc_mappings(pid)
                     && let Err(e) = loader.load_process(pid, &mappings)
                 {
-                    log::debug!("pid {pid}: cannot load its mappings for unwinding: {e}");
+                    log::debug!(
+                        "pid {pid}: cannot load its mappings for unwinding: {}",
+                        crate::util::chain(&e)
+                    );
                 }
             }
             Some(loader)
@@ -279,7 +286,6 @@ impl Sampler {
             verify_started.elapsed().as_secs_f64(),
             info.as_ref().and_then(|i| i.verified_instruction_count())
         );
-        let program_id = info.map(|info| info.id());
         for &cpu in &cpus {
             program.attach(
                 perf_config,
@@ -292,9 +298,12 @@ impl Sampler {
         let exits = (exit_code_offset != 0)
             .then(|| exits::attach(&mut ebpf))
             .and_then(|r| {
-                r.map_err(|e| log::warn!("exit statuses are not recorded: {e}"))
-                    .ok()
+                r.map_err(|e| {
+                    log::warn!("exit statuses are not recorded: {}", crate::util::chain(&e))
+                })
+                .ok()
             });
+        let log = ebpf_log::EbpfLog::start(&mut ebpf);
         let samples = RingBuf::try_from(
             ebpf.take_map(MAP_SAMPLES)
                 .ok_or(BpfError::Missing("ring buffer"))?,
@@ -320,12 +329,12 @@ impl Sampler {
             Sampler {
                 ebpf: Some(ebpf),
                 counters,
-                program_id,
                 cpus,
                 unwind,
                 python_map,
                 python_counters,
                 exits,
+                _log: log,
             },
             samples,
         ))
@@ -340,11 +349,6 @@ impl Sampler {
     /// Stops sampling on every CPU; the ring buffer and counters stay readable.
     pub fn detach(&mut self) {
         self.ebpf = None;
-    }
-
-    /// The loaded program's id (for `bpftool prog show id N` and BPF statistics).
-    pub fn program_id(&self) -> Option<u32> {
-        self.program_id
     }
 
     /// The map the collector registers Python processes in (once; None when Python is off).

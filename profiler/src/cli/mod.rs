@@ -2,7 +2,6 @@
 mod agent;
 mod diff;
 mod doctor;
-mod lab;
 mod progress;
 mod query;
 mod record;
@@ -43,9 +42,6 @@ pub enum Command {
     Agent(agent::AgentArgs),
     /// Render a time range of the agent's store: -o FILE... (every output format).
     Query(query::QueryArgs),
-    /// Reproducible incidents for testing the doctor (`cargo xtask lab`).
-    #[command(subcommand, hide = true)]
-    Lab(lab::LabCommand),
 }
 
 /// Runs the parsed command.
@@ -55,7 +51,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Report(args) => report::run(args),
         Command::Doctor(args) => doctor::run(args, cli.verbose > 0),
         Command::Diff(args) => diff::run(args),
-        Command::Lab(cmd) => lab::run(cmd),
         Command::Agent(args) => agent::run(args),
         Command::Query(args) => query::run(args),
     }
@@ -101,24 +96,9 @@ fn write_outputs(
 /// Effective capabilities: BPF programs and perf events need CAP_BPF and CAP_PERFMON
 /// (CAP_SYS_ADMIN implies both).
 pub(crate) fn check_privileges() -> anyhow::Result<()> {
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
+    use profiler_common::caps;
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let caps = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    let has = |bit: u32| caps & (1 << bit) != 0;
-    if has(CAP_SYS_ADMIN) {
-        return Ok(());
-    }
-    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
-        .into_iter()
-        .filter(|&(bit, _)| !has(bit))
-        .map(|(_, name)| name)
-        .collect();
+    let missing: Vec<&str> = caps::missing_for_bpf(caps::cap_eff(&status).unwrap_or(0)).collect();
     if !missing.is_empty() {
         anyhow::bail!(
             "sampling needs the {} capabilit{} (or root); run it with sudo",

@@ -86,21 +86,7 @@ pub struct RawSample {
 
 /// Raw stacks stored once each. Addresses are leaf first; every frame but the leaf is a return
 /// address, already moved back by one byte so it falls inside the call instruction.
-#[derive(Clone, Default)]
-pub struct StackTable<K> {
-    ids: HashMap<K, u32>,
-    pub stacks: Vec<K>,
-}
-
-impl<K: std::hash::Hash + Eq + Clone> StackTable<K> {
-    fn intern(&mut self, key: K) -> u32 {
-        let next = self.stacks.len() as u32;
-        *self.ids.entry(key.clone()).or_insert_with(|| {
-            self.stacks.push(key);
-            next
-        })
-    }
-}
+pub type StackTable<K> = crate::util::Dense<K>;
 
 /// Which samples the user wants, beyond the in-kernel pid filter.
 #[derive(Clone, Debug, Default)]
@@ -280,14 +266,14 @@ impl Collection {
     fn fill_window(&mut self, window: &mut Collection, lifetimes: lifetimes::LifetimeLog) {
         let addrs = window
             .ustacks
-            .stacks
+            .items()
             .iter()
             .flat_map(|(space, addrs)| addrs.iter().map(move |a| (*space, *a)));
         window.processes = self.processes.window_view(addrs, lifetimes);
         if let Some(t) = &self.python {
             window.py_names = window
                 .pystacks
-                .stacks
+                .items()
                 .iter()
                 .flat_map(|(pid, frames)| {
                     frames

@@ -69,8 +69,7 @@ pub struct ProcessTable {
     /// dumps on request). Read by `JitWork`, off the drain thread.
     unnamed_anon: HashMap<SpaceId, (perfmap::Source, Vec<u64>)>,
     /// JIT symbol names (`UserLoc::Named`), each once.
-    pub names: Vec<String>,
-    name_ids: HashMap<String, u32>,
+    pub names: crate::util::Dense<String>,
     normalizer: Normalizer,
 }
 
@@ -108,8 +107,7 @@ impl Default for ProcessTable {
             locs: HashMap::new(),
             pending: HashMap::new(),
             unnamed_anon: HashMap::new(),
-            names: Vec::new(),
-            name_ids: HashMap::new(),
+            names: crate::util::Dense::default(),
             normalizer: new_normalizer(),
         }
     }
@@ -424,11 +422,7 @@ impl ProcessTable {
                 let Some(name) = map.lookup(addr) else {
                     continue;
                 };
-                let next = self.names.len() as u32;
-                let id = *self.name_ids.entry(name.to_owned()).or_insert_with(|| {
-                    self.names.push(name.to_owned());
-                    next
-                });
+                let id = self.names.intern_ref(name);
                 self.locs.insert((space, addr), UserLoc::Named(id));
             }
             addrs.retain(|a| self.locs.get(&(space, *a)) == Some(&UserLoc::Unknown));

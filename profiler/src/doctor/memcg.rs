@@ -98,7 +98,11 @@ pub fn shares(profile: &Profile, catalogue: &[&str]) -> Vec<MemcgShare> {
     // Which catalogue functions each stack holds, computed once per stack.
     let mut stack_hits: HashMap<u32, Vec<String>> = HashMap::new();
     let mut per: BTreeMap<u32, (String, u64, u64, BTreeMap<String, u64>)> = BTreeMap::new();
-    for s in profile.samples.iter().filter(|s| s.pid != 0) {
+    for s in profile
+        .samples
+        .iter()
+        .filter(|s| !crate::profile::is_idle(s))
+    {
         let hits = stack_hits.entry(s.stack).or_insert_with(|| {
             let mut names: Vec<String> = profile
                 .stack_frames(s.stack)
@@ -158,7 +162,7 @@ pub fn cpu_busy(profile: &Profile) -> Vec<(u32, f64)> {
             let busy = profile
                 .samples
                 .iter()
-                .filter(|s| s.cpu == cpu && s.pid != 0)
+                .filter(|s| s.cpu == cpu && !crate::profile::is_idle(s))
                 .count();
             let p = if expected > 0.0 {
                 (busy as f64 * 100.0 / expected).min(100.0)

@@ -3,6 +3,7 @@
 //! (`crate::cgroups`) into findings and a verdict. The incident it is built for: a CPU
 //! starved by kubelet reading memory statistics while tens of thousands of dying memcgs,
 //! left by a crash-looping creator, make every read slow.
+mod json;
 pub mod kmsg;
 pub mod memcg;
 mod report;
@@ -108,7 +109,7 @@ pub fn examine(
     )?;
     let (churn, churn_error) = match &tracer {
         Ok(t) => (t.counts(), None),
-        Err(e) => (Vec::new(), Some(e.to_string())),
+        Err(e) => (Vec::new(), Some(crate::util::chain(&e))),
     };
     let (attaches, attach_error) = match tracer.as_ref().map(|t| t.attaches()) {
         Ok(Some(a)) => (a, None),
@@ -116,7 +117,7 @@ pub fn examine(
             Vec::new(),
             Some("the kernel refused the cgroup_attach_task tracer (see the warning)".to_owned()),
         ),
-        Err(e) => (Vec::new(), Some(e.to_string())),
+        Err(e) => (Vec::new(), Some(crate::util::chain(e))),
     };
     drop(tracer);
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").map_err(RecordError::Kallsyms)?;

@@ -1,15 +1,13 @@
-//! The doctor's two renderings of the same findings: text for people, JSON for scripts. The
-//! JSON is written by hand (a few flat objects) to keep serde out of the binary.
+//! The doctor's two renderings of the same findings: text for people, JSON for scripts (its
+//! schema in json.rs).
 use std::fmt::Write as _;
 
+pub use super::json::json;
 use super::{
     Findings,
-    verdict::{CPU_SATURATED, Verdict, cpu_percent, crash_loop_line, creator},
+    verdict::{CPU_SATURATED, Verdict, cpu_percent, crash_loop_line},
 };
-use crate::{
-    cgroups::{MemorySubtree, V2Memory},
-    profile::lifecycle::Program,
-};
+use crate::cgroups::MemorySubtree;
 
 const MIB: f64 = (1 << 20) as f64;
 
@@ -92,7 +90,7 @@ pub fn text(f: &Findings, v: &Verdict) -> String {
             c.pid,
             c.mkdirs,
             c.rmdirs,
-            c.mkdirs as f64 / f.duration_s.max(0.001),
+            f.churn_rate(c),
             c.parents
                 .iter()
                 .take(3)
@@ -179,236 +177,4 @@ fn subtree_text(s: &MemorySubtree) -> String {
         format!(" ({:.1} MiB page cache)", b as f64 / MIB)
     });
     format!("{} dying memcgs under {}{cache}", s.dying, s.path.display())
-}
-
-fn subtree_json(s: &MemorySubtree) -> String {
-    format!(
-        r#"{{"path":{},"dying":{},"file_bytes":{}}}"#,
-        q(&s.path.display().to_string()),
-        s.dying,
-        s.file_bytes.map_or("null".to_owned(), |b| b.to_string())
-    )
-}
-
-/// cgroup2's dying memcgs per subtree, or null when memory is not enabled on cgroup2.
-fn v2_memory_json(m: Option<&V2Memory>) -> String {
-    m.map_or("null".to_owned(), |m| {
-        format!(
-            r#"{{"mount":{},"dying":{},"source":{},"subtrees":[{}],"holder":{}}}"#,
-            q(&m.mount.display().to_string()),
-            m.dying,
-            q(m.source),
-            m.subtrees
-                .iter()
-                .map(subtree_json)
-                .collect::<Vec<_>>()
-                .join(","),
-            m.holder.as_ref().map_or("null".to_owned(), subtree_json)
-        )
-    })
-}
-
-/// One program as a JSON object; the pids of its starts only for a crash loop (bounded by
-/// the restarts a window can hold).
-fn program_json(p: &Program, f: &Findings) -> String {
-    let exits: Vec<String> = p
-        .exits
-        .iter()
-        .map(|(how, n)| format!(r#"{{"status":{},"count":{n}}}"#, q(how)))
-        .collect();
-    let parents: Vec<String> = p
-        .parents
-        .iter()
-        .map(|(pid, comm, n)| format!(r#"{{"pid":{pid},"comm":{},"starts":{n}}}"#, q(comm)))
-        .collect();
-    let creator = creator(p, &f.churn).map_or("null".to_owned(), |c| {
-        format!(
-            r#"{{"pid":{},"comm":{},"mkdirs":{},"rmdirs":{}}}"#,
-            c.pid,
-            q(&c.comm),
-            c.mkdirs,
-            c.rmdirs
-        )
-    });
-    let pids: Vec<String> = if p.crash_loop {
-        p.pids.iter().map(u32::to_string).collect()
-    } else {
-        Vec::new()
-    };
-    format!(
-        r#"{{"comm":{},"exe":{},"cgroup":{},"starts":{},"starts_per_min":{:.2},"failing_exits":{},"failing_per_min":{:.2},"failing_status":{},"exits":[{}],"median_lifetime_ms":{},"parents":[{}],"crash_loop":{},"creator":{creator},"pids":[{}]}}"#,
-        q(&p.comm),
-        q(&p.exe),
-        q(&p.cgroup),
-        p.starts(),
-        p.starts_per_min,
-        p.failing,
-        p.failing_per_min,
-        p.failing_status().map_or("null".to_owned(), q),
-        exits.join(","),
-        p.median_lifetime_ns
-            .map_or("null".to_owned(), |ns| format!("{:.3}", ns as f64 / 1e6)),
-        parents.join(","),
-        p.crash_loop,
-        pids.join(",")
-    )
-}
-
-/// The same figures as JSON (one object).
-pub fn json(f: &Findings, v: &Verdict) -> String {
-    let strs = |v: &[String]| format!("[{}]", v.iter().map(|s| q(s)).collect::<Vec<_>>().join(","));
-    let controllers: Vec<String> = f
-        .cgroups
-        .controllers
-        .iter()
-        .map(|c| {
-            format!(
-                r#"{{"controller":{},"mount":{},"num_cgroups":{},"live":{},"dying":{}}}"#,
-                q(&c.controller),
-                q(&c.mount.display().to_string()),
-                c.num_cgroups,
-                c.live,
-                c.dying
-            )
-        })
-        .collect();
-    let holders: Vec<String> = f
-        .cgroups
-        .cache_holders
-        .iter()
-        .map(|h| {
-            format!(
-                r#"{{"path":{},"total_cache_bytes":{},"children_cache_bytes":{},"unexplained_bytes":{},"live_children":{}}}"#,
-                q(&h.path.display().to_string()),
-                h.total_cache,
-                h.children_cache,
-                h.unexplained(),
-                h.live_children
-            )
-        })
-        .collect();
-    let churn: Vec<String> = f
-        .churn
-        .iter()
-        .map(|c| {
-            format!(
-                r#"{{"pid":{},"comm":{},"mkdirs":{},"rmdirs":{},"mkdirs_per_s":{:.3},"parents":[{}]}}"#,
-                c.pid,
-                q(&c.comm),
-                c.mkdirs,
-                c.rmdirs,
-                c.mkdirs as f64 / f.duration_s.max(0.001),
-                c.parents
-                    .iter()
-                    .map(|(p, n)| format!(r#"{{"path":{},"events":{n}}}"#, q(p)))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            )
-        })
-        .collect();
-    let cpus: Vec<String> = f
-        .cpus
-        .iter()
-        .map(|(c, b)| {
-            format!(
-                r#"{{"cpu":{c},"busy_percent":{b:.1},"saturated":{}}}"#,
-                *b >= CPU_SATURATED
-            )
-        })
-        .collect();
-    let memcg: Vec<String> = f
-        .memcg
-        .iter()
-        .map(|s| {
-            let fns: Vec<String> = s
-                .functions
-                .iter()
-                .map(|(n, c)| format!(r#"{{"function":{},"samples":{c}}}"#, q(n)))
-                .collect();
-            format!(
-                r#"{{"pid":{},"comm":{},"samples":{},"memcg_samples":{},"percent":{:.1},"cpu_percent":{:.1},"top_function":{},"functions":[{}]}}"#,
-                s.pid,
-                q(&s.comm),
-                s.samples,
-                s.memcg_samples,
-                s.percent(),
-                cpu_percent(s, f),
-                q(s.top_function()),
-                fns.join(",")
-            )
-        })
-        .collect();
-    let programs: Vec<String> = f.programs.iter().map(|p| program_json(p, f)).collect();
-    let kernel_events: Vec<String> = f
-        .kernel_events
-        .iter()
-        .zip(&f.timeline)
-        .map(|(e, line)| {
-            format!(
-                r#"{{"ts_us":{},"offset_s":{:.3},"kind":{},"message":{},"timeline":{}}}"#,
-                e.ts_us,
-                e.offset_s,
-                q(e.kind),
-                q(&e.message),
-                q(line)
-            )
-        })
-        .collect();
-    let opt = |v: Option<u64>| v.map_or("null".to_owned(), |n| n.to_string());
-    let v2 = f.cgroups.v2.as_ref().map(|p| p.1);
-    let list = |v: &[&str]| strs(&v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
-    format!(
-        r#"{{"verdict":{},"holder":{},"problems":{},"remedies":{},"duration_s":{:.3},"samples":{},"frequency_hz":{},"kernel":{},"controllers":[{}],"v2_nr_dying_descendants":{},"v2_memory":{},"mem_cgroup_slab":{},"percpu_kb":{},"cache_holders":[{}],"churn":[{}],"churn_error":{},"programs":[{}],"crash_loops":{},"attach_error":{},"kernel_events":[{}],"kernel_log_error":{},"cpus":[{}],"memcg":[{}],"memcg_functions_present":{},"memcg_functions_absent":{}}}"#,
-        q(v.level.name()),
-        v.holder.as_deref().map_or("null".to_owned(), q),
-        strs(&v.problems),
-        strs(&v.remedies),
-        f.duration_s,
-        f.samples,
-        f.frequency_hz,
-        q(&f.kernel),
-        controllers.join(","),
-        opt(v2),
-        v2_memory_json(f.cgroups.v2_memory.as_ref()),
-        opt(f.cgroups.mem_cgroup_slab),
-        opt(f.cgroups.percpu_kb),
-        holders.join(","),
-        churn.join(","),
-        f.churn_error.as_deref().map_or("null".to_owned(), q),
-        programs.join(","),
-        f.programs.iter().filter(|p| p.crash_loop).count(),
-        f.attach_error.as_deref().map_or("null".to_owned(), q),
-        kernel_events.join(","),
-        f.kernel_log_error.as_deref().map_or("null".to_owned(), q),
-        cpus.join(","),
-        memcg.join(","),
-        list(&f.memcg_present),
-        list(&f.memcg_absent),
-    )
-}
-
-/// A JSON string literal.
-fn q(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn json_strings_are_escaped() {
-        assert_eq!(super::q("a\"b\\c\n"), r#""a\"b\\c\u000a""#);
-    }
 }

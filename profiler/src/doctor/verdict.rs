@@ -76,8 +76,13 @@ impl Findings {
     pub fn churners(&self) -> Vec<&crate::bpf::churn::ChurnCount> {
         self.churn
             .iter()
-            .filter(|c| c.mkdirs as f64 / self.duration_s.max(0.001) >= CHURN_RATE_WARN)
+            .filter(|c| self.churn_rate(c) >= CHURN_RATE_WARN)
             .collect()
+    }
+
+    /// cgroups `c` created per second of the window (the verdict, the text and the JSON).
+    pub fn churn_rate(&self, c: &crate::bpf::churn::ChurnCount) -> f64 {
+        c.mkdirs as f64 / self.duration_s.max(0.001)
     }
 }
 
@@ -268,7 +273,7 @@ pub fn judge(f: &Findings) -> Verdict {
             "{} (pid {}) creates {:.1} cgroups/s",
             c.comm,
             c.pid,
-            c.mkdirs as f64 / f.duration_s.max(0.001)
+            f.churn_rate(c)
         ));
         if dying >= DYING_WARN {
             remedies.push(format!(

@@ -19,7 +19,7 @@ impl std::fmt::Debug for Token {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    #[error("cannot read token file {path}: {source}")]
+    #[error("cannot read token file {path}")]
     Read {
         path: String,
         source: std::io::Error,

@@ -2,13 +2,10 @@
 //! `comm;outer;...;leaf COUNT`, one line per unique stack, sorted; kernel frames end in `_[k]`
 //! (the perf + inferno convention, which flame graph palettes colour apart), after ` [module]`
 //! for code in a kernel module.
-use std::{
-    collections::HashMap,
-    hash::{BuildHasherDefault, Hasher},
-    io,
-};
+use std::{collections::HashMap, io};
 
 use crate::profile::{Frame, FrameKind, GroupBy, Profile, attribution::Grouper};
+use crate::util::{Dense, FxMap};
 
 /// The folded lines of `profile`, sorted, without trailing newlines, rooted at the comm.
 pub fn folded_lines(profile: &Profile) -> Vec<String> {
@@ -20,22 +17,16 @@ pub fn folded_lines_by(profile: &Profile, group: GroupBy) -> Vec<String> {
     let grouper = Grouper::new(profile, group);
     // Count per (root, stack) first: far fewer than samples. Roots are interned by label, and
     // a label depends only on the sample's comm, pid and cgroup: computed once per triple.
-    let mut roots: HashMap<Option<String>, u32> = HashMap::new();
-    let mut root_of: IntMap<(u32, u32, u64), u32> = IntMap::default();
-    let mut counts: IntMap<(u32, u32), u64> = IntMap::default();
+    let mut roots: Dense<Option<String>> = Dense::default();
+    let mut root_of: FxMap<(u32, u32, u64), u32> = FxMap::default();
+    let mut counts: FxMap<(u32, u32), u64> = FxMap::default();
     for s in &profile.samples {
         let root = *root_of
             .entry((s.comm, s.pid, s.cgroup_id))
-            .or_insert_with(|| {
-                let next = roots.len() as u32;
-                *roots.entry(grouper.label(s)).or_insert(next)
-            });
+            .or_insert_with(|| roots.intern(grouper.label(s)));
         *counts.entry((root, s.stack)).or_default() += 1;
     }
-    let mut labels = vec![None; roots.len()];
-    for (label, id) in roots {
-        labels[id as usize] = label;
-    }
+    let labels = roots.into_items();
     // Each frame's text once: stacks share most of their frames.
     let names: Vec<String> = profile
         .frames
@@ -79,34 +70,6 @@ fn frame_text(profile: &Profile, frame: &Frame) -> String {
     text
 }
 
-/// Hash maps for the per-sample counting above, keyed by small integers: SipHash's DoS
-/// resistance buys nothing there and was a large share of `report`'s time on 1M samples.
-type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
-
-/// Multiply-rotate hashing (as rustc's FxHash) of integer keys.
-#[derive(Default)]
-struct IntHasher(u64);
-
-impl Hasher for IntHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b.into());
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(n.into());
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
 pub fn write_folded(profile: &Profile, group: GroupBy, w: &mut impl io::Write) -> io::Result<()> {
     for line in folded_lines_by(profile, group) {
         writeln!(w, "{line}")?;
@@ -116,7 +79,11 @@ pub fn write_folded(profile: &Profile, group: GroupBy, w: &mut impl io::Write) -
 
 /// `;` separates frames and a newline ends the record: neither may appear inside a name.
 fn clean(name: &str) -> String {
-    let name = if name.is_empty() { "[unknown]" } else { name };
+    let name = if name.is_empty() {
+        crate::profile::UNKNOWN_FRAME
+    } else {
+        name
+    };
     name.replace([';', '\n', '\r'], ":")
 }
 

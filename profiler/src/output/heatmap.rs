@@ -15,14 +15,7 @@ const STYLE: &str = include_str!("heatmap/style.css");
 const SCRIPT: &str = include_str!("heatmap/app.js");
 
 impl HeatmapData {
-    /// The data as JSON, safe inside a `<script>` element (`<` is escaped).
-    pub fn to_json(&self) -> String {
-        let mut out = Vec::new();
-        self.write_json(&mut out).expect("writing to a Vec");
-        String::from_utf8(out).expect("JSON is UTF-8")
-    }
-
-    /// Streams the JSON: the records can be millions, so no intermediate strings for them.
+    /// Streams the data as JSON, safe inside a `<script>` element (`<` is escaped): the records can be millions, so no intermediate strings for them.
     pub fn write_json(&self, w: &mut impl io::Write) -> io::Result<()> {
         let list = |items: Vec<String>| format!("[{}]", items.join(","));
         let cpus = list(self.cpus.iter().map(u32::to_string).collect());
@@ -213,11 +206,10 @@ mod tests {
             (&d.grid[..50], &d.grid[100..]),
             (&fine.grid[..50], &fine.grid[100..])
         );
-        assert!(
-            d.to_json().contains(r#""untimed":[1],"untimed_n":20,"#),
-            "{}",
-            d.to_json()
-        );
+        let mut json = Vec::new();
+        d.write_json(&mut json).unwrap();
+        let json = String::from_utf8(json).unwrap();
+        assert!(json.contains(r#""untimed":[1],"untimed_n":20,"#), "{json}");
     }
 
     #[test]

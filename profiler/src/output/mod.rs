@@ -58,7 +58,7 @@ pub const RECORD_OUTPUT_HELP: &str = concat!(output_help!(), " Default: profile.
 pub enum OutputError {
     #[error("{path}: unknown output format; use one of these extensions: {EXTENSIONS}")]
     UnknownFormat { path: String },
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Io { path: String, source: io::Error },
     #[error(transparent)]
     Capture(#[from] profile::CaptureError),

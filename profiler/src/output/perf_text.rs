@@ -16,7 +16,7 @@
 //! virtual address, which means nothing once the process is gone), 0 when unknown.
 use std::io;
 
-use crate::profile::{Frame, FrameKind, Profile};
+use crate::profile::{Frame, FrameKind, Profile, UNKNOWN_FRAME};
 
 /// Every sample needs its time and CPU here: a profile with untimed ranges (old stored
 /// windows) is refused (`InvalidInput`) rather than printed with times it does not have.
@@ -75,7 +75,7 @@ fn module(profile: &Profile, f: &Frame) -> String {
         (FrameKind::User, m) => match profile.binaries.get(f.binary as usize) {
             // The full path, as perf prints it; the module name is only the file name.
             Some(b) if !b.path.is_empty() => clean(&b.path),
-            _ if m.is_empty() => "[unknown]".into(),
+            _ if m.is_empty() => UNKNOWN_FRAME.into(),
             _ => clean(m),
         },
     }
@@ -84,7 +84,7 @@ fn module(profile: &Profile, f: &Frame) -> String {
 /// A newline would end the record early; an empty name reads as a missing column.
 fn clean(s: &str) -> String {
     if s.is_empty() {
-        return "[unknown]".into();
+        return UNKNOWN_FRAME.into();
     }
     s.replace(['\n', '\r'], " ")
 }

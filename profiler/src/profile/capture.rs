@@ -8,6 +8,8 @@ use std::{
 
 use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 
+use super::leb128::{Counting, Reader, Writer, corrupt};
+
 use super::model::{
     Binary, Cgroup, Counters, Frame, FrameKind, Lifetime, Meta, Process, Profile, Sample, Stack,
 };
@@ -37,10 +39,10 @@ pub const END_SLACK_NS: u64 = 60_000_000_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io { path: String, source: io::Error },
     /// A decoding error of the capture file at `path`.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     In {
         path: String,
         source: Box<CaptureError>,
@@ -501,142 +503,6 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
         cgroups,
         binaries,
     })
-}
-
-fn corrupt(what: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what)
-}
-
-/// LEB128 writer (also the store's per-sample times, `store::times`).
-pub(crate) struct Writer<W: Write>(pub(crate) W);
-
-impl<W: Write> Writer<W> {
-    pub(crate) fn u(&mut self, mut v: u64) -> io::Result<()> {
-        let mut buf = [0u8; 10];
-        let mut n = 0;
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                buf[n] = byte;
-                n += 1;
-                break;
-            }
-            buf[n] = byte | 0x80;
-            n += 1;
-        }
-        self.0.write_all(&buf[..n])
-    }
-
-    /// Zigzag, so small negative numbers stay short.
-    fn i(&mut self, v: i64) -> io::Result<()> {
-        self.u(((v << 1) ^ (v >> 63)) as u64)
-    }
-
-    fn s(&mut self, s: &str) -> io::Result<()> {
-        self.u(s.len() as u64)?;
-        self.0.write_all(s.as_bytes())
-    }
-}
-
-/// Counts the compressed bytes read, for the expansion budget.
-struct Counting<R> {
-    inner: R,
-    n: u64,
-}
-
-impl<R: Read> Read for Counting<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.n += n as u64;
-        Ok(n)
-    }
-}
-
-/// LEB128 reader over the inflated body; every length is checked against what is left, and
-/// every table is charged to `budget` (bytes the decoded profile may still take).
-pub(crate) struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
-    budget: u64,
-}
-
-impl<'a> Reader<'a> {
-    /// A reader of `buf` whose decoded items may take `budget` bytes.
-    pub(crate) fn new(buf: &'a [u8], budget: u64) -> Self {
-        Self {
-            buf,
-            pos: 0,
-            budget,
-        }
-    }
-
-    /// Bytes not read yet.
-    pub(crate) fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
-    }
-
-    pub(crate) fn u(&mut self) -> io::Result<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = *self.buf.get(self.pos).ok_or(io::ErrorKind::UnexpectedEof)?;
-            self.pos += 1;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(corrupt("varint too long"))
-    }
-
-    pub(crate) fn u32(&mut self) -> io::Result<u32> {
-        u32::try_from(self.u()?).map_err(|_| corrupt("value does not fit 32 bits"))
-    }
-
-    fn i(&mut self) -> io::Result<i64> {
-        let v = self.u()?;
-        Ok((v >> 1) as i64 ^ -((v & 1) as i64))
-    }
-
-    /// A count of items. Every item takes at least one byte, so a count larger than what is
-    /// left is corrupt; what the items then take in memory is charged by `items`.
-    fn len(&mut self) -> io::Result<usize> {
-        let n = self.u()?;
-        if n > (self.buf.len() - self.pos) as u64 {
-            Err(corrupt("implausible count"))
-        } else {
-            Ok(n as usize)
-        }
-    }
-
-    /// Takes `bytes` from the budget; `OutOfMemory` (reported as `TooLarge`) when spent.
-    fn charge(&mut self, bytes: u64) -> io::Result<()> {
-        self.budget = self
-            .budget
-            .checked_sub(bytes)
-            .ok_or(io::ErrorKind::OutOfMemory)?;
-        Ok(())
-    }
-
-    /// A count of `T`s about to be held in memory, charged to the budget.
-    fn items<T>(&mut self) -> io::Result<usize> {
-        let n = self.len()?;
-        self.charge(n as u64 * std::mem::size_of::<T>() as u64)?;
-        Ok(n)
-    }
-
-    fn s(&mut self) -> io::Result<String> {
-        let n = self.len()?;
-        if n > MAX_STRING_BYTES {
-            return Err(corrupt(&format!(
-                "a string of {n} bytes (at most {MAX_STRING_BYTES})"
-            )));
-        }
-        self.charge(n as u64)?;
-        let bytes = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
-        String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("string is not UTF-8"))
-    }
 }
 
 #[cfg(test)]

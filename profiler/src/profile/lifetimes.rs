@@ -32,7 +32,7 @@ pub fn lifetime_stats(p: &Profile) -> LifetimeStats {
         if let Some(f) = leaf {
             let e = user.entry(s.pid).or_default();
             e.0 += 1;
-            e.1 += u64::from(p.str(f.name) != "[unknown]");
+            e.1 += u64::from(p.str(f.name) != super::UNKNOWN_FRAME);
         }
     }
     let mut st = LifetimeStats::default();

@@ -2,6 +2,7 @@
 //! sample with its time. Outputs render from it; `capture` stores it on disk.
 pub mod attribution;
 mod capture;
+mod leb128;
 pub mod lifecycle;
 mod lifetimes;
 mod model;
@@ -12,11 +13,11 @@ pub use capture::{
     BUDGET_FLOOR, CAPTURE_VERSION, CaptureError, END_SLACK_NS, MAGIC, MAX_EXPANSION,
     MAX_STACK_DEPTH, MAX_STRING_BYTES, decode, encode, read_file, write_file,
 };
-pub(crate) use capture::{Reader as VarintReader, Writer as VarintWriter};
+pub(crate) use leb128::{Reader as VarintReader, Writer as VarintWriter};
 pub use lifetimes::{LifetimeStats, lifetime_stats};
 pub use model::{
     Binary, Cgroup, Counters, Frame, FrameKind, Interner, Lifetime, Meta, NO_CPU, Process, Profile,
-    Sample, Stack, StrId,
+    Sample, Stack, StrId, UNKNOWN_FRAME,
 };
 #[cfg(test)]
 pub(crate) use timeline::tests::pattern_profile as timeline_pattern;

@@ -1,5 +1,5 @@
 //! In-memory profile: what every output and the capture file are made from.
-use std::collections::HashMap;
+use crate::util::Dense;
 
 /// Index into `Profile::strings`.
 pub type StrId = u32;
@@ -204,9 +204,22 @@ pub struct Profile {
     pub binaries: Vec<Binary>,
 }
 
+/// How a frame that could not be named reads, in the model and in every output (perf's
+/// spelling). The one place it is written: symbolize stores it, outputs show it for a frame
+/// with no name (`Profile::frame_name`).
+pub const UNKNOWN_FRAME: &str = "[unknown]";
+
 impl Profile {
     pub fn str(&self, id: StrId) -> &str {
         &self.strings[id as usize]
+    }
+
+    /// A frame's name for display: `UNKNOWN_FRAME` when it has none.
+    pub fn frame_name(&self, f: &Frame) -> &str {
+        match self.str(f.name) {
+            "" => UNKNOWN_FRAME,
+            name => name,
+        }
     }
 
     /// The frames of a stack, root first.
@@ -222,10 +235,10 @@ impl Profile {
 #[derive(Default)]
 pub struct Interner {
     profile: Profile,
-    strings: HashMap<String, StrId>,
-    frames: HashMap<Frame, u32>,
-    stacks: HashMap<Vec<u32>, u32>,
-    binaries: HashMap<Binary, u32>,
+    strings: Dense<String>,
+    frames: Dense<Frame>,
+    stacks: Dense<Vec<u32>>,
+    binaries: Dense<Binary>,
 }
 
 impl Interner {
@@ -243,37 +256,19 @@ impl Interner {
     }
 
     pub fn string(&mut self, s: &str) -> StrId {
-        if let Some(&id) = self.strings.get(s) {
-            return id;
-        }
-        let id = self.profile.strings.len() as StrId;
-        self.profile.strings.push(s.to_owned());
-        self.strings.insert(s.to_owned(), id);
-        id
+        self.strings.intern_ref(s) as StrId
     }
 
     pub fn frame(&mut self, frame: Frame) -> u32 {
-        let next = self.profile.frames.len() as u32;
-        *self.frames.entry(frame.clone()).or_insert_with(|| {
-            self.profile.frames.push(frame);
-            next
-        })
+        self.frames.intern(frame)
     }
 
     pub fn binary(&mut self, binary: Binary) -> u32 {
-        let next = self.profile.binaries.len() as u32;
-        *self.binaries.entry(binary.clone()).or_insert_with(|| {
-            self.profile.binaries.push(binary);
-            next
-        })
+        self.binaries.intern(binary)
     }
 
     pub fn stack(&mut self, frames: Vec<u32>) -> u32 {
-        let next = self.profile.stacks.len() as u32;
-        *self.stacks.entry(frames.clone()).or_insert_with(|| {
-            self.profile.stacks.push(Stack { frames });
-            next
-        })
+        self.stacks.intern(frames)
     }
 
     pub fn sample(&mut self, sample: Sample) {
@@ -297,6 +292,14 @@ impl Interner {
     }
 
     pub fn finish(self) -> Profile {
-        self.profile
+        Profile {
+            strings: self.strings.into_items(),
+            frames: self.frames.into_items(),
+            stacks: (self.stacks.into_items().into_iter())
+                .map(|frames| Stack { frames })
+                .collect(),
+            binaries: self.binaries.into_items(),
+            ..self.profile
+        }
     }
 }

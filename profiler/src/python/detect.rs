@@ -24,10 +24,10 @@ pub enum Refused {
     FreeThreaded,
     #[error("{0}: no _PyRuntime symbol (is the interpreter stripped of its dynamic symbols?)")]
     NoRuntime(String),
-    #[error("cannot read the interpreter {0}: {1}")]
-    File(String, io::Error),
-    #[error("cannot read the process's maps or memory ({0}): is it gone, or are we not root?")]
-    Memory(io::Error),
+    #[error("cannot read the interpreter {0}")]
+    File(String, #[source] io::Error),
+    #[error("cannot read the process's maps or memory (is it gone, or are we not root?)")]
+    Memory(#[source] io::Error),
     #[error("unexpected interpreter layout: {0}")]
     Layout(&'static str),
     #[error("unexpected interpreter layout: PyFrame_Type.{0} is at {1}, not {2}")]

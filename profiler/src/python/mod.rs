@@ -32,10 +32,10 @@ pub struct KernelFacts {
 /// Why the Python walk cannot run on this host at all (one line).
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
-    #[error("Python frames need the kernel's BTF (/sys/kernel/btf/vmlinux): {0}")]
-    Btf(std::io::Error),
-    #[error("Python frames need glibc's thread-specific data layout: {0}")]
-    Tsd(std::io::Error),
+    #[error("Python frames need the kernel's BTF (/sys/kernel/btf/vmlinux)")]
+    Btf(#[source] std::io::Error),
+    #[error("Python frames need glibc's thread-specific data layout")]
+    Tsd(#[source] std::io::Error),
 }
 
 impl KernelFacts {

@@ -182,7 +182,10 @@ impl Store {
                 "the disk is full: deleted the {deleted} oldest windows to keep the store under {} bytes until there is room again",
                 self.disk_cap.unwrap_or(0)
             ),
-            Err(e) => log::warn!("the disk is full and the store cannot free room yet: {e}"),
+            Err(e) => log::warn!(
+                "the disk is full and the store cannot free room yet: {}",
+                crate::util::chain(&e)
+            ),
         }
     }
 

@@ -34,9 +34,9 @@ const MAX_CACHED: usize = 100_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot use data dir {dir}: {source}")]
+    #[error("cannot use data dir {dir}")]
     DataDir { dir: String, source: std::io::Error },
-    #[error("store {path}: {source}")]
+    #[error("store {path}")]
     Sql {
         path: String,
         source: rusqlite::Error,

@@ -128,7 +128,7 @@ fn a_failed_transaction_leaves_no_cached_ids() {
     let e = s
         .write_window(&big)
         .expect_err("a window larger than the room left");
-    assert!(e.to_string().contains("full"), "{e}");
+    assert!(crate::util::chain(&e).contains("full"), "{e}");
     s.conn
         .execute_batch("PRAGMA max_page_count=1073741823")
         .unwrap();

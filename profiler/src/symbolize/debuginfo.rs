@@ -33,21 +33,15 @@ pub fn kernel_build_id() -> String {
         .map_or_else(String::new, |id| hex(&id))
 }
 
-/// The NT_GNU_BUILD_ID note among ELF notes (4-byte aligned name and descriptor).
-fn gnu_build_id(mut notes: &[u8]) -> Option<Vec<u8>> {
-    let word = |b: &[u8], at: usize| -> Option<usize> {
-        Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?) as usize)
-    };
-    let pad = |n: usize| n.div_ceil(4) * 4;
-    while notes.len() >= 12 {
-        let (namesz, descsz, kind) = (word(notes, 0)?, word(notes, 4)?, word(notes, 8)?);
-        let name = notes.get(12..12 + namesz)?;
-        let desc_at = 12 + pad(namesz);
-        let desc = notes.get(desc_at..desc_at + descsz)?;
-        if kind == 3 && name == b"GNU\0" {
-            return Some(desc.to_vec());
+/// The NT_GNU_BUILD_ID note among ELF notes (as /sys/kernel/notes holds them).
+fn gnu_build_id(notes: &[u8]) -> Option<Vec<u8>> {
+    use object::{NativeEndian, elf, read::elf::NoteIterator};
+    let mut notes =
+        NoteIterator::<elf::FileHeader64<NativeEndian>>::new(NativeEndian, 4, notes).ok()?;
+    while let Ok(Some(note)) = notes.next() {
+        if note.n_type(NativeEndian) == elf::NT_GNU_BUILD_ID && note.name() == elf::ELF_NOTE_GNU {
+            return Some(note.desc().to_vec());
         }
-        notes = notes.get(desc_at + pad(descsz)..)?;
     }
     None
 }
@@ -131,7 +125,7 @@ pub fn symbolize_from_debug_file(
 ) -> Vec<Option<String>> {
     // blazesym opens by path: the one of our handle, so it reads the file checked above.
     let debug = &fd_path(debug_file);
-    let Some(segments) = elf_head(binary).and_then(|b| load_segments(&b)) else {
+    let Some(segments) = File::open(binary).ok().and_then(|f| load_segments(&f)) else {
         return vec![None; offsets.len()];
     };
     let vaddrs: Vec<Option<u64>> = offsets
@@ -176,38 +170,28 @@ struct Segment {
     vaddr: u64,
 }
 
-/// The start of an ELF file, where its program headers are (right after the 64-byte ELF
-/// header in practice): reading the whole binary would cost its size in memory.
-fn elf_head(path: &Path) -> Option<Vec<u8>> {
-    use std::io::Read as _;
-    let mut head = Vec::new();
-    std::fs::File::open(path)
-        .ok()?
-        .take(64 << 10)
-        .read_to_end(&mut head)
-        .ok()?;
-    Some(head)
-}
-
-/// PT_LOAD segments of a 64-bit little-endian ELF file (the only kind we sample).
-fn load_segments(elf: &[u8]) -> Option<Vec<Segment>> {
-    if elf.get(..6)? != b"\x7fELF\x02\x01" {
+/// PT_LOAD segments of an ELF file (32- or 64-bit, either byte order; the program headers
+/// wherever they are), reading only the headers, not the whole binary.
+fn load_segments(file: &File) -> Option<Vec<Segment>> {
+    use object::{Object as _, ObjectSegment as _};
+    let cache = object::ReadCache::new(file);
+    let elf = object::File::parse(&cache).ok()?;
+    if elf.format() != object::BinaryFormat::Elf {
         return None;
     }
-    let u64_at = |at: usize| Some(u64::from_le_bytes(elf.get(at..at + 8)?.try_into().ok()?));
-    let u16_at = |at: usize| Some(u16::from_le_bytes(elf.get(at..at + 2)?.try_into().ok()?));
-    let (phoff, phentsize, phnum) = (u64_at(0x20)? as usize, u16_at(0x36)?, u16_at(0x38)?);
-    (0..usize::from(phnum))
-        .map(|i| phoff + i * usize::from(phentsize))
-        .filter(|&ph| elf.get(ph..ph + 4) == Some(&1u32.to_le_bytes()[..]))
-        .map(|ph| {
-            Some(Segment {
-                offset: u64_at(ph + 8)?,
-                vaddr: u64_at(ph + 16)?,
-                filesz: u64_at(ph + 32)?,
+    // object's segments of an ELF file are its PT_LOAD program headers.
+    Some(
+        elf.segments()
+            .map(|s| {
+                let (offset, filesz) = s.file_range();
+                Segment {
+                    offset,
+                    filesz,
+                    vaddr: s.address(),
+                }
             })
-        })
-        .collect()
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -234,9 +218,58 @@ mod tests {
 
     #[test]
     fn reads_our_own_load_segments() {
-        let exe = elf_head(Path::new("/proc/self/exe")).unwrap();
-        let segments = load_segments(&exe).unwrap();
+        let segments = load_segments(&File::open("/proc/self/exe").unwrap()).unwrap();
         assert!(segments.iter().any(|s| s.filesz > 0));
-        assert!(load_segments(b"not an elf").is_none());
+        let dir = std::env::temp_dir().join(format!("debuginfo-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let not_elf = dir.join("not-elf");
+        std::fs::write(&not_elf, b"not an elf").unwrap();
+        assert!(load_segments(&File::open(&not_elf).unwrap()).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A 64-bit ELF header whose one program header (PT_LOAD) sits at `phoff`.
+    fn elf64_with_phdr_at(phoff: usize) -> Vec<u8> {
+        let mut elf = vec![0u8; phoff + 56];
+        elf[..8].copy_from_slice(b"\x7fELF\x02\x01\x01\x00");
+        let put = |elf: &mut Vec<u8>, at: usize, bytes: &[u8]| {
+            elf[at..at + bytes.len()].copy_from_slice(bytes);
+        };
+        put(&mut elf, 0x10, &2u16.to_le_bytes()); // ET_EXEC
+        put(&mut elf, 0x12, &62u16.to_le_bytes()); // EM_X86_64
+        put(&mut elf, 0x14, &1u32.to_le_bytes()); // EV_CURRENT
+        put(&mut elf, 0x20, &(phoff as u64).to_le_bytes());
+        put(&mut elf, 0x34, &64u16.to_le_bytes()); // e_ehsize
+        put(&mut elf, 0x36, &56u16.to_le_bytes()); // e_phentsize
+        put(&mut elf, 0x38, &1u16.to_le_bytes()); // e_phnum
+        put(&mut elf, phoff, &1u32.to_le_bytes()); // PT_LOAD
+        put(&mut elf, phoff + 4, &5u32.to_le_bytes()); // R+X
+        put(&mut elf, phoff + 8, &0x1000u64.to_le_bytes()); // p_offset
+        put(&mut elf, phoff + 16, &0x40_1000u64.to_le_bytes()); // p_vaddr
+        put(&mut elf, phoff + 24, &0x40_1000u64.to_le_bytes()); // p_paddr
+        put(&mut elf, phoff + 32, &0x2000u64.to_le_bytes()); // p_filesz
+        put(&mut elf, phoff + 40, &0x2000u64.to_le_bytes()); // p_memsz
+        put(&mut elf, phoff + 48, &0x1000u64.to_le_bytes()); // p_align
+        elf
+    }
+
+    /// The hand parser read only the first 64 KiB and skipped program headers past it: the
+    /// binary's offsets then never became addresses, and its frames stayed unknown.
+    #[test]
+    fn program_headers_past_64_kib_are_read() {
+        let dir = std::env::temp_dir().join(format!("debuginfo-far-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for phoff in [64, 0x1_1000] {
+            let path = dir.join(format!("phoff-{phoff:x}"));
+            std::fs::write(&path, elf64_with_phdr_at(phoff)).unwrap();
+            let segments = load_segments(&File::open(&path).unwrap())
+                .unwrap_or_else(|| panic!("no segments with phoff {phoff:#x}"));
+            let got: Vec<(u64, u64, u64)> = segments
+                .iter()
+                .map(|s| (s.offset, s.filesz, s.vaddr))
+                .collect();
+            assert_eq!(got, [(0x1000, 0x2000, 0x40_1000)], "phoff {phoff:#x}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

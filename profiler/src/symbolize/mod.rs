@@ -13,7 +13,7 @@ pub use user::UserSymbolizer;
 
 use crate::{
     collect::{Collection, UserLoc},
-    profile::{Binary, Cgroup, Frame, FrameKind, Interner, Meta, Profile, Sample},
+    profile::{Binary, Cgroup, Frame, FrameKind, Interner, Meta, Profile, Sample, UNKNOWN_FRAME},
     python::merge::is_eval_loop,
 };
 
@@ -67,7 +67,7 @@ pub fn build_profile_cached(
     });
     let kstacks: Vec<Vec<u32>> = collection
         .kstacks
-        .stacks
+        .items()
         .iter()
         .map(|addrs| {
             addrs
@@ -88,7 +88,7 @@ pub fn build_profile_cached(
                         None if kernel.hidden() => {
                             (out.string("[kernel]"), kernel_module, kernel_binary)
                         }
-                        None => (out.string("[unknown]"), kernel_module, kernel_binary),
+                        None => (out.string(UNKNOWN_FRAME), kernel_module, kernel_binary),
                     };
                     out.frame(Frame {
                         name,
@@ -120,7 +120,7 @@ pub fn build_profile_cached(
     // Each frame with whether it is the eval loop (where Python frames go).
     let ustacks: Vec<Vec<(u32, bool)>> = collection
         .ustacks
-        .stacks
+        .items()
         .iter()
         .map(|(space, addrs)| {
             let mut frames = Vec::with_capacity(addrs.len());
@@ -156,11 +156,11 @@ pub fn build_profile_cached(
                         }
                     }
                     Some(UserLoc::Named(id)) => vec![(
-                        out.string(&collection.processes.names[id as usize]),
+                        out.string(&collection.processes.names[id]),
                         out.string(JIT_MODULE),
                         false,
                     )],
-                    _ => vec![(out.string("[unknown]"), 0, false)],
+                    _ => vec![(out.string(UNKNOWN_FRAME), 0, false)],
                 };
                 let (addr, binary) = match loc {
                     Some(UserLoc::File { file, offset }) => (offset, user_binaries[file as usize]),
@@ -247,7 +247,7 @@ fn python_stacks(collection: &Collection, out: &mut Interner) -> Vec<Vec<(u32, b
     };
     collection
         .pystacks
-        .stacks
+        .items()
         .iter()
         .map(|(pid, frames)| {
             frames

@@ -39,7 +39,10 @@ const RELOAD_INTERVAL: Duration = Duration::from_millis(50);
 /// Loads one process and mirrors the loader's stats.
 fn load(loader: &mut Loader, stats: &Mutex<LoaderStats>, pid: u32, mappings: &[MappingSpec]) {
     if let Err(e) = loader.load_process(pid, mappings) {
-        log::debug!("pid {pid}: cannot load its mappings for unwinding: {e}");
+        log::debug!(
+            "pid {pid}: cannot load its mappings for unwinding: {}",
+            crate::util::chain(&e)
+        );
     }
     if let Ok(mut s) = stats.lock() {
         *s = loader.stats;

@@ -395,7 +395,11 @@ impl Loader {
         let table = match compiled {
             Ok(t) => t,
             Err(e) => {
-                log::debug!("{}: no unwind table: {e}", path.display());
+                log::debug!(
+                    "{}: no unwind table: {}",
+                    path.display(),
+                    crate::util::chain(&e)
+                );
                 self.stats.binaries_fp += 1;
                 return Some(binary);
             }

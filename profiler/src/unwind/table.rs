@@ -42,9 +42,9 @@ impl Table {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    #[error("not an ELF file we can read: {0}")]
+    #[error("not an ELF file we can read")]
     Elf(#[from] object::Error),
-    #[error("malformed .eh_frame: {0}")]
+    #[error("malformed .eh_frame")]
     EhFrame(#[from] gimli::Error),
     #[error("code above 4 GiB (vaddr {0:#x}): tables hold 32-bit addresses")]
     TooHigh(u64),

@@ -47,20 +47,7 @@ fn bad_clock(text: &str) -> String {
 
 /// `2.5s`, `1500ms`, `1m`, `1h`, `3` (seconds) -> ns.
 fn parse_offset(t: &str) -> Option<u64> {
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num.parse().ok()?;
-    let scale = match unit {
-        "" | "s" => 1e9,
-        "ms" => 1e6,
-        "us" => 1e3,
-        "m" | "min" => 60e9,
-        "h" => 3600e9,
-        _ => return None,
-    };
-    let ns = (value * scale).round();
+    let ns = crate::util::duration_ns(t).ok()?.round();
     (0.0..1e19).contains(&ns).then_some(ns as u64)
 }
 

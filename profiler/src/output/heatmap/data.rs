@@ -12,12 +12,8 @@
 //!   stays at a much finer time resolution within the same bound.
 //! - `untimed_cols`: seconds of stored windows that kept counts but not times; their samples
 //!   are in none of the above, and the page marks those columns instead of drawing them.
-use std::{
-    collections::HashMap,
-    hash::{BuildHasherDefault, Hasher},
-};
-
 use crate::profile::{self, FrameKind, Profile, Span, SpanTooLong};
+use crate::util::{FxDense, FxMap};
 
 /// Most records embedded (~25 bytes of JSON each).
 pub const MAX_RECORDS: usize = 500_000;
@@ -110,40 +106,6 @@ impl Buckets {
     }
 }
 
-/// FxHash (rustc's): the keys are small integers we made, so no DoS concern, and SipHash
-/// would dominate a 23M-sample pass.
-#[derive(Default)]
-struct Fx(u64);
-
-impl Hasher for Fx {
-    fn write(&mut self, bytes: &[u8]) {
-        bytes.iter().for_each(|&b| self.write_u64(u64::from(b)));
-    }
-    fn write_u32(&mut self, i: u32) {
-        self.write_u64(u64::from(i));
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
-
-/// Interns `key` into a dense index, remembering first-seen order.
-fn dense<K: std::hash::Hash + Eq + Copy>(
-    map: &mut FxMap<K, u32>,
-    order: &mut Vec<K>,
-    key: K,
-) -> u32 {
-    *map.entry(key).or_insert_with(|| {
-        order.push(key);
-        order.len() as u32 - 1
-    })
-}
-
 /// Aggregates `profile` in one pass over its samples (plus re-keying when buckets coarsen).
 pub fn heatmap_data(profile: &Profile) -> Result<HeatmapData, SpanTooLong> {
     heatmap_data_bounded(profile, MAX_RECORDS)
@@ -166,7 +128,7 @@ pub fn heatmap_data_bounded(
     let mut grid = vec![0u64; cols * rows as usize];
     let mut cpu_busy = vec![0u64; cpus.len() * cols];
     let mut cpu_kernel = vec![0u64; cpus.len() * cols];
-    let (mut cg_ix, mut cg_order) = (FxMap::default(), Vec::new());
+    let mut cgroups = FxDense::default();
     let (mut per_cpu, mut all) = (Buckets::new(), Buckets::new());
     let mut untimed_samples = 0;
     for s in profile.samples.iter().filter(|s| !profile::is_idle(s)) {
@@ -180,7 +142,7 @@ pub fn heatmap_data_bounded(
         let at = cpu_ix[&s.cpu] * cols + col;
         cpu_busy[at] += 1;
         cpu_kernel[at] += u64::from(kernel_leaf[s.stack as usize]);
-        let cg = dense(&mut cg_ix, &mut cg_order, s.cgroup_id);
+        let cg = cgroups.intern(s.cgroup_id);
         let slices = grid.len();
         per_cpu.add(
             slice as u32,
@@ -191,16 +153,15 @@ pub fn heatmap_data_bounded(
         all.add(slice as u32, [s.comm, cg, s.stack, 0], max_records, slices);
     }
     // Only the comms, stacks and frames that appear are kept, renumbered densely.
-    let (mut comm_ix, mut comm_order) = (FxMap::default(), Vec::new());
-    let (mut st_ix, mut st_order) = (FxMap::default(), Vec::new());
-    let (mut fr_ix, mut fr_order) = (FxMap::default(), Vec::new());
+    let (mut comms, mut kept_stacks, mut kept_frames) =
+        (FxDense::default(), FxDense::default(), FxDense::default());
     let (bucket, all_bucket) = (per_cpu.bucket, all.bucket);
     let records = per_cpu
         .sorted()
         .into_iter()
         .map(|([b, cpu, comm, cg, st], n)| {
-            let comm = dense(&mut comm_ix, &mut comm_order, comm);
-            let st = dense(&mut st_ix, &mut st_order, st);
+            let comm = comms.intern(comm);
+            let st = kept_stacks.intern(st);
             let [b, cpu, comm, cg, st] = [b, cpu, comm, cg, st].map(u64::from);
             [b, cpu, comm, cg, st, n]
         })
@@ -211,26 +172,31 @@ pub fn heatmap_data_bounded(
         .into_iter()
         .map(|([b, comm, cg, st, _], n)| {
             let [b, cg] = [b, cg].map(u64::from);
-            let comm = u64::from(comm_ix[&comm]);
-            [b, comm, cg, u64::from(st_ix[&st]), n]
+            let interned = "interned with the per-CPU records";
+            let comm = u64::from(comms.id(&comm).expect(interned));
+            [
+                b,
+                comm,
+                cg,
+                u64::from(kept_stacks.id(&st).expect(interned)),
+                n,
+            ]
         })
         .collect();
-    let stacks = st_order
+    let stacks = kept_stacks
+        .items()
         .iter()
         .map(|&st| {
             let frames = &profile.stacks[st as usize].frames;
-            frames
-                .iter()
-                .map(|&f| dense(&mut fr_ix, &mut fr_order, f))
-                .collect()
+            frames.iter().map(|&f| kept_frames.intern(f)).collect()
         })
         .collect();
-    let frames = fr_order
+    let frames = kept_frames
+        .items()
         .iter()
         .map(|&f| {
             let f = &profile.frames[f as usize];
-            let name = profile.str(f.name);
-            let name = if name.is_empty() { "[unknown]" } else { name };
+            let name = profile.frame_name(f);
             (name.to_owned(), f.kind == FrameKind::Kernel)
         })
         .collect();
@@ -240,11 +206,12 @@ pub fn heatmap_data_bounded(
         frequency_hz: profile.meta.frequency_hz,
         start_unix_ms: profile.meta.start_unix_ns / 1_000_000,
         cpus,
-        comms: comm_order
+        comms: comms
+            .items()
             .iter()
             .map(|&c| profile.str(c).to_owned())
             .collect(),
-        cgroups: cg_order,
+        cgroups: cgroups.into_items(),
         frames,
         stacks,
         grid,

@@ -1,10 +1,15 @@
-//! `profiler lab` (hidden): the zombie-memcg and crash-loop labs behind `cargo xtask lab`.
-use std::path::PathBuf;
+//! `profiler-lab`: the zombie-memcg and crash-loop labs behind `cargo xtask lab` and the
+//! doctor tests, and the synthetic captures of `cargo xtask bench heatmap`. Test support:
+//! it forks, makes and removes cgroups and plays a fake kubelet, so it is not in the product.
+use std::{path::PathBuf, process::ExitCode};
 
-use crate::{lab, lab_crashloop, lab_synth};
+use clap::Parser as _;
+use profiler_tests::lab::{crashloop, synth, zombie};
 
-#[derive(Debug, clap::Subcommand)]
-pub enum LabCommand {
+/// Reproducible incidents for testing the doctor, and synthetic captures.
+#[derive(Debug, clap::Parser)]
+#[command(name = "profiler-lab", max_term_width = 100)]
+enum LabCommand {
     /// Leave N dying memory cgroups behind and start a `kubelet` poller (--cleanup undoes it).
     Zombie {
         /// How many dying memory cgroups to add.
@@ -23,7 +28,7 @@ pub enum LabCommand {
         #[arg(long)]
         cleanup: bool,
     },
-    /// The supervisor itself (started by `lab crashloop`).
+    /// The supervisor itself (started by `profiler-lab crashloop`).
     #[command(hide = true)]
     Supervisor {
         #[arg(long)]
@@ -43,7 +48,7 @@ pub enum LabCommand {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// The poller itself (started by `lab zombie`).
+    /// The poller itself (started by `profiler-lab zombie`).
     #[command(hide = true)]
     Poller {
         #[arg(long)]
@@ -51,10 +56,20 @@ pub enum LabCommand {
     },
 }
 
-pub fn run(cmd: LabCommand) -> anyhow::Result<()> {
+fn main() -> ExitCode {
+    match run(LabCommand::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("profiler-lab: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cmd: LabCommand) -> anyhow::Result<()> {
     match cmd {
         LabCommand::Zombie { cleanup: true, .. } => {
-            let r = lab::cleanup()?;
+            let r = zombie::cleanup()?;
             let baseline = r.baseline.map_or("unknown".to_owned(), |b| b.to_string());
             println!(
                 "memory num_cgroups: {} -> {} (baseline before the lab: {baseline})",
@@ -62,7 +77,7 @@ pub fn run(cmd: LabCommand) -> anyhow::Result<()> {
             );
         }
         LabCommand::Zombie { count, .. } => {
-            let r = lab::zombie(count)?;
+            let r = zombie::zombie(count)?;
             println!(
                 "memory num_cgroups: {} -> {} (+{} dying under {}); kubelet poller pid {}",
                 r.before,
@@ -72,25 +87,25 @@ pub fn run(cmd: LabCommand) -> anyhow::Result<()> {
                 r.poller_pid
             );
         }
-        LabCommand::Poller { parent } => lab::poller(&parent)?,
+        LabCommand::Poller { parent } => zombie::poller(&parent)?,
         LabCommand::Crashloop { cleanup: true, .. } => {
-            let r = lab_crashloop::cleanup()?;
+            let r = crashloop::cleanup()?;
             println!(
                 "supervisor stopped after {} starts; memory num_cgroups: {} -> {}",
                 r.starts, r.before, r.after
             );
         }
         LabCommand::Crashloop { restart_ms, .. } => {
-            let pid = lab_crashloop::crashloop(restart_ms)?;
+            let pid = crashloop::crashloop(restart_ms)?;
             println!(
                 "supervisor pid {pid} restarts {} every {restart_ms} ms in {}/{}; log: {}/log",
-                lab_crashloop::PROGRAM,
-                lab_crashloop::CRASHLOOP_CGROUP,
-                lab_crashloop::SERVICE,
-                lab_crashloop::CRASHLOOP_DIR
+                crashloop::PROGRAM,
+                crashloop::CRASHLOOP_CGROUP,
+                crashloop::SERVICE,
+                crashloop::CRASHLOOP_DIR
             );
         }
-        LabCommand::Supervisor { restart_ms } => lab_crashloop::supervisor(restart_ms)?,
+        LabCommand::Supervisor { restart_ms } => crashloop::supervisor(restart_ms)?,
         LabCommand::Synth {
             cpus,
             hz,
@@ -98,13 +113,13 @@ pub fn run(cmd: LabCommand) -> anyhow::Result<()> {
             seed,
             output,
         } => {
-            let spec = lab_synth::SynthSpec {
+            let spec = synth::SynthSpec {
                 cpus,
                 hz,
                 seconds,
                 seed,
             };
-            let r = lab_synth::synth(spec, &output)?;
+            let r = synth::synth(spec, &output)?;
             println!(
                 "wrote {}: {} samples ({} idle), {} stacks, {} processes",
                 output.display(),

@@ -2,21 +2,20 @@
 //! `supervisor` that, like a service manager with Restart=always, creates a v1 memory cgroup
 //! for its service, moves the child into it, runs `crashy-agent` (a shell script that writes
 //! page cache and exits with status 2), removes the cgroup and starts again. Every start and
-//! exit goes to a log the tests compare with what the doctor saw. `profiler lab crashloop`
+//! exit goes to a log the tests compare with what the doctor saw. `profiler-lab crashloop`
 //! (and `cargo xtask lab crashloop`) run it; `--cleanup` undoes it.
 use std::{
     ffi::CString,
     fs,
     io::Write as _,
-    os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
+    os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
 
-use crate::cgroups;
+use super::{force_empty, kill, memory_count, memory_parent, running, set_comm, spawn_detached};
 
 /// The lab's parent cgroup under the memory mount; the service's is `SERVICE` below it.
 pub const CRASHLOOP_CGROUP: &str = "profiler-crashloop";
@@ -34,7 +33,7 @@ const SUPERVISOR_MAX: Duration = Duration::from_secs(3600);
 /// The script: page cache charged to the service's memcg (so each removed cgroup stays
 /// dying), then a failure. `printf` is a shell builtin: no other process runs in the cgroup.
 const SCRIPT: &str = "#!/bin/sh\n\
-# crashy-agent: the failing service of `profiler lab crashloop`\n\
+# crashy-agent: the failing service of `profiler-lab crashloop`\n\
 printf '%16384s' '' > /var/tmp/profiler-crashloop/cache.$$\n\
 exit 2\n";
 
@@ -71,20 +70,16 @@ fn parse_line(line: &str) -> Option<LogLine> {
 }
 
 fn parent() -> anyhow::Result<PathBuf> {
-    let mount = cgroups::memory_mount()
-        .context("no v1 memory cgroup hierarchy is mounted; the lab needs one")?;
-    Ok(mount.join(CRASHLOOP_CGROUP))
+    memory_parent(CRASHLOOP_CGROUP)
 }
 
 fn pid_file() -> PathBuf {
     Path::new(CRASHLOOP_DIR).join("supervisor.pid")
 }
 
-/// The supervisor's pid if it runs (checked by comm, so a reused pid is never killed).
+/// The supervisor's pid if it runs.
 fn running_supervisor() -> Option<u32> {
-    let pid: u32 = fs::read_to_string(pid_file()).ok()?.trim().parse().ok()?;
-    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-    (comm.trim() == "supervisor").then_some(pid)
+    running(&pid_file(), "supervisor")
 }
 
 /// Starts the supervisor (in its own session: it outlives this command); returns its pid.
@@ -100,21 +95,12 @@ pub fn crashloop(restart_ms: u64) -> anyhow::Result<u32> {
     if !parent.exists() {
         fs::create_dir(&parent).with_context(|| format!("mkdir {}", parent.display()))?;
     }
-    let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["lab", "supervisor", "--restart-ms", &restart_ms.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: setsid is async-signal-safe; detaching keeps a terminal's Ctrl-C off the lab.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        })
-    };
-    let child = cmd.spawn().context("starting the supervisor")?;
-    fs::write(pid_file(), child.id().to_string())?;
-    Ok(child.id())
+    let restart_ms = restart_ms.to_string();
+    spawn_detached(
+        &["supervisor", "--restart-ms", &restart_ms],
+        &pid_file(),
+        "supervisor",
+    )
 }
 
 fn mono_ns() -> u64 {
@@ -129,16 +115,7 @@ fn mono_ns() -> u64 {
 
 /// The supervisor's body: names itself `supervisor` and restarts the program until killed.
 pub fn supervisor(restart_ms: u64) -> anyhow::Result<()> {
-    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
-    unsafe {
-        libc::prctl(
-            libc::PR_SET_NAME,
-            c"supervisor".as_ptr() as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    };
+    set_comm(c"supervisor");
     let service = parent()?.join(SERVICE);
     let script = CString::new(format!("{CRASHLOOP_DIR}/{PROGRAM}"))?;
     let argv = [script.as_ptr(), std::ptr::null()];
@@ -207,11 +184,9 @@ pub struct CleanupReport {
 
 /// Stops the supervisor, frees the page cache that pins the dying memcgs, removes the lab.
 pub fn cleanup() -> anyhow::Result<CleanupReport> {
-    let count = || cgroups::num_cgroups("memory").context("no memory line in /proc/cgroups");
-    let before = count()?;
+    let before = memory_count()?;
     if let Some(pid) = running_supervisor() {
-        // SAFETY: a signal to the process we started (checked by comm above).
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        kill(pid);
         // Its last child may still be running: give both a moment.
         let deadline = Instant::now() + Duration::from_secs(2);
         while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
@@ -230,10 +205,7 @@ pub fn cleanup() -> anyhow::Result<CleanupReport> {
     }
     let parent = parent()?;
     if parent.exists() {
-        let _ = fs::OpenOptions::new()
-            .write(true)
-            .open(parent.join("memory.force_empty"))
-            .and_then(|mut f| f.write_all(b"0"));
+        force_empty(&parent);
         let service = parent.join(SERVICE);
         if service.exists() {
             fs::remove_dir(&service).with_context(|| format!("rmdir {}", service.display()))?;
@@ -243,7 +215,7 @@ pub fn cleanup() -> anyhow::Result<CleanupReport> {
     Ok(CleanupReport {
         starts,
         before,
-        after: count()?,
+        after: memory_count()?,
     })
 }
 

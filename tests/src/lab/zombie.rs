@@ -1,20 +1,17 @@
 //! A reproducible zombie-memcg incident for the doctor to find, beside the pipeline: N v1
 //! memory cgroups that each charge a little page cache, removed while the cache is still
 //! charged (so they stay dying), and a poller named `kubelet` reading memory statistics in a
-//! loop, as kubelet's cAdvisor does. `profiler lab zombie` (and `cargo xtask lab zombie`) run
+//! loop, as kubelet's cAdvisor does. `profiler-lab zombie` (and `cargo xtask lab zombie`) run
 //! this; `--cleanup` undoes it. One implementation, used by the xtask and the tests.
 use std::{
     fs,
-    io::Write as _,
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
 
-use crate::cgroups;
+use super::{force_empty, kill, memory_count, memory_parent, running, set_comm, spawn_detached};
 
 /// Name of the lab's parent cgroup under the memory mount.
 pub const LAB_CGROUP: &str = "profiler-lab";
@@ -38,13 +35,7 @@ pub struct LabReport {
 
 /// The lab parent cgroup on this host.
 pub fn lab_parent() -> anyhow::Result<PathBuf> {
-    let mount = cgroups::memory_mount()
-        .context("no v1 memory cgroup hierarchy is mounted; the lab needs one")?;
-    Ok(mount.join(LAB_CGROUP))
-}
-
-fn memory_count() -> anyhow::Result<u64> {
-    cgroups::num_cgroups("memory").context("no memory line in /proc/cgroups")
+    memory_parent(LAB_CGROUP)
 }
 
 /// Creates `count` dying memory cgroups under the lab parent and starts the poller.
@@ -115,54 +106,25 @@ fn poller_pid_file() -> PathBuf {
     Path::new(LAB_DIR).join("poller.pid")
 }
 
-/// Starts `profiler lab poller` in its own session (it outlives this command).
+/// Starts `profiler-lab poller` (it outlives this command).
 fn start_poller(parent: &Path) -> anyhow::Result<u32> {
-    if let Some(pid) = running_poller() {
+    if let Some(pid) = running(&poller_pid_file(), "kubelet") {
         return Ok(pid);
     }
-    let exe = std::env::current_exe()?;
-    let mut cmd = Command::new(exe);
-    cmd.args(["lab", "poller", "--parent"])
-        .arg(parent)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: setsid is async-signal-safe; detaching keeps a terminal's Ctrl-C off the poller.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        })
-    };
-    let child = cmd.spawn().context("starting the poller")?;
-    fs::write(poller_pid_file(), child.id().to_string())?;
-    Ok(child.id())
-}
-
-/// The poller's pid if it runs (checked by comm, so a reused pid is never killed).
-fn running_poller() -> Option<u32> {
-    let pid: u32 = fs::read_to_string(poller_pid_file())
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-    (comm.trim() == "kubelet").then_some(pid)
+    let parent = parent
+        .to_str()
+        .context("the memory mount path is not UTF-8")?;
+    spawn_detached(
+        &["poller", "--parent", parent],
+        &poller_pid_file(),
+        "poller",
+    )
 }
 
 /// The poller's body: names itself `kubelet` and reads memory.stat and memory.numa_stat of
 /// the lab parent and the root until killed (or `POLLER_MAX`).
 pub fn poller(parent: &Path) -> anyhow::Result<()> {
-    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
-    unsafe {
-        libc::prctl(
-            libc::PR_SET_NAME,
-            c"kubelet".as_ptr() as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    };
+    set_comm(c"kubelet");
     let root = parent.parent().unwrap_or(parent).to_owned();
     let files: Vec<PathBuf> = [parent, root.as_path()]
         .iter()
@@ -193,9 +155,8 @@ pub struct CleanupReport {
 /// Stops the poller, frees the page cache that pins the dying cgroups, removes the parent.
 pub fn cleanup() -> anyhow::Result<CleanupReport> {
     let before = memory_count()?;
-    if let Some(pid) = running_poller() {
-        // SAFETY: a signal to the process we started (checked by comm above).
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    if let Some(pid) = running(&poller_pid_file(), "kubelet") {
+        kill(pid);
     }
     let baseline = fs::read_to_string(Path::new(LAB_DIR).join("baseline"))
         .ok()
@@ -206,10 +167,7 @@ pub fn cleanup() -> anyhow::Result<CleanupReport> {
     let parent = lab_parent()?;
     if parent.exists() {
         // Whatever cache is left (other files the lab processes touched) goes with it.
-        let _ = fs::OpenOptions::new()
-            .write(true)
-            .open(parent.join("memory.force_empty"))
-            .and_then(|mut f| f.write_all(b"0"));
+        force_empty(&parent);
         remove_tree(&parent)?;
     }
     // Freeing a memcg waits for RCU and workqueues: give it a moment to reach the baseline.

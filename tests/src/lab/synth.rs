@@ -1,4 +1,4 @@
-//! `profiler lab synth` (hidden): a synthetic capture of any size, for `cargo xtask bench
+//! `profiler-lab synth`: a synthetic capture of any size, for `cargo xtask bench
 //! heatmap` (an hour at 99 Hz on 64 CPUs is 22.8M samples). Deterministic (xorshift, fixed
 //! seed) and shaped like a busy server: a few hundred processes in a few dozen cgroups, a few
 //! thousand distinct stacks of depth 10-40 built from a shared frame pool (user frames from a
@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, ensure};
 
-use crate::profile::{
+use profiler::profile::{
     self, Binary, Cgroup, Counters, Frame, FrameKind, Interner, Meta, Process, Sample,
 };
 

@@ -1,0 +1,321 @@
+//! `doctor --json`: the findings and the verdict as one JSON object, for scripts and the
+//! tests. The schema is the structs below (serde derives it); docs/doctor.md describes it.
+//! Figures are rounded as the text shows them, so both renderings agree.
+use serde::Serialize;
+
+use super::{
+    Findings,
+    verdict::{CPU_SATURATED, Verdict, cpu_percent, creator},
+};
+use crate::profile::lifecycle::Program;
+
+/// The findings and the verdict as JSON (one object, one line).
+pub fn json(f: &Findings, v: &Verdict) -> String {
+    serde_json::to_string(&Report::new(f, v)).expect("plain data serializes")
+}
+
+/// `x` to `places` decimals (0.1 for shares, 0.001 for seconds).
+fn round(x: f64, places: i32) -> f64 {
+    let scale = 10f64.powi(places);
+    (x * scale).round() / scale
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    verdict: &'a str,
+    holder: Option<&'a str>,
+    problems: &'a [String],
+    remedies: &'a [String],
+    duration_s: f64,
+    samples: u64,
+    frequency_hz: u32,
+    kernel: &'a str,
+    controllers: Vec<Controller<'a>>,
+    v2_nr_dying_descendants: Option<u64>,
+    v2_memory: Option<V2MemoryJson<'a>>,
+    mem_cgroup_slab: Option<u64>,
+    percpu_kb: Option<u64>,
+    cache_holders: Vec<CacheHolder>,
+    churn: Vec<Churn<'a>>,
+    churn_error: Option<&'a str>,
+    programs: Vec<ProgramJson<'a>>,
+    crash_loops: usize,
+    attach_error: Option<&'a str>,
+    kernel_events: Vec<KernelEvent<'a>>,
+    kernel_log_error: Option<&'a str>,
+    cpus: Vec<Cpu>,
+    memcg: Vec<Memcg<'a>>,
+    memcg_functions_present: &'a [&'static str],
+    memcg_functions_absent: &'a [&'static str],
+}
+
+#[derive(Serialize)]
+struct Controller<'a> {
+    controller: &'a str,
+    mount: String,
+    num_cgroups: u64,
+    live: u64,
+    dying: u64,
+}
+
+#[derive(Serialize)]
+struct CacheHolder {
+    path: String,
+    total_cache_bytes: u64,
+    children_cache_bytes: u64,
+    unexplained_bytes: u64,
+    live_children: u64,
+}
+
+#[derive(Serialize)]
+struct Churn<'a> {
+    pid: u32,
+    comm: &'a str,
+    mkdirs: u64,
+    rmdirs: u64,
+    mkdirs_per_s: f64,
+    parents: Vec<PathCount<'a>>,
+}
+
+#[derive(Serialize)]
+struct PathCount<'a> {
+    path: &'a str,
+    events: u64,
+}
+
+#[derive(Serialize)]
+struct ProgramJson<'a> {
+    comm: &'a str,
+    exe: &'a str,
+    cgroup: &'a str,
+    starts: u64,
+    starts_per_min: f64,
+    failing_exits: u64,
+    failing_per_min: f64,
+    failing_status: Option<&'a str>,
+    exits: Vec<Exit<'a>>,
+    median_lifetime_ms: Option<f64>,
+    parents: Vec<Parent<'a>>,
+    crash_loop: bool,
+    creator: Option<Creator<'a>>,
+    /// The pids of its starts, only for a crash loop (bounded by the restarts a window holds).
+    pids: &'a [u32],
+}
+
+#[derive(Serialize)]
+struct Exit<'a> {
+    status: &'a str,
+    count: u64,
+}
+
+#[derive(Serialize)]
+struct Parent<'a> {
+    pid: u32,
+    comm: &'a str,
+    starts: u64,
+}
+
+#[derive(Serialize)]
+struct Creator<'a> {
+    pid: u32,
+    comm: &'a str,
+    mkdirs: u64,
+    rmdirs: u64,
+}
+
+#[derive(Serialize)]
+struct KernelEvent<'a> {
+    ts_us: u64,
+    offset_s: f64,
+    kind: &'a str,
+    message: &'a str,
+    timeline: &'a str,
+}
+
+/// cgroup2's dying memcgs per subtree; null when memory is not enabled on cgroup2.
+#[derive(Serialize)]
+struct V2MemoryJson<'a> {
+    mount: String,
+    dying: u64,
+    source: &'a str,
+    subtrees: Vec<Subtree>,
+    holder: Option<Subtree>,
+}
+
+#[derive(Serialize)]
+struct Subtree {
+    path: String,
+    dying: u64,
+    file_bytes: Option<u64>,
+}
+
+impl Subtree {
+    fn new(s: &crate::cgroups::MemorySubtree) -> Self {
+        Subtree {
+            path: s.path.display().to_string(),
+            dying: s.dying,
+            file_bytes: s.file_bytes,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Cpu {
+    cpu: u32,
+    busy_percent: f64,
+    saturated: bool,
+}
+
+#[derive(Serialize)]
+struct Memcg<'a> {
+    pid: u32,
+    comm: &'a str,
+    samples: u64,
+    memcg_samples: u64,
+    percent: f64,
+    cpu_percent: f64,
+    top_function: &'a str,
+    functions: Vec<Function<'a>>,
+}
+
+#[derive(Serialize)]
+struct Function<'a> {
+    function: &'a str,
+    samples: u64,
+}
+
+impl<'a> Report<'a> {
+    fn new(f: &'a Findings, v: &'a Verdict) -> Self {
+        let cg = &f.cgroups;
+        Report {
+            verdict: v.level.name(),
+            holder: v.holder.as_deref(),
+            problems: &v.problems,
+            remedies: &v.remedies,
+            duration_s: round(f.duration_s, 3),
+            samples: f.samples,
+            frequency_hz: f.frequency_hz,
+            kernel: &f.kernel,
+            controllers: (cg.controllers.iter())
+                .map(|c| Controller {
+                    controller: &c.controller,
+                    mount: c.mount.display().to_string(),
+                    num_cgroups: c.num_cgroups,
+                    live: c.live,
+                    dying: c.dying,
+                })
+                .collect(),
+            v2_nr_dying_descendants: cg.v2.as_ref().map(|p| p.1),
+            v2_memory: cg.v2_memory.as_ref().map(|m| V2MemoryJson {
+                mount: m.mount.display().to_string(),
+                dying: m.dying,
+                source: m.source,
+                subtrees: m.subtrees.iter().map(Subtree::new).collect(),
+                holder: m.holder.as_ref().map(Subtree::new),
+            }),
+            mem_cgroup_slab: cg.mem_cgroup_slab,
+            percpu_kb: cg.percpu_kb,
+            cache_holders: (cg.cache_holders.iter())
+                .map(|h| CacheHolder {
+                    path: h.path.display().to_string(),
+                    total_cache_bytes: h.total_cache,
+                    children_cache_bytes: h.children_cache,
+                    unexplained_bytes: h.unexplained(),
+                    live_children: h.live_children,
+                })
+                .collect(),
+            churn: (f.churn.iter())
+                .map(|c| Churn {
+                    pid: c.pid,
+                    comm: &c.comm,
+                    mkdirs: c.mkdirs,
+                    rmdirs: c.rmdirs,
+                    mkdirs_per_s: round(f.churn_rate(c), 3),
+                    parents: (c.parents.iter())
+                        .map(|(path, events)| PathCount {
+                            path,
+                            events: *events,
+                        })
+                        .collect(),
+                })
+                .collect(),
+            churn_error: f.churn_error.as_deref(),
+            programs: f.programs.iter().map(|p| ProgramJson::new(p, f)).collect(),
+            crash_loops: f.programs.iter().filter(|p| p.crash_loop).count(),
+            attach_error: f.attach_error.as_deref(),
+            kernel_events: (f.kernel_events.iter().zip(&f.timeline))
+                .map(|(e, line)| KernelEvent {
+                    ts_us: e.ts_us,
+                    offset_s: round(e.offset_s, 3),
+                    kind: e.kind,
+                    message: &e.message,
+                    timeline: line,
+                })
+                .collect(),
+            kernel_log_error: f.kernel_log_error.as_deref(),
+            cpus: (f.cpus.iter())
+                .map(|&(cpu, busy)| Cpu {
+                    cpu,
+                    busy_percent: round(busy, 1),
+                    saturated: busy >= CPU_SATURATED,
+                })
+                .collect(),
+            memcg: (f.memcg.iter())
+                .map(|s| Memcg {
+                    pid: s.pid,
+                    comm: &s.comm,
+                    samples: s.samples,
+                    memcg_samples: s.memcg_samples,
+                    percent: round(s.percent(), 1),
+                    cpu_percent: round(cpu_percent(s, f), 1),
+                    top_function: s.top_function(),
+                    functions: (s.functions.iter())
+                        .map(|(function, samples)| Function {
+                            function,
+                            samples: *samples,
+                        })
+                        .collect(),
+                })
+                .collect(),
+            memcg_functions_present: &f.memcg_present,
+            memcg_functions_absent: &f.memcg_absent,
+        }
+    }
+}
+
+impl<'a> ProgramJson<'a> {
+    fn new(p: &'a Program, f: &'a Findings) -> Self {
+        ProgramJson {
+            comm: &p.comm,
+            exe: &p.exe,
+            cgroup: &p.cgroup,
+            starts: p.starts(),
+            starts_per_min: round(p.starts_per_min, 2),
+            failing_exits: p.failing,
+            failing_per_min: round(p.failing_per_min, 2),
+            failing_status: p.failing_status(),
+            exits: (p.exits.iter())
+                .map(|(status, count)| Exit {
+                    status,
+                    count: *count,
+                })
+                .collect(),
+            median_lifetime_ms: p.median_lifetime_ns.map(|ns| round(ns as f64 / 1e6, 3)),
+            parents: (p.parents.iter())
+                .map(|(pid, comm, starts)| Parent {
+                    pid: *pid,
+                    comm,
+                    starts: *starts,
+                })
+                .collect(),
+            crash_loop: p.crash_loop,
+            creator: creator(p, &f.churn).map(|c| Creator {
+                pid: c.pid,
+                comm: &c.comm,
+                mkdirs: c.mkdirs,
+                rmdirs: c.rmdirs,
+            }),
+            pids: if p.crash_loop { &p.pids } else { &[] },
+        }
+    }
+}
