@@ -41,7 +41,7 @@ pub fn unwind(seconds: u64, debug: bool, profile_bee: bool) -> Result<()> {
     let (bin, out_dir) = prepare_build(
         Extras {
             bench: true,
-            no_profile_bee: !profile_bee,
+            profile_bee,
             ..Extras::default()
         },
         !debug,

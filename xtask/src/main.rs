@@ -162,7 +162,7 @@ fn dispatch(task: Task) -> Result<ExitCode> {
             let failed = setup::setup(setup::Extras {
                 tests,
                 bench,
-                ..Default::default()
+                profile_bee: bench,
             })?;
             if !failed.is_empty() {
                 // Building needs no privileges, so setup itself succeeds; run/test/bench refuse.

@@ -21,9 +21,9 @@ pub struct Extras {
     pub tests: bool,
     /// bpftrace and perf, the peers the benchmarks compare with.
     pub bench: bool,
-    /// With `bench`: leave profile-bee out (a long cargo install; `bench unwind
-    /// --no-profile-bee`).
-    pub no_profile_bee: bool,
+    /// profile-bee, the peer only `bench unwind` runs (a cargo install of ~40 minutes here,
+    /// so the other benchmarks do not wait for it; `setup --bench` installs it too).
+    pub profile_bee: bool,
 }
 
 /// Installs what is missing and checks the host; returns the failed host checks, each with its fix.
@@ -74,7 +74,7 @@ pub fn setup(extras: Extras) -> Result<Vec<String>> {
     if extras.bench {
         ensure_py_spy()?;
     }
-    if extras.bench && !extras.no_profile_bee {
+    if extras.profile_bee {
         ensure_profile_bee()?;
     }
     if extras.tests {
