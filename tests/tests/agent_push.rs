@@ -185,7 +185,7 @@ fn push_survives_a_receiver_restart() {
 }
 
 /// Every body is a pprof profile `go tool pprof` reads, with samples; together they show the
-/// fixture's call chain.
+/// fixture's call chain. `all` is in time order.
 fn check_bodies(dir: &TempDir, all: &[Pushed]) {
     let Some(go) = tool("go", "golang-go") else {
         return;
@@ -196,8 +196,12 @@ fn check_bodies(dir: &TempDir, all: &[Pushed]) {
         std::fs::write(&file, p.body.as_slice()).unwrap();
         let raw = go_tool_pprof(&go, dir.path(), &["-raw", &file]);
         let samples: u64 = pprof_raw_counts(&raw).iter().sum();
+        // The window cut at stop runs from the last boundary to the stop: it can be a few
+        // milliseconds long (12 ms in one CI run), too short for a 19 Hz sample. Every other
+        // window is a whole second of a fixture that never sleeps.
+        let cut_at_stop = i + 1 == all.len();
         assert!(
-            samples > 0,
+            samples > 0 || cut_at_stop,
             "window {p:?} has no samples:\n{}",
             head(&raw, 20)
         );
