@@ -4,19 +4,46 @@
 //! -> `output` (folded, SVG). `record` runs that pipeline once; `cli` holds the subcommands
 //! the binary exposes.
 
-pub mod agent;
-pub mod bpf;
+// The binary (main.rs) needs only clap and this library; every dependency is the library's.
+#![warn(unused_crate_dependencies)]
+
+pub(crate) mod agent;
+pub(crate) mod bpf;
 pub mod cgroups;
 pub mod cli;
-pub mod collect;
-pub mod doctor;
-pub mod http;
-pub mod output;
+pub(crate) mod collect;
+pub(crate) mod doctor;
+pub(crate) mod http;
+pub(crate) mod output;
 pub mod profile;
-pub mod python;
-pub mod record;
-pub mod session;
+pub(crate) mod python;
+pub(crate) mod record;
+pub(crate) mod session;
 pub mod store;
-pub mod symbolize;
+pub(crate) mod symbolize;
 pub mod unwind;
-pub mod util;
+pub(crate) mod util;
+
+/// The parsers of bytes the profiler does not control, and the renderers fed from what they
+/// accept: the surface `tests/fuzz.rs` drives (everything else in the crate is `pub(crate)`).
+/// Not an API for other programs.
+#[doc(hidden)]
+pub mod untrusted {
+    pub use crate::agent::config::{AgentConfig, FileConfig};
+    pub use crate::http::parse_request;
+    pub use crate::symbolize::KernelSymbols;
+
+    /// Perf maps and /proc/PID/status.
+    pub mod collect {
+        pub use crate::collect::{PerfMap, ns_pid};
+    }
+
+    /// What `report` renders from a capture, and `diff`'s folded input.
+    pub mod output {
+        pub use crate::output::{folded_lines, heatmap_data, write_perf_text, write_pprof};
+
+        pub mod diff {
+            pub use crate::output::diff::{parse_folded, top_changes, write_diff_svg};
+        }
+    }
+}

@@ -1,4 +1,4 @@
-//! The `profiler` binary: parse the command line, set up logging, call the library.
+//! The `profiler` binary: parse the command line, call the library (which sets up logging).
 use clap::Parser as _;
 use profiler::cli::{self, Cli};
 
@@ -13,14 +13,6 @@ fn main() {
         }
         Err(e) => e.exit(), // --help, --version
     };
-    let level = match cli.verbose {
-        0 => "warn",
-        1 => "info",
-        _ => "debug",
-    };
-    // inferno warns on every folded line it cannot parse; our inputs are checked before.
-    let filter = format!("{level},inferno=error");
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(filter)).init();
     if let Err(e) = cli::run(cli) {
         // `{:#}`: the error and its causes, `: `-separated. Each error names only its own
         // step and leaves its cause to `source()`, so nothing is said twice.

@@ -16,7 +16,7 @@ use crate::{
 
 /// What to record.
 #[derive(Clone, Debug)]
-pub struct RecordConfig {
+pub(crate) struct RecordConfig {
     /// What to sample and how; `kernel_record_bytes` as `KERNEL_RECORD_BYTES` says.
     pub session: SessionConfig,
     /// How long; Ctrl-C or SIGTERM stop earlier.
@@ -26,7 +26,7 @@ pub struct RecordConfig {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum RecordError {
+pub(crate) enum RecordError {
     #[error("cannot start sampling")]
     Sampler(#[from] BpfError),
     #[error("reading samples failed")]
@@ -37,7 +37,7 @@ pub enum RecordError {
 
 /// What a recording tells its front end as it goes; the CLI prints it (`cli::record`).
 #[derive(Debug)]
-pub enum Progress<'a> {
+pub(crate) enum Progress<'a> {
     /// The sampler is loading (the verifier takes a while); signals are caught already.
     Loading,
     /// Something the session noticed while it started.
@@ -65,7 +65,7 @@ pub enum Progress<'a> {
 
 /// How a recording went, besides its profile.
 #[derive(Clone, Debug, Default)]
-pub struct RecordReport {
+pub(crate) struct RecordReport {
     pub counters: Counters,
     pub duration_ns: u64,
     /// kernel.kptr_restrict hides kernel addresses: kernel frames show as [kernel].
@@ -75,7 +75,7 @@ pub struct RecordReport {
 
 /// Records on a runtime of its own; blocks until done. Ctrl-C and SIGTERM are caught from the
 /// start, before the BPF programs load: a signal then still ends in written outputs.
-pub fn record_blocking(
+pub(crate) fn record_blocking(
     config: &RecordConfig,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Profile, RecordError> {
@@ -90,7 +90,7 @@ pub fn record_blocking(
 }
 
 /// Records until `stop` completes.
-pub async fn record(
+pub(crate) async fn record(
     config: &RecordConfig,
     stop: impl Future<Output = Stop>,
     progress: &mut dyn FnMut(Progress<'_>),
@@ -143,11 +143,11 @@ pub async fn record(
 
 /// Bytes of ring per CPU for the kernel's process records. `record` drains every 100 ms:
 /// 512 KiB holds thousands of execs per CPU in that time.
-pub const KERNEL_RECORD_BYTES: usize = 512 << 10;
+pub(crate) const KERNEL_RECORD_BYTES: usize = 512 << 10;
 
 /// SIGINT and SIGTERM handlers, installed when this is made: a signal that arrives before
 /// anyone waits (while BPF loads) is kept and ends the wait at once.
-pub struct StopSignals {
+pub(crate) struct StopSignals {
     interrupt: Option<Signal>,
     terminate: Option<Signal>,
 }
@@ -155,7 +155,7 @@ pub struct StopSignals {
 impl StopSignals {
     /// Installs the handlers; needs a tokio runtime. A handler that cannot be installed
     /// (never seen on Linux) leaves that signal's default action.
-    pub fn install() -> Self {
+    pub(crate) fn install() -> Self {
         Self {
             interrupt: signal(SignalKind::interrupt()).ok(),
             terminate: signal(SignalKind::terminate()).ok(),
@@ -164,7 +164,7 @@ impl StopSignals {
 
     /// Completes `duration` after its first poll (when sampling starts), or at a signal
     /// received since `install`; says which.
-    pub async fn until(mut self, duration: Duration) -> Stop {
+    pub(crate) async fn until(mut self, duration: Duration) -> Stop {
         tokio::select! {
             () = tokio::time::sleep(duration) => Stop::Elapsed,
             () = recv(self.interrupt.as_mut()) => Stop::Interrupted,
@@ -175,7 +175,7 @@ impl StopSignals {
 
 /// What ended a recording.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stop {
+pub(crate) enum Stop {
     /// Its duration passed (or the caller's own stop completed).
     Elapsed,
     /// SIGINT (Ctrl-C).

@@ -24,7 +24,7 @@ use crate::{
 
 /// What to sample and how.
 #[derive(Clone, Debug)]
-pub struct SessionConfig {
+pub(crate) struct SessionConfig {
     pub event: Event,
     /// Samples per second per CPU.
     pub frequency_hz: u32,
@@ -50,7 +50,7 @@ pub struct SessionConfig {
 
 /// What a session tells its front end while it starts; the front end decides how to show it.
 #[derive(Clone, Debug)]
-pub enum Notice {
+pub(crate) enum Notice {
     /// One `--cgroup` target and whether it is filtered in the kernel.
     CgroupFilter {
         target: CgroupTarget,
@@ -62,7 +62,7 @@ pub enum Notice {
 
 /// One cut of the recording: the samples and stacks of a span of time, with the process
 /// facts and metadata to symbolize them anywhere.
-pub struct Window {
+pub(crate) struct Window {
     pub collection: Collection,
     pub meta: Meta,
     /// Changes when the session's process table starts afresh: a `NameCache` kept across
@@ -72,7 +72,7 @@ pub struct Window {
 
 impl Window {
     /// Names every frame: the profile of this window.
-    pub fn symbolize(
+    pub(crate) fn symbolize(
         &self,
         kernel: &KernelSymbols,
         user: &UserSymbolizer,
@@ -84,7 +84,7 @@ impl Window {
 
 /// How the unwinder and the Python walk did over a whole recording (`Session::finish`).
 #[derive(Clone, Debug, Default)]
-pub struct SessionReport {
+pub(crate) struct SessionReport {
     /// Table loader figures, when stacks were walked by table.
     pub unwind: Option<LoaderStats>,
     /// Samples whose user stack a table walk cut short, by `unwind::reason`.
@@ -97,7 +97,7 @@ pub struct SessionReport {
 
 /// See `SessionReport::python`.
 #[derive(Clone, Debug, Default)]
-pub struct PythonReport {
+pub(crate) struct PythonReport {
     pub registered: u64,
     /// Walked, truncated, unreadable, without thread state (the kernel's counters).
     pub kernel: [u64; profiler_common::python::counter::COUNT as usize],
@@ -114,7 +114,7 @@ const MAX_FILES: usize = 2048;
 const MAX_LOCS: usize = 1_000_000;
 
 /// A sampler attached on every CPU and what it collected since the last cut.
-pub struct Session {
+pub(crate) struct Session {
     sampler: Sampler,
     ring: AsyncFd<RingBuf<MapData>>,
     collection: Collection,
@@ -134,7 +134,7 @@ pub struct Session {
 impl Session {
     /// Loads and attaches the sampler. Needs CAP_BPF + CAP_PERFMON (or root), and enough
     /// open files for a perf event per CPU (the front end raises the limit).
-    pub fn start(
+    pub(crate) fn start(
         config: &SessionConfig,
         notice: &mut dyn FnMut(Notice),
     ) -> Result<Self, RecordError> {
@@ -215,23 +215,18 @@ impl Session {
     }
 
     /// The CPUs sampled.
-    pub fn cpus(&self) -> &[u32] {
+    pub(crate) fn cpus(&self) -> &[u32] {
         &self.sampler.cpus
     }
 
-    /// Samples per second per CPU.
-    pub fn frequency_hz(&self) -> u32 {
-        self.frequency_hz
-    }
-
     /// Monotonic start of the current window, ns.
-    pub fn window_start_mono_ns(&self) -> u64 {
+    pub(crate) fn window_start_mono_ns(&self) -> u64 {
         self.start_mono_ns
     }
 
     /// Drains the ring buffer as samples arrive until `stop` completes, resolving new
     /// addresses every `tick` and then calling `on_tick` with what was collected so far.
-    pub async fn run_until(
+    pub(crate) async fn run_until(
         &mut self,
         stop: impl Future<Output = ()>,
         tick: Duration,
@@ -248,11 +243,11 @@ impl Session {
     /// for the next window; those of exited processes go, so memory follows the number of
     /// live processes, not the pid churn.
     /// Table loader figures now, when stacks are walked by table.
-    pub fn unwind_stats(&self) -> Option<crate::unwind::LoaderStats> {
+    pub(crate) fn unwind_stats(&self) -> Option<crate::unwind::LoaderStats> {
         self.loader.as_ref().map(|l| l.stats())
     }
 
-    pub async fn cut(&mut self) -> Result<Window, RecordError> {
+    pub(crate) async fn cut(&mut self) -> Result<Window, RecordError> {
         self.settle().await?;
         let (meta, _) = self.meta()?;
         let collection = self.collection.cut();
@@ -268,7 +263,7 @@ impl Session {
 
     /// The samples since `since_mono_ns` as a window of their own, leaving the current
     /// window as it is: a profile of part of it, from the running sampler.
-    pub async fn copy_since(&mut self, since_mono_ns: u64) -> Result<Window, RecordError> {
+    pub(crate) async fn copy_since(&mut self, since_mono_ns: u64) -> Result<Window, RecordError> {
         self.settle().await?;
         let collection = self.collection.copy_since(since_mono_ns);
         let now_mono = util::monotonic_ns();
@@ -298,7 +293,7 @@ impl Session {
 
     /// Detaches the sampler and returns everything since the last cut (for `record`, the
     /// whole recording), with how the unwinder and the Python walk did.
-    pub async fn finish(mut self) -> Result<(Window, SessionReport), RecordError> {
+    pub(crate) async fn finish(mut self) -> Result<(Window, SessionReport), RecordError> {
         self.sampler.detach();
         self.settle().await?;
         let (meta, _) = self.meta()?;
@@ -426,7 +421,7 @@ fn prune(live: &mut ProcessTable) -> bool {
 }
 
 /// Wall-clock now, ns since the Unix epoch.
-pub fn unix_now_ns() -> u64 {
+pub(crate) fn unix_now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)

@@ -2,12 +2,12 @@
 
 mod dense;
 
-pub use dense::{Dense, FxDense, FxHasher, FxMap};
+pub(crate) use dense::{Dense, FxDense, FxMap};
 
 /// An error and its causes on one line, `: `-separated, for logs and HTTP bodies (the CLI
 /// prints anyhow's `{:#}`, the same). The crate's errors name only their own step and give
 /// their cause through `source()`, so no cause is repeated.
-pub fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut line = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
@@ -19,7 +19,7 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// A kernel comm (NUL padded, not always UTF-8) as a string.
-pub fn comm_str(raw: &[u8]) -> String {
+pub(crate) fn comm_str(raw: &[u8]) -> String {
     let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
@@ -27,7 +27,7 @@ pub fn comm_str(raw: &[u8]) -> String {
 /// Opens a file a user named for reading, refusing anything but a regular file: a FIFO would
 /// block forever and a device (`/dev/zero`) never ends. Opened non-blocking, so even a FIFO
 /// nobody writes returns at once; for a regular file the flag changes nothing.
-pub fn open_regular(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+pub(crate) fn open_regular(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -51,7 +51,7 @@ pub fn open_regular(path: &std::path::Path) -> std::io::Result<std::fs::File> {
 
 /// Reads a user-named regular file (see `open_regular`) of at most `max` bytes; a longer one
 /// is an error naming the bound, not a slow exhaustion of memory.
-pub fn read_regular(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_regular(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read as _;
     let mut bytes = Vec::new();
     open_regular(path)?.take(max + 1).read_to_end(&mut bytes)?;
@@ -71,7 +71,7 @@ pub fn read_regular(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>
 /// `write` succeeded and the data is on disk: an error (or a crash) leaves the old file as it
 /// was, never half a file. A path that exists and is not a regular file (`/dev/stdout`, a
 /// FIFO) is written in place: renaming over it would replace the device.
-pub fn write_atomic(
+pub(crate) fn write_atomic(
     path: &std::path::Path,
     write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
@@ -103,7 +103,7 @@ fn temporary_name(path: &std::path::Path) -> std::path::PathBuf {
 
 /// Fails now if `write_atomic(path, ..)` could not write later: an existing file must be
 /// writable, and its directory must take the temporary file. Leaves everything as it was.
-pub fn check_atomic_writable(path: &std::path::Path) -> std::io::Result<()> {
+pub(crate) fn check_atomic_writable(path: &std::path::Path) -> std::io::Result<()> {
     let existing = std::fs::metadata(path).ok();
     if existing.is_some() {
         std::fs::OpenOptions::new().write(true).open(path)?;
@@ -117,7 +117,7 @@ pub fn check_atomic_writable(path: &std::path::Path) -> std::io::Result<()> {
 }
 
 /// Parses a duration: `10s`, `500ms`, `2m`, `1h`, `7d`, or a bare number of seconds (`1.5`).
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let ns = duration_ns(text)?;
     if !(0.5..1e18).contains(&ns) {
         return Err(format!("`{text}` must be a positive duration"));
@@ -127,7 +127,7 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
 
 /// A duration in ns, unchecked beyond its syntax: `parse_duration` and the offsets of
 /// `report --from/--to` (where 0 is valid) share it. Units: us, ms, s (or none), m, min, h, d.
-pub fn duration_ns(text: &str) -> Result<f64, String> {
+pub(crate) fn duration_ns(text: &str) -> Result<f64, String> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -153,7 +153,7 @@ pub fn duration_ns(text: &str) -> Result<f64, String> {
 }
 
 /// CLOCK_MONOTONIC now, ns: the clock of `bpf_ktime_get_ns`, which stamps every sample.
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -165,7 +165,7 @@ pub fn monotonic_ns() -> u64 {
 
 /// Raises the soft open-file limit to the hard one: the collector keeps mapped binaries open
 /// (see collect::process) and the default soft limit (1024) is low for a busy host.
-pub fn raise_fd_limit() {
+pub(crate) fn raise_fd_limit() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

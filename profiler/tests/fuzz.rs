@@ -13,11 +13,12 @@ use std::io::Write as _;
 
 use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 use profiler::{
-    agent::{AgentConfig, config::FileConfig},
-    cgroups, collect,
-    output::{self, diff},
+    cgroups,
     profile::{self, BUDGET_FLOOR, MAX_EXPANSION},
-    symbolize::KernelSymbols,
+    untrusted::{
+        AgentConfig, FileConfig, KernelSymbols, collect,
+        output::{self, diff},
+    },
 };
 
 use fuzz_harness::{fuzz, linear, measured, one_line};
@@ -289,7 +290,7 @@ fn http_request_head() {
             b"POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
         ],
         |bytes| {
-            match profiler::http::parse_request(bytes) {
+            match profiler::untrusted::parse_request(bytes) {
                 // Invalid UTF-8 becomes U+FFFD: 3 bytes for 1.
                 Ok(r) => assert!(r.path.len() <= 3 * bytes.len() && r.query.len() <= bytes.len()),
                 Err(resp) => {

@@ -37,7 +37,7 @@ struct Run {
     rss: Vec<(u64, u64)>,
 }
 
-pub fn agent(seconds: u64) -> Result<()> {
+pub(crate) fn agent(seconds: u64) -> Result<()> {
     let (bin, out_dir) = prepare(Extras {
         bench: true,
         ..Extras::default()

@@ -25,7 +25,7 @@ const BROWSER_RUNS: usize = 3;
 /// What the page writes into `#summary` once it has drawn the heat map.
 const RENDERED: &str = "busy samples shown";
 
-pub struct Options {
+pub(crate) struct Options {
     pub hours: f64,
     pub cpus: u32,
     pub hz: u32,
@@ -33,7 +33,7 @@ pub struct Options {
     pub seconds: u64,
 }
 
-pub fn heatmap(opts: &Options) -> Result<()> {
+pub(crate) fn heatmap(opts: &Options) -> Result<()> {
     let (bin, out_dir) = prepare(Extras {
         tests: true, // chromium
         ..Extras::default()

@@ -30,7 +30,7 @@ const ROUNDS: u32 = 2;
 /// Time allowed after a run's duration for start-up and writing outputs.
 const EXIT_GRACE: Duration = Duration::from_secs(60);
 
-pub fn kernel_cost(seconds: u64, frequency: u64) -> Result<()> {
+pub(crate) fn kernel_cost(seconds: u64, frequency: u64) -> Result<()> {
     let (bin, out_dir) = prepare(Extras {
         bench: true,
         ..Extras::default()

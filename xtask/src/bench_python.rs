@@ -35,7 +35,7 @@ const READ_BEFORE_END: u64 = 2;
 const STEADY_FROM: u64 = 3;
 const EXIT_GRACE: Duration = Duration::from_secs(60);
 
-pub fn python(seconds: u64) -> Result<()> {
+pub(crate) fn python(seconds: u64) -> Result<()> {
     let (bin, out_dir) = prepare(Extras {
         bench: true,
         ..Extras::default()

@@ -19,13 +19,13 @@ use crate::{
 
 /// What every benchmark starts with: its set-up extras installed, the release binary built,
 /// and target/bench (where results go) made. Returns (binary, target/bench).
-pub fn prepare(extras: Extras) -> Result<(PathBuf, PathBuf)> {
+pub(crate) fn prepare(extras: Extras) -> Result<(PathBuf, PathBuf)> {
     prepare_build(extras, true)
 }
 
 /// `prepare` with the debug build when `release` is false (quicker to build on a busy host;
 /// the BPF programs are the same).
-pub fn prepare_build(extras: Extras, release: bool) -> Result<(PathBuf, PathBuf)> {
+pub(crate) fn prepare_build(extras: Extras, release: bool) -> Result<(PathBuf, PathBuf)> {
     setup::require(extras)?;
     let bin = run::build(release)?;
     let out_dir = util::target_dir().join("bench");
@@ -43,7 +43,7 @@ extern "C" fn on_sigint(_: libc::c_int) {
 
 /// Catches Ctrl-C so the guards below can restore bpf_stats_enabled and stop the load; the
 /// children get the signal too and stop, and `sleep` turns it into an error.
-pub fn catch_ctrl_c() {
+pub(crate) fn catch_ctrl_c() {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(
@@ -54,7 +54,7 @@ pub fn catch_ctrl_c() {
 }
 
 /// Sleeps, returning early with an error on Ctrl-C.
-pub fn sleep(duration: Duration) -> Result<()> {
+pub(crate) fn sleep(duration: Duration) -> Result<()> {
     let end = Instant::now() + duration;
     while Instant::now() < end {
         ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted by Ctrl-C");
@@ -64,7 +64,7 @@ pub fn sleep(duration: Duration) -> Result<()> {
 }
 
 /// CPU time (user + system) a live process has used so far, seconds, from /proc/PID/stat.
-pub fn process_cpu_seconds(pid: u32) -> Result<f64> {
+pub(crate) fn process_cpu_seconds(pid: u32) -> Result<f64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("process {pid} is not running"))?;
     // Fields after the comm, which may hold spaces but ends at the last ')'.
@@ -82,7 +82,7 @@ pub fn process_cpu_seconds(pid: u32) -> Result<f64> {
     Ok((ticks(11) + ticks(12)) as f64 / hz)
 }
 
-pub fn children_cpu_seconds() -> f64 {
+pub(crate) fn children_cpu_seconds() -> f64 {
     // SAFETY: an all-zero rusage is valid, and getrusage only fills it in.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: usage is a valid rusage for the kernel to fill in.
@@ -92,17 +92,17 @@ pub fn children_cpu_seconds() -> f64 {
 }
 
 /// A child process that is killed when dropped, so an error never leaves load or a profiler behind.
-pub struct Proc {
+pub(crate) struct Proc {
     name: String,
     child: Child,
 }
 
 impl Proc {
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    pub fn spawn(cmd: &mut Command) -> Result<Self> {
+    pub(crate) fn spawn(cmd: &mut Command) -> Result<Self> {
         let name = util::display(cmd);
         let child = cmd
             .stdin(Stdio::null())
@@ -112,7 +112,7 @@ impl Proc {
         Ok(Self { name, child })
     }
 
-    pub fn wait(&mut self, limit: Duration) -> Result<ExitStatus> {
+    pub(crate) fn wait(&mut self, limit: Duration) -> Result<ExitStatus> {
         let end = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait()? {
@@ -129,12 +129,12 @@ impl Proc {
     }
 
     /// Asks the child to stop as Ctrl-C would.
-    pub fn interrupt(&self) {
+    pub(crate) fn interrupt(&self) {
         // SAFETY: the child is not reaped yet (we own it), so its pid still names it.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
     }
 
-    pub fn wait_success(&mut self, limit: Duration) -> Result<()> {
+    pub(crate) fn wait_success(&mut self, limit: Duration) -> Result<()> {
         let status = self.wait(limit)?;
         ensure!(
             status.success(),
@@ -154,12 +154,12 @@ impl Drop for Proc {
 }
 
 /// Turns on the kernel's per-program run time accounting, restoring the old value when dropped.
-pub struct BpfStatsEnabled {
+pub(crate) struct BpfStatsEnabled {
     previous: String,
 }
 
 impl BpfStatsEnabled {
-    pub fn enable() -> Result<Self> {
+    pub(crate) fn enable() -> Result<Self> {
         let previous =
             fs::read_to_string(BPF_STATS).with_context(|| format!("cannot read {BPF_STATS}"))?;
         fs::write(BPF_STATS, "1")
@@ -181,7 +181,7 @@ impl Drop for BpfStatsEnabled {
 
 /// Run time of a process's BPF programs, summed over distinct programs (from fdinfo).
 #[derive(Clone, Copy, Default)]
-pub struct ProgStats {
+pub(crate) struct ProgStats {
     /// Total time in the programs, ns.
     pub run_time_ns: u64,
     /// Number of program runs.
@@ -190,14 +190,14 @@ pub struct ProgStats {
 
 impl ProgStats {
     /// Both runs together.
-    pub fn plus(self, other: Self) -> Self {
+    pub(crate) fn plus(self, other: Self) -> Self {
         Self {
             run_time_ns: self.run_time_ns + other.run_time_ns,
             run_cnt: self.run_cnt + other.run_cnt,
         }
     }
 
-    pub fn of(proc: &Proc) -> Result<Self> {
+    pub(crate) fn of(proc: &Proc) -> Result<Self> {
         let pid = proc.child.id();
         // Keyed by program id: a program held through several fds must count once.
         let mut programs = BTreeMap::new();
@@ -240,13 +240,13 @@ impl ProgStats {
         Ok(total)
     }
 
-    pub fn ns_per_run(self) -> f64 {
+    pub(crate) fn ns_per_run(self) -> f64 {
         self.run_time_ns as f64 / self.run_cnt as f64
     }
 }
 
 /// Reaps `child`, returning whether it exited 0 and its resource usage.
-pub fn wait4(child: &Child) -> Result<(bool, libc::rusage)> {
+pub(crate) fn wait4(child: &Child) -> Result<(bool, libc::rusage)> {
     let mut status = 0;
     // SAFETY: an all-zero rusage is valid, and wait4 only fills it in.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -262,13 +262,13 @@ pub fn wait4(child: &Child) -> Result<(bool, libc::rusage)> {
 }
 
 /// `x` to `places` decimals, as the benchmark JSON reports its figures.
-pub fn round(x: f64, places: i32) -> f64 {
+pub(crate) fn round(x: f64, places: i32) -> f64 {
     let scale = 10f64.powi(places);
     (x * scale).round() / scale
 }
 
 /// Writes a benchmark's results, pretty-printed, to `path` and says so.
-pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
+pub(crate) fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
     let text = serde_json::to_string_pretty(value).expect("a JSON value serializes") + "\n";
     fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     println!("wrote {}", path.display());

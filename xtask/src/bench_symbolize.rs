@@ -28,7 +28,7 @@ const WORKER: &str = r#"while :; do
   seq 1 200000 | sort -R | sort -n | tail -n 1 >/dev/null
 done"#;
 
-pub fn symbolize(seconds: u64, frequency: u64) -> Result<()> {
+pub(crate) fn symbolize(seconds: u64, frequency: u64) -> Result<()> {
     let (bin, out_dir) = prepare(Extras {
         bench: true,
         ..Extras::default()

@@ -37,7 +37,7 @@ const NO_FP_CFLAGS: &[&str] = &[
     "-fno-optimize-sibling-calls",
 ];
 
-pub fn unwind(seconds: u64, debug: bool, profile_bee: bool) -> Result<()> {
+pub(crate) fn unwind(seconds: u64, debug: bool, profile_bee: bool) -> Result<()> {
     let (bin, out_dir) = prepare_build(
         Extras {
             bench: true,

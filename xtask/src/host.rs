@@ -5,13 +5,13 @@ use std::io;
 use std::path::Path;
 
 /// The kernel release, e.g. "6.18.44".
-pub fn kernel_release() -> String {
+pub(crate) fn kernel_release() -> String {
     fs::read_to_string("/proc/sys/kernel/osrelease")
         .map_or_else(|_| "unknown".into(), |s| s.trim().into())
 }
 
 /// Reports every host requirement for loading the profiler; returns the failed ones.
-pub fn checks() -> Vec<String> {
+pub(crate) fn checks() -> Vec<String> {
     let release = kernel_release();
     println!("ok: kernel {release}");
     memlock_note(&release);

@@ -11,7 +11,7 @@ use crate::util;
 
 /// Builds `profiler-lab` and returns its path. The labs run it debug (they do no sampling);
 /// the heat-map benchmark's synthetic capture of millions of samples wants it release.
-pub fn build(release: bool) -> Result<PathBuf> {
+pub(crate) fn build(release: bool) -> Result<PathBuf> {
     let mut cmd = util::cargo();
     cmd.args(["build", "-p", "profiler-tests", "--bin", "profiler-lab"]);
     if release {
@@ -24,7 +24,7 @@ pub fn build(release: bool) -> Result<PathBuf> {
 
 /// `profiler-lab ARGS`: `zombie` (dying memory cgroups and a `kubelet` poller), `crashloop`
 /// (a supervisor restarting a failing program), each with `--cleanup`.
-pub fn run(args: &[String]) -> Result<ExitCode> {
+pub(crate) fn run(args: &[String]) -> Result<ExitCode> {
     let bin = build(false)?;
     let status = Command::new(&bin)
         .args(args)

@@ -9,12 +9,12 @@ use crate::setup::{self, Extras};
 use crate::util;
 
 /// `target/<profile>/profiler`, absolute.
-pub fn profiler_bin(release: bool) -> PathBuf {
+pub(crate) fn profiler_bin(release: bool) -> PathBuf {
     let profile = if release { "release" } else { "debug" };
     util::target_dir().join(profile).join("profiler")
 }
 
-pub fn build_cmd(release: bool) -> Command {
+pub(crate) fn build_cmd(release: bool) -> Command {
     let mut cmd = util::cargo();
     cmd.args(["build", "-p", "profiler"]);
     if release {
@@ -24,12 +24,12 @@ pub fn build_cmd(release: bool) -> Command {
 }
 
 /// Builds the profiler and returns the path of its binary.
-pub fn build(release: bool) -> Result<PathBuf> {
+pub(crate) fn build(release: bool) -> Result<PathBuf> {
     util::run(&mut build_cmd(release)).context("building the profiler failed")?;
     Ok(profiler_bin(release))
 }
 
-pub fn run(debug: bool, args: &[String]) -> Result<ExitCode> {
+pub(crate) fn run(debug: bool, args: &[String]) -> Result<ExitCode> {
     setup::require(Extras::default())?;
     let bin = build(!debug)?;
     let mut child = Command::new(&bin)

@@ -16,7 +16,7 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Optional tool sets on top of the toolchain.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Extras {
+pub(crate) struct Extras {
     /// gcc (C fixtures), rustfmt and clippy, and the peers the tests feed outputs to.
     pub tests: bool,
     /// bpftrace and perf, the peers the benchmarks compare with.
@@ -27,7 +27,7 @@ pub struct Extras {
 }
 
 /// Installs what is missing and checks the host; returns the failed host checks, each with its fix.
-pub fn setup(extras: Extras) -> Result<Vec<String>> {
+pub(crate) fn setup(extras: Extras) -> Result<Vec<String>> {
     let llvm_major = ensure_ebpf_rustc()?;
     ensure_bpf_linker(llvm_major)?;
     let mut tools = Vec::new();
@@ -106,7 +106,7 @@ fn ensure_inferno() -> Result<()> {
 }
 
 /// py-spy, the peer of `cargo xtask bench python`, in a venv of its own under target/.
-pub fn py_spy_bin() -> std::path::PathBuf {
+pub(crate) fn py_spy_bin() -> std::path::PathBuf {
     util::target_dir().join("py-spy/bin/py-spy")
 }
 
@@ -145,7 +145,7 @@ fn ensure_profile_bee() -> Result<()> {
 }
 
 /// Setup for the commands that load BPF: a failed host check is an error.
-pub fn require(extras: Extras) -> Result<()> {
+pub(crate) fn require(extras: Extras) -> Result<()> {
     let failed = setup(extras)?;
     if !failed.is_empty() {
         bail!("this host cannot load the profiler: {}", failed.join("; "));
@@ -344,7 +344,7 @@ fn ensure_browser_node_modules() -> Result<()> {
 /// (tests/tests/agent_otlp.rs): the `opentelemetry-proto` Python package, pinned (1.45.2 is
 /// generated from opentelemetry-proto v1.10.0, whose profiles signal the agent speaks), in a
 /// venv under target/ so nothing is installed system-wide.
-pub const OTLP_PROTO_PACKAGE: &str = "opentelemetry-proto==1.45.2";
+pub(crate) const OTLP_PROTO_PACKAGE: &str = "opentelemetry-proto==1.45.2";
 
 fn ensure_otlp_proto() -> Result<()> {
     let venv = util::workspace_root().join("target/otlp-venv");

@@ -10,7 +10,7 @@ use crate::{kernels, run, test_repeat, util};
 /// `--` among them, to the test binaries. `kernels_only`: the kernel matrix alone. With
 /// `repeat`, the last step runs the privileged integration tests that many times instead (see
 /// test_repeat.rs), and the matrix does not run.
-pub fn test(kernels_only: bool, args: &[String], repeat: Option<u32>) -> Result<()> {
+pub(crate) fn test(kernels_only: bool, args: &[String], repeat: Option<u32>) -> Result<()> {
     setup::require(Extras {
         tests: true,
         ..Extras::default()

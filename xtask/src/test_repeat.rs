@@ -95,7 +95,7 @@ impl Run {
 
 /// Runs `cargo test -p profiler-tests` `repeat` times (`test_args` go to the test binaries) and
 /// fails if any test failed in any run, after printing which and how often.
-pub fn repeat(
+pub(crate) fn repeat(
     repeat: u32,
     cargo_args: &[String],
     test_args: &[String],

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 
 /// A command as a user would type it, for progress lines and error messages.
-pub fn display(cmd: &Command) -> String {
+pub(crate) fn display(cmd: &Command) -> String {
     let quote = |s: &OsStr| {
         let s = s.to_string_lossy();
         if s.is_empty() || s.contains([' ', '\'', '"', '{', '$']) {
@@ -23,7 +23,7 @@ pub fn display(cmd: &Command) -> String {
 }
 
 /// Runs `cmd` with the terminal's stdin/stdout/stderr; a non-zero exit is an error.
-pub fn run(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     let name = display(cmd);
     let status = cmd.status().with_context(|| spawn_error(&name))?;
     if !status.success() {
@@ -33,7 +33,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 }
 
 /// Runs `cmd` quietly and returns its stdout; a non-zero exit is an error carrying its stderr.
-pub fn output(cmd: &mut Command) -> Result<String> {
+pub(crate) fn output(cmd: &mut Command) -> Result<String> {
     let name = display(cmd);
     let out = cmd
         .stdin(Stdio::null())
@@ -53,7 +53,7 @@ fn spawn_error(name: &str) -> String {
 
 /// The value of the first `key: value` line in `text`: the shape of /proc status and fdinfo
 /// files, `rustc -vV` and `profiler report --stats`.
-pub fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+pub(crate) fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     text.lines().find_map(|line| {
         let (k, v) = line.split_once(':')?;
         (k.trim() == key).then(|| v.trim())
@@ -61,7 +61,7 @@ pub fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// Where `name` would be found on PATH, like `command -v`.
-pub fn which(name: &str) -> Option<PathBuf> {
+pub(crate) fn which(name: &str) -> Option<PathBuf> {
     let path = env::var_os("PATH")?;
     env::split_paths(&path)
         .map(|dir| dir.join(name))
@@ -74,13 +74,13 @@ fn is_executable(path: &Path) -> bool {
         .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-pub fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
 
 /// The workspace root: xtask lives one level below it.
-pub fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     // Cargo sets CARGO_MANIFEST_DIR when it runs us; the compile-time value covers a direct run.
     let manifest = env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
@@ -91,7 +91,7 @@ pub fn workspace_root() -> PathBuf {
 
 /// Cargo's target directory, absolute: CARGO_TARGET_DIR (relative to where we were started, as
 /// cargo reads it) or `<workspace>/target`.
-pub fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     match env::var_os("CARGO_TARGET_DIR") {
         Some(dir) => env::current_dir().unwrap_or_default().join(dir),
         None => workspace_root().join("target"),
@@ -99,7 +99,7 @@ pub fn target_dir() -> PathBuf {
 }
 
 /// The cargo that runs us, started in the workspace root so `cargo xtask` works from any folder.
-pub fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.current_dir(workspace_root());
     // The child runs elsewhere, so it must get the target directory we resolved, not a relative one.

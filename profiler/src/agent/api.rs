@@ -15,15 +15,15 @@ use crate::{
 };
 
 /// Longest range the store endpoints read.
-pub const MAX_RANGE: Duration = Duration::from_secs(31 * 24 * 3600);
+pub(super) const MAX_RANGE: Duration = Duration::from_secs(31 * 24 * 3600);
 /// Longest fresh profile /debug/pprof/profile records, s.
-pub const MAX_PPROF_SECONDS: u64 = 60;
+pub(super) const MAX_PPROF_SECONDS: u64 = 60;
 /// Store reads (flame graphs, heat maps) running at once; more are a 503 with Retry-After.
-pub const MAX_HEAVY: usize = 2;
+pub(super) const MAX_HEAVY: usize = 2;
 /// What one API request may read from the store: with `MAX_HEAVY` of them at once this
 /// keeps the agent within a node agent's memory (about 40 MB of samples each), whatever the
 /// span asked for. `profiler query` reads more (`ReadLimits::QUERY`).
-pub const API_LIMITS: ReadLimits = ReadLimits {
+pub(super) const API_LIMITS: ReadLimits = ReadLimits {
     max_samples: 1_000_000,
     max_stacks: 200_000,
 };

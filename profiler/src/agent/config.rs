@@ -68,7 +68,7 @@ impl Default for AgentConfig {
 }
 
 /// Largest config file read: the keys fit in a few hundred bytes.
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// The TOML file: every key optional, unknown keys rejected (serde names the key).
 #[derive(Debug, Default, Deserialize)]
@@ -196,7 +196,7 @@ impl FileConfig {
     }
 }
 
-pub fn check_frequency(hz: u32) -> Result<u32, String> {
+pub(crate) fn check_frequency(hz: u32) -> Result<u32, String> {
     if (1..=1000).contains(&hz) {
         Ok(hz)
     } else {
@@ -207,7 +207,7 @@ pub fn check_frequency(hz: u32) -> Result<u32, String> {
 }
 
 /// A window length: 1 s to 1 h.
-pub fn parse_window(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_window(text: &str) -> Result<Duration, String> {
     let d = parse_duration(text)?;
     if d < Duration::from_secs(1) || d > Duration::from_secs(3600) {
         return Err(format!("window `{text}` must be between 1s and 1h"));
@@ -216,14 +216,14 @@ pub fn parse_window(text: &str) -> Result<Duration, String> {
 }
 
 /// `ADDR:PORT`, e.g. 127.0.0.1:7070 or [::1]:7070.
-pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+pub(crate) fn parse_listen(text: &str) -> Result<SocketAddr, String> {
     text.parse()
         .map_err(|_| format!("listen address `{text}` is not IP:PORT (e.g. 127.0.0.1:7070)"))
 }
 
 impl AgentConfig {
     /// What the store keeps (`Store::retain`).
-    pub fn store_retention(&self) -> crate::store::Retention {
+    pub(crate) fn store_retention(&self) -> crate::store::Retention {
         crate::store::Retention {
             max_age_ns: self.retention.as_nanos() as u64,
             keep_times_ns: self.keep_times.as_nanos() as u64,
@@ -233,7 +233,7 @@ impl AgentConfig {
 
     /// Refuses a non-loopback `listen` without a token unless `insecure_listen` says so:
     /// profiles show what every process on the host runs, and the API can be made to work.
-    pub fn check_exposure(&self) -> Result<(), String> {
+    pub(crate) fn check_exposure(&self) -> Result<(), String> {
         if self.listen.ip().is_loopback() || self.token_file.is_some() || self.insecure_listen {
             return Ok(());
         }
@@ -245,7 +245,7 @@ impl AgentConfig {
 }
 
 /// Bytes: `1GiB`, `500MiB`, `100MB`, `4096`.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);

@@ -12,12 +12,12 @@ use crate::{
 };
 
 /// Distinct label values per metric at most, `other` excluded.
-pub const MAX_SERIES: usize = 50;
+pub(crate) const MAX_SERIES: usize = 50;
 const OTHER: &str = "other";
 
 /// Cumulative figures since the agent started.
 #[derive(Debug, Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     /// Samples whose table walk stopped early, by `unwind::reason` code, since start.
     unwind_truncated: [u64; 7],
     /// `unwind::report::metrics_text` as of the last window; empty under `--unwind fp`.
@@ -55,7 +55,7 @@ pub struct Metrics {
 /// the window, never waits. Every sample the drain cut is in exactly one of these, so
 /// `cut = stored + in_flight + the drops` holds in every scrape (one lock updates them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     /// Samples cut into windows by the drain.
     pub cut: u64,
     /// Samples cut but not yet stored nor dropped (queued, symbolizing, writing).
@@ -76,7 +76,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// `n` samples of a window leave the pipeline into `to` (a drop counter or `stored`).
-    pub fn settle(&mut self, n: u64, to: fn(&mut Self) -> &mut u64) {
+    pub(crate) fn settle(&mut self, n: u64, to: fn(&mut Self) -> &mut u64) {
         self.in_flight = self.in_flight.saturating_sub(n);
         *to(self) += n;
     }
@@ -112,7 +112,7 @@ impl BoundedCounter {
 impl Metrics {
     /// Adds one window's sample accounting (the drain calls this as it cuts the window, so
     /// windows dropped later are counted too) and puts its samples in flight.
-    pub fn add_cut(&mut self, c: &Counters) {
+    pub(crate) fn add_cut(&mut self, c: &Counters) {
         self.counters = Counters {
             recorded: self.counters.recorded + c.recorded,
             lost_ringbuf_full: self.counters.lost_ringbuf_full + c.lost_ringbuf_full,
@@ -126,12 +126,12 @@ impl Metrics {
 
     /// Dying cgroups by controller, as the caller read them (`cgroups::dying_counts`; the
     /// agent reads them once a minute, not every window).
-    pub fn set_dying(&mut self, dying: Vec<(String, u64)>) {
+    pub(crate) fn set_dying(&mut self, dying: Vec<(String, u64)>) {
         self.dying = dying;
     }
 
     /// Adds one symbolized window's samples to the attribution figures.
-    pub fn add_window(&mut self, p: &Profile) {
+    pub(crate) fn add_window(&mut self, p: &Profile) {
         let hz = f64::from(p.meta.frequency_hz.max(1));
         let paths: HashMap<u64, &str> = p.cgroups.iter().map(|c| (c.id, c.path.as_str())).collect();
         let mut by_comm: BTreeMap<&str, u64> = BTreeMap::new();
@@ -190,7 +190,7 @@ impl Metrics {
     }
 
     /// The table walk's figures after a window: its cut-short samples added to the totals.
-    pub fn add_unwind(&mut self, stats: &crate::unwind::LoaderStats, truncated: &[u64; 7]) {
+    pub(crate) fn add_unwind(&mut self, stats: &crate::unwind::LoaderStats, truncated: &[u64; 7]) {
         for (total, n) in self.unwind_truncated.iter_mut().zip(truncated) {
             *total += n;
         }
@@ -198,7 +198,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition format (version 0.0.4).
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut o = self.unwind_text.clone();
         counter_family(
             &mut o,
@@ -398,7 +398,7 @@ fn escape(v: &str) -> String {
 }
 
 /// The agent's own CPU seconds (user + system) and resident bytes, from /proc/self.
-pub fn own_usage() -> (f64, u64) {
+pub(crate) fn own_usage() -> (f64, u64) {
     // SAFETY: sysconf has no memory-safety preconditions.
     let (ticks, page) = unsafe {
         (

@@ -3,11 +3,11 @@
 //! store (`pipeline`), every stage on its own thread behind a bounded queue, so the drain
 //! never waits; the HTTP API (`api`) serves all of it from the main thread.
 mod api;
-pub mod config;
-pub mod metrics;
+pub(crate) mod config;
+pub(crate) mod metrics;
 mod pipeline;
-pub mod push;
-pub mod sampler;
+pub(crate) mod push;
+pub(crate) mod sampler;
 
 use std::{
     rc::Rc,
@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-pub use config::AgentConfig;
+pub(crate) use config::AgentConfig;
 use metrics::Metrics;
 
 use crate::{
@@ -28,10 +28,10 @@ use crate::{
 
 /// Windows kept in memory while the store fails, at most (then the oldest are dropped and
 /// counted in `profiler_windows_total{outcome="dropped"}`).
-pub const MAX_PENDING: usize = 60;
+pub(crate) const MAX_PENDING: usize = 60;
 
 #[derive(Debug, thiserror::Error)]
-pub enum AgentError {
+pub(crate) enum AgentError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot listen on {addr}")]
@@ -62,13 +62,13 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// The metrics; a stage that panicked while holding them leaves them usable.
-    pub fn metrics(&self) -> MutexGuard<'_, Metrics> {
+    pub(crate) fn metrics(&self) -> MutexGuard<'_, Metrics> {
         self.metrics
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub fn store_problem(&self) -> MutexGuard<'_, Option<String>> {
+    pub(crate) fn store_problem(&self) -> MutexGuard<'_, Option<String>> {
         self.store_problem
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -88,7 +88,7 @@ pub(crate) struct State {
 /// Runs the agent until SIGTERM or SIGINT, then stores the current window and returns.
 /// Threads: the drain (`sampler`), the symbolizer and the store (`pipeline`), and this one,
 /// which serves HTTP and pushes.
-pub fn run(config: AgentConfig) -> Result<(), AgentError> {
+pub(crate) fn run(config: AgentConfig) -> Result<(), AgentError> {
     // Every check before loading BPF, so a bad data dir, port or token fails fast and clearly.
     config.check_exposure().map_err(AgentError::Exposure)?;
     let token = config
@@ -283,14 +283,14 @@ fn store_delay() -> Result<Option<Duration>, AgentError> {
 }
 
 /// Wall-clock now, ns since the Unix epoch.
-pub fn unix_now_ns() -> u64 {
+pub(crate) fn unix_now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// A time given as `now` or as a duration ago (`1h`, `30m`, `90s`), in ns since the epoch.
-pub fn time_ago(text: &str, now_unix_ns: u64) -> Result<u64, String> {
+pub(crate) fn time_ago(text: &str, now_unix_ns: u64) -> Result<u64, String> {
     if text == "now" {
         return Ok(now_unix_ns);
     }

@@ -21,13 +21,13 @@ use crate::{
 };
 
 /// Windows waiting for the symbolizer, at most; a window is a few KiB at 19 Hz.
-pub const SYMBOLIZE_QUEUE: usize = 4;
+pub(super) const SYMBOLIZE_QUEUE: usize = 4;
 /// /debug/pprof/profile taps waiting for the symbolizer, at most.
-pub const TAP_QUEUE: usize = 2 * super::sampler::MAX_TAPS;
+pub(super) const TAP_QUEUE: usize = 2 * super::sampler::MAX_TAPS;
 /// Symbolized windows waiting for the store, at most.
-pub const STORE_QUEUE: usize = 4;
+pub(super) const STORE_QUEUE: usize = 4;
 /// Symbolized windows waiting for the pusher, at most.
-pub const PUSH_QUEUE: usize = 4;
+pub(super) const PUSH_QUEUE: usize = 4;
 /// User frame names cached across windows at most; then the cache starts afresh.
 const MAX_NAMES: usize = 1_000_000;
 /// How long the symbolizer keeps the binaries it parsed.
@@ -37,10 +37,10 @@ const DYING_EVERY: Duration = Duration::from_secs(60);
 /// Test hook: milliseconds the store thread sleeps before each write, to show that a slow
 /// store makes the agent drop (and count) windows rather than stall its drain. Read once at
 /// start; unset in production (docs/agent.md).
-pub const STORE_DELAY_ENV: &str = "PROFILER_TEST_STORE_DELAY_MS";
+pub(super) const STORE_DELAY_ENV: &str = "PROFILER_TEST_STORE_DELAY_MS";
 
 /// Work for the symbolizer.
-pub enum Job {
+pub(super) enum Job {
     /// A window to store (and push).
     Window(Box<Window>),
     /// The samples of a /debug/pprof/profile request, in the parts the windows cut
@@ -49,12 +49,12 @@ pub enum Job {
 }
 
 /// Where a tap's profile goes.
-pub type Reply = oneshot::Sender<Result<Profile, String>>;
+pub(super) type Reply = oneshot::Sender<Result<Profile, String>>;
 
 /// The symbolizer's queue: windows and taps, each bounded; taps go first (a client waits
 /// for them; a window only has to be stored some time).
 #[derive(Default)]
-pub struct Jobs {
+pub(crate) struct Jobs {
     queue: Mutex<Queued>,
     ready: Condvar,
 }
@@ -73,7 +73,7 @@ impl Jobs {
 
     /// Queues a window; false (the window dropped) when `SYMBOLIZE_QUEUE` wait already.
     /// `always` queues it anyway (the last one, at stop: no more come).
-    pub fn push_window(&self, w: Window, always: bool) -> bool {
+    pub(crate) fn push_window(&self, w: Window, always: bool) -> bool {
         let mut q = self.queued();
         if q.windows.len() >= SYMBOLIZE_QUEUE && !always {
             return false;
@@ -84,7 +84,7 @@ impl Jobs {
     }
 
     /// Queues a tap, or hands its reply back when `TAP_QUEUE` wait already.
-    pub fn push_tap(&self, w: Vec<Window>, reply: Reply) -> Result<(), Reply> {
+    pub(crate) fn push_tap(&self, w: Vec<Window>, reply: Reply) -> Result<(), Reply> {
         let mut q = self.queued();
         if q.taps.len() >= TAP_QUEUE {
             return Err(reply);
@@ -95,7 +95,7 @@ impl Jobs {
     }
 
     /// No more jobs come: `next` returns None once the queue is empty.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.queued().closed = true;
         self.ready.notify_one();
     }
@@ -120,7 +120,7 @@ impl Jobs {
 
 /// The symbolizer's thread: runs until the drain closes its queue, then closes the store's
 /// (by dropping its sender).
-pub fn symbolize(
+pub(super) fn symbolize(
     jobs: &Jobs,
     kernel: KernelSymbols,
     store: mpsc::SyncSender<Arc<Profile>>,
@@ -262,7 +262,7 @@ fn join(mut parts: Vec<Profile>) -> Profile {
 }
 
 /// What the store thread needs.
-pub struct StoreStage {
+pub(super) struct StoreStage {
     pub store: Store,
     pub windows: mpsc::Receiver<Arc<Profile>>,
     pub retention: crate::store::Retention,
@@ -273,7 +273,7 @@ pub struct StoreStage {
 
 impl StoreStage {
     /// Writes windows until the symbolizer closes the queue.
-    pub fn run(mut self) {
+    pub(super) fn run(mut self) {
         let mut pending: VecDeque<Arc<Profile>> = VecDeque::new();
         let mut failing = false;
         let mut retention_failing = false;

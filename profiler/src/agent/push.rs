@@ -21,15 +21,15 @@ use tokio::{
 use crate::profile::Profile;
 
 /// Windows kept on disk while the server is unreachable (one hour of 10 s windows).
-pub const MAX_SPOOLED: usize = 360;
+pub(crate) const MAX_SPOOLED: usize = 360;
 /// Backoff between failed attempts: from 1 s, doubling, up to this.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Time one push may take.
-pub const PUSH_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const PUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What a pusher speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Protocol {
+pub(crate) enum Protocol {
     /// Pyroscope's `/ingest`, a gzipped pprof body.
     Pyroscope,
     /// OTLP/HTTP profiles (`v1development`), a protobuf body.
@@ -75,7 +75,7 @@ impl Protocol {
 
 /// Where a push goes: `http://HOST:PORT[/base]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PushUrl {
+pub(crate) struct PushUrl {
     /// `host:port`, as connected to and sent in `Host:`.
     pub authority: String,
     /// Path prefix without a trailing `/` ("" for none).
@@ -83,7 +83,7 @@ pub struct PushUrl {
 }
 
 /// Parses `http://host[:port][/base]`.
-pub fn parse_push_url(text: &str) -> Result<PushUrl, String> {
+pub(crate) fn parse_push_url(text: &str) -> Result<PushUrl, String> {
     let rest = text.strip_prefix("http://").ok_or_else(|| {
         format!(
             "push url `{text}` must start with http:// (https is not spoken; use a local proxy)"
@@ -113,7 +113,7 @@ pub fn parse_push_url(text: &str) -> Result<PushUrl, String> {
 }
 
 /// The spool and its counters, shared by the window loop and the sender task.
-pub struct Pusher {
+pub(crate) struct Pusher {
     url: PushUrl,
     protocol: Protocol,
     dir: PathBuf,
@@ -125,7 +125,11 @@ pub struct Pusher {
 
 impl Pusher {
     /// Creates the spool dir under `data_dir`; windows left there by an earlier run are sent too.
-    pub fn new(url: PushUrl, protocol: Protocol, data_dir: &Path) -> std::io::Result<Rc<Self>> {
+    pub(crate) fn new(
+        url: PushUrl,
+        protocol: Protocol,
+        data_dir: &Path,
+    ) -> std::io::Result<Rc<Self>> {
         let dir = data_dir.join(protocol.spool());
         std::fs::create_dir_all(&dir)?;
         Ok(Rc::new(Self {
@@ -139,7 +143,7 @@ impl Pusher {
     }
 
     /// Spools one window (in the protocol's encoding) and wakes the sender.
-    pub fn enqueue(&self, p: &Profile, hostname: &str) {
+    pub(crate) fn enqueue(&self, p: &Profile, hostname: &str) {
         let until = (p.meta.start_unix_ns + p.meta.duration_ns).div_ceil(1_000_000_000);
         let body = match self.protocol.encode(p) {
             Ok(body) => body,
@@ -182,7 +186,7 @@ impl Pusher {
     }
 
     /// Sends spooled windows forever, oldest first, backing off while the server fails.
-    pub async fn run(self: Rc<Self>) {
+    pub(crate) async fn run(self: Rc<Self>) {
         let mut backoff = Duration::from_secs(1);
         loop {
             let files = self.spooled();

@@ -26,16 +26,16 @@ use crate::{
 
 /// Bytes of ring per CPU for the kernel's process records: a second of them between drains
 /// (new processes also wake the agent at their first sample).
-pub const KERNEL_RECORD_BYTES: usize = 256 << 10;
+pub(crate) const KERNEL_RECORD_BYTES: usize = 256 << 10;
 /// How often the agent drains the ring buffer unwoken. At 19 Hz a second of samples is a few
 /// KiB, and every wake-up costs the agent CPU; new processes and a quarter-full buffer still
 /// wake it at once (see profiler-ebpf).
 const DRAIN_EVERY: Duration = Duration::from_secs(1);
 /// /debug/pprof/profile requests sampling at once, at most (more wait in the channel).
-pub const MAX_TAPS: usize = 8;
+pub(crate) const MAX_TAPS: usize = 8;
 
 /// A /debug/pprof/profile request: the profile of the next `duration`, or why not.
-pub struct TapRequest {
+pub(crate) struct TapRequest {
     pub duration: Duration,
     pub reply: oneshot::Sender<Result<Profile, String>>,
 }
@@ -70,7 +70,7 @@ impl Stage {
     /// Starts the session (reporting how that went on `started`, with the CPUs sampled),
     /// then samples until `stop`; the last window is cut and queued (waiting, then: no more
     /// samples are coming) before the thread ends.
-    pub fn run(mut self, started: mpsc::Sender<Result<usize, RecordError>>) {
+    pub(crate) fn run(mut self, started: mpsc::Sender<Result<usize, RecordError>>) {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

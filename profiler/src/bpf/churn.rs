@@ -18,7 +18,7 @@ use super::BpfError;
 
 /// One process's cgroup churn.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ChurnCount {
+pub(crate) struct ChurnCount {
     pub pid: u32,
     pub comm: String,
     /// cgroups created (all hierarchies).
@@ -31,7 +31,7 @@ pub struct ChurnCount {
 }
 
 /// The tracer, attached while it lives.
-pub struct ChurnTracer {
+pub(crate) struct ChurnTracer {
     // Kept for the links: dropping it detaches.
     _ebpf: Ebpf,
     counts: HashMap<MapData, ChurnKey, u64>,
@@ -41,7 +41,7 @@ pub struct ChurnTracer {
 
 impl ChurnTracer {
     /// Loads and attaches both programs. Needs CAP_BPF + CAP_PERFMON (or root).
-    pub fn start() -> Result<Self, BpfError> {
+    pub(crate) fn start() -> Result<Self, BpfError> {
         // The object also holds the sampler's 8 MiB ring buffer; this tracer needs none of it.
         let tgid_offset = std::fs::read("/sys/kernel/btf/vmlinux")
             .ok()
@@ -90,7 +90,7 @@ impl ChurnTracer {
     }
 
     /// Counts so far, one entry per process, most churn first.
-    pub fn counts(&self) -> Vec<ChurnCount> {
+    pub(crate) fn counts(&self) -> Vec<ChurnCount> {
         let mut by_pid: std::collections::BTreeMap<u32, ChurnCount> = Default::default();
         for (key, n) in self.counts.iter().flatten() {
             let e = by_pid.entry(key.pid).or_insert_with(|| ChurnCount {
@@ -120,7 +120,7 @@ impl ChurnTracer {
     /// Processes moved into cgroups so far: (pid, path within its hierarchy), sorted. A
     /// process moved into several hierarchies (one per v1 controller) has one entry per
     /// distinct path; None when attaches are not traced on this kernel.
-    pub fn attaches(&self) -> Option<Vec<(u32, String)>> {
+    pub(crate) fn attaches(&self) -> Option<Vec<(u32, String)>> {
         let map = self.attach.as_ref()?;
         let mut v: Vec<(u32, String)> = map
             .iter()

@@ -9,7 +9,7 @@ use aya::{
 
 /// The probed features.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KernelFeatures {
+pub(crate) struct KernelFeatures {
     /// BPF ring buffer (Linux 5.8): the one channel samples stream through; required.
     pub ring_buffer: bool,
     /// The bpf_loop helper (Linux 5.17), for loops the verifier need not unroll.
@@ -21,7 +21,7 @@ pub struct KernelFeatures {
 impl KernelFeatures {
     /// Probes the running kernel (a map create and a tiny program load; milliseconds). A probe
     /// that errors counts as missing: the line it leads to says what that costs.
-    pub fn probe() -> Self {
+    pub(crate) fn probe() -> Self {
         Self {
             ring_buffer: is_map_supported(MapType::RingBuf).unwrap_or(false),
             bpf_loop: is_helper_supported(ProgramType::PerfEvent, BpfHelper::BPF_FUNC_loop)
@@ -31,7 +31,7 @@ impl KernelFeatures {
     }
 
     /// `ring buffer yes, bpf_loop yes, PROCMAP_QUERY no`, for logs and the kernel matrix.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         let yes = |b: bool| if b { "yes" } else { "no" };
         format!(
             "ring buffer {}, bpf_loop {}, PROCMAP_QUERY {}",
@@ -42,7 +42,7 @@ impl KernelFeatures {
     }
 
     /// One line per missing feature the profiler works without, saying what changes.
-    pub fn degraded(&self) -> Vec<&'static str> {
+    pub(crate) fn degraded(&self) -> Vec<&'static str> {
         let mut lines = Vec::new();
         if !self.procmap_query {
             lines.push(
@@ -73,7 +73,7 @@ const AFTER_THE_REASON: &[&str] = &[
 /// The verifier's reason for rejecting a program: the last line of its log that is not one of
 /// `AFTER_THE_REASON`. Some kernels print the reason right after the instruction it is about,
 /// on the same line (`14: (55) if r1 != 0x0 goto pc-2 infinite loop detected at insn 13`).
-pub fn verifier_reason(log: &str) -> &str {
+pub(crate) fn verifier_reason(log: &str) -> &str {
     log.lines()
         .map(str::trim)
         .rev()

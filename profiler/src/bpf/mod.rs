@@ -1,9 +1,9 @@
 //! First stage on the user side: load the embedded sampler object, set its load-time globals,
 //! attach it to a perf event on every online CPU, and hand the maps to the collector.
-pub mod churn;
+pub(crate) mod churn;
 mod ebpf_log;
 mod exits;
-pub mod features;
+pub(crate) mod features;
 
 use std::path::{Path, PathBuf};
 
@@ -47,7 +47,7 @@ impl Event {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum BpfError {
+pub(crate) enum BpfError {
     #[error("loading the eBPF sampler failed")]
     Load(#[from] aya::EbpfError),
     #[error("the eBPF sampler was rejected")]
@@ -99,7 +99,7 @@ fn rejected(program: &'static str, e: aya::programs::ProgramError) -> BpfError {
 }
 
 /// The sampler, attached: dropping it detaches from every CPU.
-pub struct Sampler {
+pub(crate) struct Sampler {
     // Dropping Ebpf unloads the program and closes the perf events (see `detach`).
     ebpf: Option<Ebpf>,
     counters: PerCpuArray<MapData, u64>,
@@ -118,7 +118,7 @@ pub struct Sampler {
 
 /// Counters kept by the sampler (sums over CPUs); see `profiler_common::counter`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelCounters {
+pub(crate) struct KernelCounters {
     pub sent: u64,
     pub lost_ringbuf_full: u64,
     pub filtered: u64,
@@ -129,7 +129,7 @@ pub struct KernelCounters {
 }
 
 /// Options for `Sampler::start`.
-pub struct SamplerConfig<'a> {
+pub(crate) struct SamplerConfig<'a> {
     pub event: Event,
     /// Samples per second per CPU.
     pub frequency_hz: u64,
@@ -151,7 +151,7 @@ pub struct SamplerConfig<'a> {
 impl Sampler {
     /// Loads and attaches. Needs CAP_BPF + CAP_PERFMON (or root). Returns the sampler and the
     /// ring buffer its samples stream through.
-    pub fn start(config: &SamplerConfig<'_>) -> Result<(Self, RingBuf<MapData>), BpfError> {
+    pub(crate) fn start(config: &SamplerConfig<'_>) -> Result<(Self, RingBuf<MapData>), BpfError> {
         if config.event == Event::Cycles && !Path::new("/sys/bus/event_source/devices/cpu").exists()
         {
             return Err(BpfError::NoPmu);
@@ -342,23 +342,25 @@ impl Sampler {
 
     /// The ring buffer of process exit statuses (`profiler_common::exits`), once; None when
     /// the kernel's BTF or the tracepoint is missing.
-    pub fn take_exits(&mut self) -> Option<RingBuf<MapData>> {
+    pub(crate) fn take_exits(&mut self) -> Option<RingBuf<MapData>> {
         self.exits.take()
     }
 
     /// Stops sampling on every CPU; the ring buffer and counters stay readable.
-    pub fn detach(&mut self) {
+    pub(crate) fn detach(&mut self) {
         self.ebpf = None;
     }
 
     /// The map the collector registers Python processes in (once; None when Python is off).
-    pub fn take_python_map(&mut self) -> Option<HashMap<MapData, u32, py::PyProc>> {
+    pub(crate) fn take_python_map(&mut self) -> Option<HashMap<MapData, u32, py::PyProc>> {
         self.python_map.take()
     }
 
     /// The Python walk's counters (`profiler_common::python::counter`), summed over CPUs;
     /// None when Python is off.
-    pub fn python_counters(&self) -> Result<Option<[u64; py::counter::COUNT as usize]>, BpfError> {
+    pub(crate) fn python_counters(
+        &self,
+    ) -> Result<Option<[u64; py::counter::COUNT as usize]>, BpfError> {
         let Some(map) = &self.python_counters else {
             return Ok(None);
         };
@@ -370,7 +372,7 @@ impl Sampler {
     }
 
     /// Current counter values, summed over CPUs.
-    pub fn counters(&self) -> Result<KernelCounters, BpfError> {
+    pub(crate) fn counters(&self) -> Result<KernelCounters, BpfError> {
         let read = |index: u32| -> Result<u64, BpfError> {
             Ok(self.counters.get(&index, 0)?.iter().sum())
         };

@@ -69,7 +69,7 @@ pub struct AgentArgs {
     pub python: Option<OnOff>,
 }
 
-pub fn run(args: AgentArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: AgentArgs) -> anyhow::Result<()> {
     let mut config = AgentConfig::default();
     if let Some(path) = &args.config {
         FileConfig::load(path)

@@ -27,7 +27,7 @@ pub struct DiffArgs {
     pub top: Option<usize>,
 }
 
-pub fn run(args: DiffArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: DiffArgs) -> anyhow::Result<()> {
     if args.output.is_none() && args.top.is_none() {
         bail!("nothing to do: give -o FILE.svg and/or --top N");
     }

@@ -31,7 +31,7 @@ pub struct DoctorArgs {
     pub python: OnOff,
 }
 
-pub fn run(args: DoctorArgs, verbose: bool) -> anyhow::Result<()> {
+pub(super) fn run(args: DoctorArgs, verbose: bool) -> anyhow::Result<()> {
     super::check_privileges()?;
     util::raise_fd_limit();
     let findings = doctor::examine(

@@ -44,8 +44,16 @@ pub enum Command {
     Query(query::QueryArgs),
 }
 
-/// Runs the parsed command.
+/// Runs the parsed command, with the log level `-v` asks for.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    // inferno warns on every folded line it cannot parse; our inputs are checked before.
+    let filter = format!("{level},inferno=error");
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(filter)).init();
     match cli.command {
         Command::Record(args) => record::run(args),
         Command::Report(args) => report::run(args),

@@ -8,7 +8,7 @@ use crate::{
 
 /// A progress callback that prints: warnings always; with `verbose`, what is going on and
 /// a summary (tests and `cargo xtask bench symbolize` read some of these lines).
-pub fn printer(verbose: bool) -> impl FnMut(Progress<'_>) {
+pub(super) fn printer(verbose: bool) -> impl FnMut(Progress<'_>) {
     let tty = verbose && std::io::IsTerminal::is_terminal(&std::io::stderr());
     move |p| match p {
         // Loading and attaching take a while (the verifier); say that we are alive and

@@ -38,7 +38,7 @@ pub struct QueryArgs {
     pub group_by: crate::profile::GroupBy,
 }
 
-pub fn run(args: QueryArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: QueryArgs) -> anyhow::Result<()> {
     let now = unix_now_ns();
     let since = time_ago(&args.since, now).map_err(|e| anyhow::anyhow!("--since: {e}"))?;
     let until = time_ago(&args.until, now).map_err(|e| anyhow::anyhow!("--until: {e}"))?;

@@ -104,7 +104,7 @@ pub(crate) fn parse_frequency(text: &str) -> Result<u32, String> {
     }
 }
 
-pub fn run(args: RecordArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
     // Every check that can fail happens before sampling starts, so no recording is wasted.
     let paths = if args.outputs.is_empty() {
         vec![PathBuf::from("profile.svg")]

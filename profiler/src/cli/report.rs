@@ -32,7 +32,7 @@ pub struct ReportArgs {
     pub to: Option<String>,
 }
 
-pub fn run(args: ReportArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: ReportArgs) -> anyhow::Result<()> {
     if args.outputs.is_empty() && !args.stats && !args.cpus {
         bail!(
             "nothing to do: give -o FILE ({}), --stats or --cpus",

@@ -17,7 +17,7 @@ use super::{
 
 /// A mapped file that user addresses fall in.
 #[derive(Debug)]
-pub struct UserFile {
+pub(crate) struct UserFile {
     /// Path as the process saw it (in its own mount namespace).
     pub path: PathBuf,
     /// GNU build id, when the file has one.
@@ -31,7 +31,7 @@ impl UserFile {
     /// A path that reads this very file now, for blazesym: the kept handle's, else that of
     /// the recorded path opened now (as safely as at first sight: the process may have put a
     /// FIFO there since), with that new handle, which must live while the path is used.
-    pub fn readable_path(&self) -> Result<(PathBuf, Option<File>), OpenError> {
+    pub(crate) fn readable_path(&self) -> Result<(PathBuf, Option<File>), OpenError> {
         match &self.handle {
             Some(f) => Ok((untrusted::fd_path(f), None)),
             None => {
@@ -48,7 +48,7 @@ const MAX_HANDLES: usize = 4096;
 
 /// Ids of the files in a `Vec<Arc<UserFile>>`, by identity. None: not an ELF file.
 #[derive(Default)]
-pub struct FileIds {
+pub(super) struct FileIds {
     by_inode: HashMap<(u64, u64), Option<u32>>,
     by_build_id: HashMap<Vec<u8>, Option<u32>>,
     /// The vDSO (`vdso`): None until first asked for, then its id if it could be copied.
@@ -58,7 +58,7 @@ pub struct FileIds {
 impl FileIds {
     /// The id of the file `path` names in `pid`'s mount namespace (from /proc/PID/maps),
     /// opening it on first sight. None for a file that is not ELF (see `intern`).
-    pub fn by_path(
+    pub(super) fn by_path(
         &mut self,
         files: &mut Vec<Arc<UserFile>>,
         pid: u32,
@@ -85,7 +85,7 @@ impl FileIds {
     /// it on first sight through `pid`'s own view of it. None when it is not ELF, or when no
     /// file with that identity can be opened any more (its addresses then stay unknown
     /// rather than being named from another file).
-    pub fn by_identity(
+    pub(super) fn by_identity(
         &mut self,
         files: &mut Vec<Arc<UserFile>>,
         pid: u32,
@@ -139,7 +139,7 @@ impl FileIds {
     /// process of one kernel and ABI maps the same image, so ours, copied once into an
     /// anonymous file, names theirs (`clock_gettime` that falls back to a system call has
     /// its leaf there). None for a mapping of another size (another ABI's vDSO).
-    pub fn vdso(&mut self, files: &mut Vec<Arc<UserFile>>, len: u64) -> Option<u32> {
+    pub(super) fn vdso(&mut self, files: &mut Vec<Arc<UserFile>>, len: u64) -> Option<u32> {
         let (id, own_len) = (*self.vdso.get_or_insert_with(|| {
             let (handle, len) = copy_own_vdso()?;
             let id = intern(files, Some(handle), Path::new("[vdso]"), None)?;
@@ -177,7 +177,7 @@ fn copy_own_vdso() -> Option<(File, u64)> {
 /// file, even deleted or in another mount namespace), else the path in the process's root,
 /// else in ours. Every open on behalf of a process is here: non-blocking, regular files only,
 /// and paths never followed out of the process's root (`untrusted`).
-pub fn open_in_process(pid: u32, path: &Path, range: Option<(u64, u64)>) -> Option<File> {
+pub(super) fn open_in_process(pid: u32, path: &Path, range: Option<(u64, u64)>) -> Option<File> {
     use std::os::unix::fs::OpenOptionsExt as _;
     range
         .and_then(|(start, end)| {

@@ -8,7 +8,7 @@ use std::{io, os::fd::AsRawFd as _, os::fd::FromRawFd as _, os::fd::OwnedFd};
 
 /// One side-band record, decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KernelRecord {
+pub(crate) enum KernelRecord {
     /// An executable mapping (PROT_EXEC) of a file.
     Map {
         pid: u32,
@@ -37,7 +37,7 @@ pub enum KernelRecord {
 /// What the kernel says identifies a mapped file: its build id when it could read it from
 /// memory, else the device and inode.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum FileIdentity {
+pub(crate) enum FileIdentity {
     BuildId(Vec<u8>),
     /// (device as `makedev(major, minor)`, inode).
     Inode(u64, u64),
@@ -121,7 +121,7 @@ impl Drop for CpuRing {
 }
 
 /// The side-band readers on every CPU.
-pub struct KernelRecords {
+pub(crate) struct KernelRecords {
     rings: Vec<CpuRing>,
     /// A record being reassembled when it wraps around the end of a ring.
     scratch: Vec<u8>,
@@ -130,7 +130,7 @@ pub struct KernelRecords {
 impl KernelRecords {
     /// Opens the dummy event on each of `cpus` with `data_bytes` of ring each (a power of two
     /// multiple of the page size). Needs CAP_PERFMON (or root) for system-wide events.
-    pub fn open(cpus: &[u32], data_bytes: usize) -> io::Result<Self> {
+    pub(crate) fn open(cpus: &[u32], data_bytes: usize) -> io::Result<Self> {
         let page = page_size();
         let data_len = data_bytes.max(page).next_power_of_two();
         let attr = PerfEventAttr {
@@ -207,7 +207,7 @@ impl KernelRecords {
     }
 
     /// Decodes every record waiting on every CPU, in time order, into `out`.
-    pub fn read(&mut self, out: &mut Vec<KernelRecord>) {
+    pub(crate) fn read(&mut self, out: &mut Vec<KernelRecord>) {
         let first = out.len();
         for ring in &mut self.rings {
             ring.read(&mut self.scratch, out);

@@ -7,14 +7,14 @@ use crate::profile::Lifetime;
 
 /// Lifetimes in the order their processes first showed up; times are CLOCK_MONOTONIC ns.
 #[derive(Default)]
-pub struct LifetimeLog {
+pub(crate) struct LifetimeLog {
     entries: Vec<Lifetime>,
     /// The current entry of each pid (a reused pid gets a new one at its fork).
     current: HashMap<u32, usize>,
 }
 
 impl LifetimeLog {
-    pub fn fork(&mut self, pid: u32, ppid: u32, time_ns: u64, parent_comm: Option<String>) {
+    pub(crate) fn fork(&mut self, pid: u32, ppid: u32, time_ns: u64, parent_comm: Option<String>) {
         // Each CPU has its own ring, read one after the other: a process that lives between
         // two reads has its exec or exit read before its fork. Those belong to this fork.
         if let Some(&i) = self.current.get(&pid) {
@@ -39,7 +39,7 @@ impl LifetimeLog {
         });
     }
 
-    pub fn exec(&mut self, pid: u32, time_ns: u64, comm: &str) {
+    pub(crate) fn exec(&mut self, pid: u32, time_ns: u64, comm: &str) {
         let e = self.entry(pid);
         e.exec_ns = Some(time_ns);
         comm.clone_into(&mut e.comm);
@@ -47,7 +47,7 @@ impl LifetimeLog {
     }
 
     /// An executable mapping of `pid`: the first one after an exec is the executable.
-    pub fn mapped(&mut self, pid: u32, path: &str) {
+    pub(crate) fn mapped(&mut self, pid: u32, path: &str) {
         if let Some(&i) = self.current.get(&pid) {
             let e = &mut self.entries[i];
             if e.exec_ns.is_some() && e.exe.is_empty() {
@@ -56,25 +56,25 @@ impl LifetimeLog {
         }
     }
 
-    pub fn exit(&mut self, pid: u32, time_ns: u64) {
+    pub(crate) fn exit(&mut self, pid: u32, time_ns: u64) {
         self.entry(pid).exit_ns.get_or_insert(time_ns);
     }
 
     /// The exit status (BPF, wait(2) form); it may come before or after the exit record.
-    pub fn status(&mut self, pid: u32, time_ns: u64, status: u32) {
+    pub(crate) fn status(&mut self, pid: u32, time_ns: u64, status: u32) {
         let e = self.entry(pid);
         e.exit_ns.get_or_insert(time_ns);
         e.exit_status = Some(status);
     }
 
     /// The comm the kernel last reported for `pid`.
-    pub fn comm(&self, pid: u32) -> Option<&str> {
+    pub(crate) fn comm(&self, pid: u32) -> Option<&str> {
         let e = &self.entries[*self.current.get(&pid)?];
         (!e.comm.is_empty()).then_some(e.comm.as_str())
     }
 
     /// The executable the kernel last reported for `pid`.
-    pub fn exe(&self, pid: u32) -> Option<&str> {
+    pub(crate) fn exe(&self, pid: u32) -> Option<&str> {
         let e = &self.entries[*self.current.get(&pid)?];
         (!e.exe.is_empty()).then_some(e.exe.as_str())
     }
@@ -86,7 +86,7 @@ impl LifetimeLog {
 
     /// Every lifetime, times made offsets from `start_mono_ns` (events before it, read late,
     /// count as at the start).
-    pub fn to_profile(&self, start_mono_ns: u64) -> Vec<Lifetime> {
+    pub(crate) fn to_profile(&self, start_mono_ns: u64) -> Vec<Lifetime> {
         let off = |t: Option<u64>| t.map(|t| t.saturating_sub(start_mono_ns));
         let mut v: Vec<Lifetime> = self
             .entries
@@ -105,7 +105,7 @@ impl LifetimeLog {
 
     /// Starts a new log (the agent, each window): processes still running keep their
     /// entry, so that a later exit finds its fork, exec and comm.
-    pub fn take_window(&mut self) -> Self {
+    pub(crate) fn take_window(&mut self) -> Self {
         let old = std::mem::take(self);
         for (&pid, &i) in &old.current {
             let e = &old.entries[i];

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 /// One executable mapping of a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mapping {
+pub(crate) struct Mapping {
     /// First address, inclusive.
     pub start: u64,
     /// End address, exclusive.
@@ -21,7 +21,7 @@ pub struct Mapping {
 
 /// One address space of a process: from a fork or an exec to the next exec.
 #[derive(Clone, Debug, Default)]
-pub struct AddressSpace {
+pub(crate) struct AddressSpace {
     /// CLOCK_MONOTONIC time it came into force, ns (0: before the recording).
     pub since_ns: u64,
     /// Every executable mapping of the space is here: it began during the recording (exec, or
@@ -34,13 +34,13 @@ pub struct AddressSpace {
 
 impl AddressSpace {
     /// The mapping holding `addr`.
-    pub fn lookup(&self, addr: u64) -> Option<&Mapping> {
+    pub(crate) fn lookup(&self, addr: u64) -> Option<&Mapping> {
         let i = self.maps.partition_point(|m| m.start <= addr);
         self.maps[..i].last().filter(|m| addr < m.end)
     }
 
     /// Every mapping, by address.
-    pub fn mappings(&self) -> &[Mapping] {
+    pub(crate) fn mappings(&self) -> &[Mapping] {
         &self.maps
     }
 
@@ -75,14 +75,14 @@ impl AddressSpace {
 
 /// Address spaces of every process the kernel told us about, oldest first per pid.
 #[derive(Default)]
-pub struct MappingTable {
+pub(crate) struct MappingTable {
     spaces: HashMap<u32, Vec<AddressSpace>>,
 }
 
 impl MappingTable {
     /// The space `pid` had at `time_ns` and its index (its generation: 0 for the first one we
     /// know of, +1 for each exec or pid reuse); None when the kernel told us nothing of `pid`.
-    pub fn space_at(&self, pid: u32, time_ns: u64) -> Option<(u32, &AddressSpace)> {
+    pub(crate) fn space_at(&self, pid: u32, time_ns: u64) -> Option<(u32, &AddressSpace)> {
         let spaces = self.spaces.get(&pid)?;
         let i = spaces.partition_point(|s| s.since_ns <= time_ns);
         // A sample older than every space known: the process existed before its first
@@ -92,17 +92,17 @@ impl MappingTable {
     }
 
     /// `pid`'s space of generation `generation` (see `space_at`).
-    pub fn space(&self, pid: u32, generation: u32) -> Option<&AddressSpace> {
+    pub(crate) fn space(&self, pid: u32, generation: u32) -> Option<&AddressSpace> {
         self.spaces.get(&pid)?.get(generation as usize)
     }
 
     /// How many spaces `pid` has had (0: the kernel told us nothing of it).
-    pub fn generations(&self, pid: u32) -> u32 {
+    pub(crate) fn generations(&self, pid: u32) -> u32 {
         self.spaces.get(&pid).map_or(0, |s| s.len() as u32)
     }
 
     /// `pid` ran exec at `time_ns`: a new, empty, complete space.
-    pub fn exec(&mut self, pid: u32, time_ns: u64) {
+    pub(crate) fn exec(&mut self, pid: u32, time_ns: u64) {
         // A process from before the recording: what it ran until now is its generation 0
         // (in /proc only, and no longer there: its samples stay unknown, not misnamed).
         self.spaces
@@ -121,7 +121,7 @@ impl MappingTable {
     /// `pid` forked from `ppid` at `time_ns` with a copy of its mappings. `parent_seed`
     /// gives the parent's mappings when the table knows nothing of it (a process that
     /// existed before the recording, read from /proc now).
-    pub fn fork(
+    pub(crate) fn fork(
         &mut self,
         pid: u32,
         ppid: u32,
@@ -154,7 +154,7 @@ impl MappingTable {
     }
 
     /// `pid` mapped `m` at `time_ns`.
-    pub fn map(&mut self, pid: u32, time_ns: u64, m: Mapping) {
+    pub(crate) fn map(&mut self, pid: u32, time_ns: u64, m: Mapping) {
         let spaces = self.spaces.entry(pid).or_insert_with(|| {
             // First news of a process that existed before the recording.
             vec![AddressSpace::default()]
@@ -166,12 +166,12 @@ impl MappingTable {
     }
 
     /// Forgets `pid` (the agent, once a process has exited and its samples are resolved).
-    pub fn remove(&mut self, pid: u32) {
+    pub(crate) fn remove(&mut self, pid: u32) {
         self.spaces.remove(&pid);
     }
 
     /// Pids known.
-    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn pids(&self) -> impl Iterator<Item = u32> + '_ {
         self.spaces.keys().copied()
     }
 

@@ -8,7 +8,7 @@ mod lifetimes;
 mod mappings;
 mod perfmap;
 mod process;
-pub mod untrusted;
+pub(crate) mod untrusted;
 
 use std::{collections::HashMap, future::Future, time::Duration};
 
@@ -18,25 +18,23 @@ use profiler_common::{
 };
 use tokio::io::unix::AsyncFd;
 
-pub use files::UserFile;
-pub use kernel_records::{FileIdentity, KernelRecord, KernelRecords};
-pub use lifetimes::LifetimeLog;
-pub use mappings::{AddressSpace, Mapping, MappingTable};
+pub(crate) use files::UserFile;
+pub(crate) use kernel_records::{KernelRecord, KernelRecords};
 pub use perfmap::{PerfMap, ns_pid};
-pub use process::{ProcessTable, SpaceId, UserLoc, procmap_query_supported, space_pid};
+pub(crate) use process::{ProcessTable, SpaceId, UserLoc, procmap_query_supported, space_pid};
 
 /// Where process facts come from besides the samples: the kernel's records (mappings, exec,
 /// fork, exit) and the exit statuses the sampler's exit program sends. Either may be missing
 /// (an old kernel, no BTF): then /proc is read at a process's first sample, as before.
 #[derive(Default)]
-pub struct ProcessEvents {
+pub(crate) struct ProcessEvents {
     pub kernel: Option<KernelRecords>,
     pub exits: Option<RingBuf<MapData>>,
     records: Vec<KernelRecord>,
 }
 
 impl ProcessEvents {
-    pub fn new(kernel: Option<KernelRecords>, exits: Option<RingBuf<MapData>>) -> Self {
+    pub(crate) fn new(kernel: Option<KernelRecords>, exits: Option<RingBuf<MapData>>) -> Self {
         Self {
             kernel,
             exits,
@@ -67,7 +65,7 @@ impl ProcessEvents {
 
 /// A sample as received, with its stacks interned but not yet symbolized.
 #[derive(Clone, Copy, Debug)]
-pub struct RawSample {
+pub(crate) struct RawSample {
     /// CLOCK_MONOTONIC, ns.
     pub time_ns: u64,
     pub cpu: u32,
@@ -86,11 +84,11 @@ pub struct RawSample {
 
 /// Raw stacks stored once each. Addresses are leaf first; every frame but the leaf is a return
 /// address, already moved back by one byte so it falls inside the call instruction.
-pub type StackTable<K> = crate::util::Dense<K>;
+pub(crate) type StackTable<K> = crate::util::Dense<K>;
 
 /// Which samples the user wants, beyond the in-kernel pid filter.
 #[derive(Clone, Debug, Default)]
-pub struct CommFilter(pub Vec<String>);
+pub(crate) struct CommFilter(pub Vec<String>);
 
 impl CommFilter {
     fn wants(&self, comm: &str) -> bool {
@@ -102,13 +100,13 @@ impl CommFilter {
 /// when v1 and v2 are mixed): a process is kept when /proc/PID/cgroup puts it in one of them
 /// or below, decided at its first sample.
 #[derive(Clone, Debug, Default)]
-pub struct CgroupFilter {
+pub(crate) struct CgroupFilter {
     targets: Vec<crate::cgroups::CgroupTarget>,
     decided: HashMap<u32, bool>,
 }
 
 impl CgroupFilter {
-    pub fn new(targets: Vec<crate::cgroups::CgroupTarget>) -> Self {
+    pub(crate) fn new(targets: Vec<crate::cgroups::CgroupTarget>) -> Self {
         Self {
             targets,
             decided: HashMap::new(),
@@ -134,7 +132,7 @@ impl CgroupFilter {
 
 /// Everything collected during a recording.
 #[derive(Default)]
-pub struct Collection {
+pub(crate) struct Collection {
     pub samples: Vec<RawSample>,
     pub comms: Vec<String>,
     comm_ids: HashMap<[u8; COMM_LEN], Option<u32>>,
@@ -173,14 +171,14 @@ pub struct Collection {
 }
 
 /// See `Collection::on_new_process`.
-pub type NewProcessHook = Box<dyn FnMut(crate::unwind::ProcessEvent) + Send>;
+pub(crate) type NewProcessHook = Box<dyn FnMut(crate::unwind::ProcessEvent) + Send>;
 
 /// User "addresses" at and above this mark the root of a stack that a table walk cut short:
 /// `TRUNCATED_MARK + unwind::reason` (in the kernel half, so never a user address).
-pub const TRUNCATED_MARK: u64 = 0xffff_ffff_ffff_ff00;
+pub(crate) const TRUNCATED_MARK: u64 = 0xffff_ffff_ffff_ff00;
 
 /// The `[truncated: reason]` name of a marker address, None for a real address.
-pub fn truncation_name(addr: u64) -> Option<String> {
+pub(crate) fn truncation_name(addr: u64) -> Option<String> {
     let code = addr.checked_sub(TRUNCATED_MARK)?;
     let names = profiler_common::unwind::reason::NAMES;
     Some(format!(
@@ -201,7 +199,7 @@ fn with_truncation_marker(user: Box<[u64]>, sample_flags: u32) -> Box<[u64]> {
 }
 
 impl Collection {
-    pub fn new(filter: CommFilter) -> Self {
+    pub(crate) fn new(filter: CommFilter) -> Self {
         Self {
             filter,
             ..Self::default()
@@ -212,7 +210,7 @@ impl Collection {
     /// collection of its own that symbolizes on another thread: the process facts its
     /// addresses need are shared or copied into it. The process table, the kernel records,
     /// the Python tracker and the filters stay here for the next window.
-    pub fn cut(&mut self) -> Collection {
+    pub(crate) fn cut(&mut self) -> Collection {
         let mut window = Collection {
             samples: std::mem::take(&mut self.samples),
             comms: std::mem::take(&mut self.comms),
@@ -242,7 +240,7 @@ impl Collection {
     /// The samples taken at or after `since_ns` (monotonic) as a collection of their own,
     /// as `cut` makes, leaving this one as it is: a profile of part of a window (the agent's
     /// /debug/pprof/profile), without lifetimes (they belong to the window).
-    pub fn copy_since(&mut self, since_ns: u64) -> Collection {
+    pub(crate) fn copy_since(&mut self, since_ns: u64) -> Collection {
         let mut copy = Collection {
             samples: self
                 .samples
@@ -293,18 +291,18 @@ impl Collection {
     /// Keeps only samples of processes in these cgroups (see `CgroupFilter`).
     /// Tells `hook` of each new process's first sample, its mappings and its exit
     /// (`unwind::ProcessEvent`).
-    pub fn on_new_process(mut self, hook: NewProcessHook) -> Self {
+    pub(crate) fn on_new_process(mut self, hook: NewProcessHook) -> Self {
         self.new_process_hook = Some(hook);
         self
     }
 
-    pub fn with_cgroup_filter(mut self, filter: CgroupFilter) -> Self {
+    pub(crate) fn with_cgroup_filter(mut self, filter: CgroupFilter) -> Self {
         self.cgroup_filter = filter;
         self
     }
 
     /// Finds the path of every cgroup id seen so far.
-    pub fn resolve_cgroups(&mut self) {
+    pub(crate) fn resolve_cgroups(&mut self) {
         let mut ids: Vec<u64> = self.samples.iter().map(|s| s.cgroup_id).collect();
         ids.sort_unstable();
         ids.dedup();
@@ -318,7 +316,7 @@ impl Collection {
 
     /// Only the lifetimes of processes whose comm passes the comm filter, times made
     /// offsets from `start_mono_ns`.
-    pub fn lifetimes(&self, start_mono_ns: u64) -> Vec<crate::profile::Lifetime> {
+    pub(crate) fn lifetimes(&self, start_mono_ns: u64) -> Vec<crate::profile::Lifetime> {
         let mut v = self.processes.lifetimes.to_profile(start_mono_ns);
         v.retain(|l| self.filter.wants(&l.comm));
         v
@@ -328,7 +326,7 @@ impl Collection {
     /// process records, then the samples are added: every record a sample depends on (the
     /// mapping its code is in, its process's exec) was written before the sample, so it has
     /// been read by then.
-    pub fn drain(&mut self, ring: &mut RingBuf<MapData>) {
+    pub(crate) fn drain(&mut self, ring: &mut RingBuf<MapData>) {
         let (mut batch, mut ends) = (
             std::mem::take(&mut self.batch),
             std::mem::take(&mut self.batch_ends),
@@ -447,7 +445,7 @@ impl Collection {
     }
 
     /// Registers new Python processes and names new Python frames (they must still live).
-    pub fn resolve_python(&mut self) {
+    pub(crate) fn resolve_python(&mut self) {
         if let Some(t) = &mut self.python {
             t.resolve_pending();
         }
@@ -469,7 +467,7 @@ impl Collection {
 
     /// Drains the ring buffer as data arrives until `stop` completes, resolving new user
     /// addresses against live processes every `tick` and calling `on_tick` (for progress).
-    pub async fn run_until(
+    pub(crate) async fn run_until(
         &mut self,
         ring: &mut AsyncFd<RingBuf<MapData>>,
         stop: impl Future<Output = ()>,

@@ -17,14 +17,14 @@ use super::untrusted::Root;
 /// Bytes of a perf map read at most. A JVM's map of a large service is a few MiB; the cap
 /// keeps a map that is /dev/zero-like (a sparse file of any size) from costing more than
 /// this much reading. Entries past it are not seen.
-pub const MAX_FILE_BYTES: u64 = 64 << 20;
+pub(super) const MAX_FILE_BYTES: u64 = 64 << 20;
 /// Bytes of a name kept; longer names are cut there and end in `NAME_CUT`. Real JIT names
 /// (a JS function with its script URL, a Java signature) stay far below.
-pub const MAX_NAME_BYTES: usize = 1024;
+pub(super) const MAX_NAME_BYTES: usize = 1024;
 /// Appended to a name cut at `MAX_NAME_BYTES`.
-pub const NAME_CUT: &str = "[...]";
+pub(super) const NAME_CUT: &str = "[...]";
 /// Entries kept at most: bounds memory when a map is all tiny lines (about 80 MB at worst).
-pub const MAX_ENTRIES: usize = 1 << 20;
+pub(super) const MAX_ENTRIES: usize = 1 << 20;
 
 /// One process's perf map: (start, end exclusive, name), sorted by start.
 #[derive(Debug, Default)]
@@ -87,7 +87,7 @@ impl PerfMap {
             .map(|e| e.2.as_str())
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 }
@@ -136,7 +136,7 @@ fn cap_name(name: &str, line_cut: bool) -> String {
 /// What is needed to read a process's perf map later, taken while it lives: its root (held
 /// open, valid after it exits), its pid as it sees it, and its effective user.
 #[derive(Debug)]
-pub struct Source {
+pub(super) struct Source {
     root: Root,
     ns_pid: u32,
     euid: u32,
@@ -144,7 +144,7 @@ pub struct Source {
 
 impl Source {
     /// None when the process is gone (or its root cannot be opened).
-    pub fn of(pid: u32) -> Option<Self> {
+    pub(super) fn of(pid: u32) -> Option<Self> {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
         Some(Self {
             root: Root::of_process(pid).ok()?,
@@ -159,7 +159,7 @@ impl Source {
 /// from the process's point of view; then the host's /tmp with the host pid (a process that
 /// shares our mount namespace but not our pid namespace, or an agent that wrote the map from
 /// outside). Blocking file work: never call it on a thread that drains samples or serves HTTP.
-pub fn read(pid: u32, src: &Source) -> Option<PerfMap> {
+pub(super) fn read(pid: u32, src: &Source) -> Option<PerfMap> {
     let host = Root::host().ok();
     let candidates = [
         (Some(&src.root), format!("/tmp/perf-{}.map", src.ns_pid)),

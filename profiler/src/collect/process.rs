@@ -26,10 +26,10 @@ use crate::profile::Process;
 /// One address space of one process: its pid in the low half, in the high half which of its
 /// execs (its generation in `MappingTable`). User stacks and addresses are keyed by it, as
 /// one pid maps different binaries before and after an exec.
-pub type SpaceId = u64;
+pub(crate) type SpaceId = u64;
 
 /// The pid of a space.
-pub fn space_pid(space: SpaceId) -> u32 {
+pub(crate) fn space_pid(space: SpaceId) -> u32 {
     space as u32
 }
 
@@ -39,7 +39,7 @@ fn space_id(pid: u32, generation: u32) -> SpaceId {
 
 /// Where a user address points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UserLoc {
+pub(crate) enum UserLoc {
     /// In `ProcessTable::files[file]`, at this file offset.
     File { file: u32, offset: u64 },
     /// JIT code named by the process's perf map: `ProcessTable::names[_]` (`perfmap`).
@@ -48,7 +48,7 @@ pub enum UserLoc {
     Unknown,
 }
 
-pub struct ProcessTable {
+pub(crate) struct ProcessTable {
     pub processes: BTreeMap<u32, Process>,
     /// Shared with the windows cut from this table (`Collection::cut`), which symbolize
     /// on another thread while this one goes on.
@@ -77,7 +77,7 @@ impl ProcessTable {
     /// What symbolizing a window needs of this table, on its own: the processes, the files
     /// (shared), the JIT names, the locations of the window's addresses only, and the
     /// given lifetimes.
-    pub fn window_view(
+    pub(crate) fn window_view(
         &mut self,
         addrs: impl Iterator<Item = (SpaceId, u64)>,
         lifetimes: LifetimeLog,
@@ -116,7 +116,7 @@ impl Default for ProcessTable {
 impl ProcessTable {
     /// Notes a sample of `pid` at `time_ns` with these user addresses; returns the address
     /// space they belong to. The kernel's records up to `time_ns` must be applied first.
-    pub fn saw(&mut self, pid: u32, time_ns: u64, user_addrs: &[u64]) -> SpaceId {
+    pub(crate) fn saw(&mut self, pid: u32, time_ns: u64, user_addrs: &[u64]) -> SpaceId {
         if pid == 0 {
             return 0; // the idle task
         }
@@ -143,7 +143,7 @@ impl ProcessTable {
     }
 
     /// Applies the kernel's records (in time order): mappings, execs, forks, exits.
-    pub fn apply(&mut self, records: &[KernelRecord]) {
+    pub(crate) fn apply(&mut self, records: &[KernelRecord]) {
         for r in records {
             match r {
                 KernelRecord::Map {
@@ -210,7 +210,7 @@ impl ProcessTable {
     /// `pid`'s executable file mappings at `time_ns` for the table walk's loader, each with
     /// the file kept open since the kernel reported it; None unless the kernel's records
     /// hold the whole space (a process from before the recording: read /proc instead).
-    pub fn unwind_mappings(
+    pub(crate) fn unwind_mappings(
         &self,
         pid: u32,
         time_ns: u64,
@@ -236,7 +236,7 @@ impl ProcessTable {
     }
 
     /// A process's exit status (from the exit tracepoint).
-    pub fn exited(&mut self, pid: u32, time_ns: u64, status: u32) {
+    pub(crate) fn exited(&mut self, pid: u32, time_ns: u64, status: u32) {
         self.lifetimes.status(pid, time_ns, status);
     }
 
@@ -301,7 +301,7 @@ impl ProcessTable {
 
     /// Maps every pending address to (file, offset): from the kernel's mappings, else (a
     /// process from before the recording) from /proc/PID/maps of the live process.
-    pub fn resolve_pending(&mut self) {
+    pub(crate) fn resolve_pending(&mut self) {
         for (space, addrs) in std::mem::take(&mut self.pending) {
             let pid = space_pid(space);
             let generation = (space >> 32) as u32;
@@ -439,7 +439,7 @@ impl ProcessTable {
 
     /// Reads the perf maps of the processes with unnamed anonymous-memory addresses, on a
     /// blocking thread (the caller's may drain samples or serve HTTP), and names them.
-    pub async fn name_jit_code(&mut self) -> std::io::Result<()> {
+    pub(crate) async fn name_jit_code(&mut self) -> std::io::Result<()> {
         let work = self.jit_work();
         let names = tokio::task::spawn_blocking(move || work.read())
             .await
@@ -491,7 +491,7 @@ fn build_normalizer(procmap_query: bool) -> Normalizer {
 
 /// Whether this kernel answers PROCMAP_QUERY: one of our own addresses normalized through it.
 /// Also reported at start by `bpf::features`.
-pub fn procmap_query_supported() -> bool {
+pub(crate) fn procmap_query_supported() -> bool {
     let here = procmap_query_supported as fn() -> bool as usize as u64;
     build_normalizer(true)
         .normalize_user_addrs(std::process::id().into(), &[here])

@@ -24,7 +24,7 @@ use std::{
 
 /// Why a file was not opened.
 #[derive(Debug, thiserror::Error)]
-pub enum OpenError {
+pub(crate) enum OpenError {
     #[error(transparent)]
     Io(#[from] io::Error),
     /// A FIFO, device, socket or directory: reading it could block forever or never end.
@@ -38,22 +38,22 @@ pub enum OpenError {
 /// The root directory a process sees, held open (O_PATH): paths are resolved against it, and
 /// it stays valid after the process exits.
 #[derive(Debug)]
-pub struct Root(OwnedFd);
+pub(crate) struct Root(OwnedFd);
 
 impl Root {
     /// The root of process `pid` (its mount namespace and chroot).
-    pub fn of_process(pid: u32) -> io::Result<Self> {
+    pub(crate) fn of_process(pid: u32) -> io::Result<Self> {
         Self::open_dir(&format!("/proc/{pid}/root"))
     }
 
     /// Our own root: for paths named in our mount namespace (the host's /tmp/perf-PID.map, a
     /// binary whose process is gone, /usr/lib/debug).
-    pub fn host() -> io::Result<Self> {
+    pub(crate) fn host() -> io::Result<Self> {
         Self::open_dir("/")
     }
 
     /// A directory to act as a root (tests use a scratch directory).
-    pub fn open_dir(path: &str) -> io::Result<Self> {
+    pub(crate) fn open_dir(path: &str) -> io::Result<Self> {
         let c = CString::new(path).map_err(io::Error::other)?;
         // SAFETY: a NUL-terminated path; the returned fd is ours alone.
         let fd = unsafe {
@@ -71,7 +71,7 @@ impl Root {
 
     /// Opens `path` (absolute or not, always taken from this root) read-only, non-blocking,
     /// and only if it is a regular file.
-    pub fn open(&self, path: &Path) -> Result<File, OpenError> {
+    pub(crate) fn open(&self, path: &Path) -> Result<File, OpenError> {
         let file = match self.openat2(path) {
             // ENOSYS: no openat2. EPERM: a seccomp policy that refuses it (older container
             // runtimes' default); a real EPERM fails the stricter walk just the same.
@@ -159,7 +159,7 @@ fn symlink_refused(e: io::Error) -> OpenError {
 }
 
 /// Refuses anything but a regular file (fstat of the open file: no race with the path).
-pub fn regular(file: &File) -> Result<std::fs::Metadata, OpenError> {
+pub(crate) fn regular(file: &File) -> Result<std::fs::Metadata, OpenError> {
     let meta = file.metadata()?;
     let kind = match meta.mode() & libc::S_IFMT {
         libc::S_IFREG => return Ok(meta),
@@ -175,7 +175,7 @@ pub fn regular(file: &File) -> Result<std::fs::Metadata, OpenError> {
 
 /// `/proc/self/fd/N` of an open file, for libraries that take a path (blazesym): they then
 /// read exactly the file we checked, whatever its path names by then.
-pub fn fd_path(file: &File) -> std::path::PathBuf {
+pub(crate) fn fd_path(file: &File) -> std::path::PathBuf {
     format!("/proc/self/fd/{}", file.as_raw_fd()).into()
 }
 

@@ -10,7 +10,7 @@ use super::{
 use crate::profile::lifecycle::Program;
 
 /// The findings and the verdict as JSON (one object, one line).
-pub fn json(f: &Findings, v: &Verdict) -> String {
+pub(crate) fn json(f: &Findings, v: &Verdict) -> String {
     serde_json::to_string(&Report::new(f, v)).expect("plain data serializes")
 }
 

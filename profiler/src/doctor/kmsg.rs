@@ -15,7 +15,7 @@ const MAX_RECORDS: usize = 100_000;
 
 /// A starvation symptom the kernel logged during the window.
 #[derive(Clone, Debug, PartialEq)]
-pub struct KernelEvent {
+pub(crate) struct KernelEvent {
     /// The record's timestamp (the kernel's monotonic clock), µs.
     pub ts_us: u64,
     /// Seconds after the profile's start.
@@ -25,7 +25,7 @@ pub struct KernelEvent {
 }
 
 /// What a kernel message is a symptom of, if it is one.
-pub fn classify(msg: &str) -> Option<&'static str> {
+pub(crate) fn classify(msg: &str) -> Option<&'static str> {
     let m = msg.to_ascii_lowercase();
     if m.contains("netdev watchdog") || (m.contains("transmit queue") && m.contains("timed out")) {
         Some("network watchdog")
@@ -45,17 +45,17 @@ pub fn classify(msg: &str) -> Option<&'static str> {
 }
 
 /// One /dev/kmsg record: "PRIO,SEQ,TS_USEC,FLAGS[,...];MESSAGE\n" plus continuation lines.
-pub fn parse_record(rec: &str) -> Option<(u64, &str)> {
+pub(crate) fn parse_record(rec: &str) -> Option<(u64, &str)> {
     let (head, rest) = rec.split_once(';')?;
     let ts = head.split(',').nth(2)?.parse().ok()?;
     Some((ts, rest.lines().next().unwrap_or("")))
 }
 
 /// /dev/kmsg opened at its end: `finish` reads what came after.
-pub struct KmsgWatch(File);
+pub(crate) struct KmsgWatch(File);
 
 impl KmsgWatch {
-    pub fn start() -> std::io::Result<Self> {
+    pub(crate) fn start() -> std::io::Result<Self> {
         let mut f = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
@@ -65,7 +65,7 @@ impl KmsgWatch {
     }
 
     /// The symptoms logged since `start`, on the profile's clock.
-    pub fn finish(mut self, start_mono_ns: u64) -> Vec<KernelEvent> {
+    pub(crate) fn finish(mut self, start_mono_ns: u64) -> Vec<KernelEvent> {
         let mut out = Vec::new();
         // One record per read; EPIPE means records were overwritten (skip on), EAGAIN the end.
         // A kernel logging faster than we read would keep us here: stop at records from after
@@ -133,7 +133,7 @@ fn runs(t: &CpuTable) -> Vec<(u32, u64, u64, f64, f64)> {
 
 /// One line per symptom, after the saturated run that ended last before it (or overlaps it):
 /// "CPU1 at 100% (97% sys) for 14 s from +2 s; 2.0 s later (+18.0 s): network watchdog: ...".
-pub fn timeline(events: &[KernelEvent], profile: &Profile) -> Vec<String> {
+pub(crate) fn timeline(events: &[KernelEvent], profile: &Profile) -> Vec<String> {
     // The doctor's window is seconds long; a span too long for a table leaves the symptoms
     // without their CPU context rather than failing the report.
     let runs = crate::profile::cpu_table(profile, &Default::default())

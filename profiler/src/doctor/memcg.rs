@@ -10,7 +10,7 @@ use crate::profile::{FrameKind, Profile};
 /// statistics reads (what kubelet/cAdvisor polls; v1's and cgroup2's memory.stat readers
 /// differ), the memcg hierarchy walk, rstat flushing,
 /// and reclaim (which walks dying memcgs too).
-pub const CATALOGUE: &[&str] = &[
+pub(crate) const CATALOGUE: &[&str] = &[
     "mem_cgroup_nr_lru_pages",
     "mem_cgroup_node_nr_lru_pages",
     "memcg_numa_stat_show",
@@ -40,7 +40,7 @@ pub const CATALOGUE: &[&str] = &[
 ];
 
 /// Catalogue entries defined in kallsyms `text` (function symbols: t/T).
-pub fn present_in_kallsyms(text: &str) -> Vec<&'static str> {
+pub(crate) fn present_in_kallsyms(text: &str) -> Vec<&'static str> {
     let wanted: HashSet<&str> = CATALOGUE.iter().copied().collect();
     let mut found: HashSet<&str> = HashSet::new();
     for line in text.lines() {
@@ -61,7 +61,7 @@ pub fn present_in_kallsyms(text: &str) -> Vec<&'static str> {
 
 /// One process's CPU in memcg code.
 #[derive(Clone, Debug, PartialEq)]
-pub struct MemcgShare {
+pub(crate) struct MemcgShare {
     pub pid: u32,
     pub comm: String,
     /// All samples of the process.
@@ -74,12 +74,12 @@ pub struct MemcgShare {
 
 impl MemcgShare {
     /// Share of the process's CPU in memcg code, percent.
-    pub fn percent(&self) -> f64 {
+    pub(crate) fn percent(&self) -> f64 {
         pct(self.memcg_samples, self.samples)
     }
 
     /// The catalogue function seen on most of its memcg samples.
-    pub fn top_function(&self) -> &str {
+    pub(crate) fn top_function(&self) -> &str {
         self.functions.first().map_or("", |(n, _)| n)
     }
 }
@@ -93,7 +93,7 @@ pub(crate) fn pct(part: u64, whole: u64) -> f64 {
 }
 
 /// Per process (not the idle task) with at least one memcg sample, most memcg samples first.
-pub fn shares(profile: &Profile, catalogue: &[&str]) -> Vec<MemcgShare> {
+pub(crate) fn shares(profile: &Profile, catalogue: &[&str]) -> Vec<MemcgShare> {
     let wanted: HashSet<&str> = catalogue.iter().copied().collect();
     // Which catalogue functions each stack holds, computed once per stack.
     let mut stack_hits: HashMap<u32, Vec<String>> = HashMap::new();
@@ -152,7 +152,7 @@ pub fn shares(profile: &Profile, catalogue: &[&str]) -> Vec<MemcgShare> {
 
 /// Per-CPU busy share from the samples: non-idle samples over the ticks expected in the
 /// recording (frequency x duration), percent.
-pub fn cpu_busy(profile: &Profile) -> Vec<(u32, f64)> {
+pub(crate) fn cpu_busy(profile: &Profile) -> Vec<(u32, f64)> {
     let expected = profile.meta.frequency_hz as f64 * profile.meta.duration_ns as f64 / 1e9;
     profile
         .meta

@@ -4,15 +4,14 @@
 //! starved by kubelet reading memory statistics while tens of thousands of dying memcgs,
 //! left by a crash-looping creator, make every read slow.
 mod json;
-pub mod kmsg;
-pub mod memcg;
+pub(crate) mod kmsg;
+pub(crate) mod memcg;
 mod report;
-pub mod verdict;
+pub(crate) mod verdict;
 
 use std::time::Duration;
 
-pub use report::{json, text};
-pub use verdict::{Level, Verdict};
+pub(crate) use report::{json, text};
 
 use crate::{
     bpf::{
@@ -27,7 +26,7 @@ use crate::{
 
 /// What to look at.
 #[derive(Clone, Debug)]
-pub struct DoctorConfig {
+pub(crate) struct DoctorConfig {
     /// Length of the observation window.
     pub duration: Duration,
     /// Profile sampling rate per CPU, Hz.
@@ -41,7 +40,7 @@ pub struct DoctorConfig {
 
 /// Everything the doctor measured, the input of the verdict and of both renderings.
 #[derive(Clone, Debug)]
-pub struct Findings {
+pub(crate) struct Findings {
     /// Length of the profile window, s.
     pub duration_s: f64,
     /// Samples in the profile (all CPUs).
@@ -77,10 +76,10 @@ pub struct Findings {
 }
 
 /// Programs listed besides crash loops.
-pub const PROGRAMS_SHOWN: usize = 10;
+pub(crate) const PROGRAMS_SHOWN: usize = 10;
 
 /// Runs the window and gathers the findings.
-pub fn examine(
+pub(crate) fn examine(
     config: &DoctorConfig,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<Findings, RecordError> {

@@ -2,7 +2,7 @@
 //! schema in json.rs).
 use std::fmt::Write as _;
 
-pub use super::json::json;
+pub(crate) use super::json::json;
 use super::{
     Findings,
     verdict::{CPU_SATURATED, Verdict, cpu_percent, crash_loop_line},
@@ -12,7 +12,7 @@ use crate::cgroups::MemorySubtree;
 const MIB: f64 = (1 << 20) as f64;
 
 /// The human report.
-pub fn text(f: &Findings, v: &Verdict) -> String {
+pub(crate) fn text(f: &Findings, v: &Verdict) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "verdict: {}", v.level.name());
     for p in &v.problems {

@@ -4,29 +4,29 @@ use super::{Findings, memcg::MemcgShare};
 use crate::cgroups::{MemorySubtree, V2Memory};
 
 /// Dying cgroups of one controller worth a warning: more than a host's own trickle.
-pub const DYING_WARN: u64 = 100;
+pub(crate) const DYING_WARN: u64 = 100;
 /// Dying cgroups that make an alarm on their own: statistics reads and reclaim now walk
 /// hundreds of memcgs.
-pub const DYING_ALARM: u64 = 400;
+pub(crate) const DYING_ALARM: u64 = 400;
 /// A process is "hot in memcg code" with at least this share of its CPU there, percent...
-pub const MEMCG_SHARE_HOT: f64 = 20.0;
+pub(crate) const MEMCG_SHARE_HOT: f64 = 20.0;
 /// ...and at least this share of one CPU over the window, percent (ignores idle processes).
-pub const MEMCG_CPU_HOT: f64 = 10.0;
+pub(crate) const MEMCG_CPU_HOT: f64 = 10.0;
 /// cgroup creations per second by one process worth naming as churn.
-pub const CHURN_RATE_WARN: f64 = 1.0;
+pub(crate) const CHURN_RATE_WARN: f64 = 1.0;
 /// A CPU this busy, percent, is saturated.
-pub const CPU_SATURATED: f64 = 90.0;
+pub(crate) const CPU_SATURATED: f64 = 90.0;
 
 /// How bad.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
+pub(crate) enum Level {
     Healthy,
     Warning,
     Alarm,
 }
 
 impl Level {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Level::Healthy => "healthy",
             Level::Warning => "warning",
@@ -37,7 +37,7 @@ impl Level {
 
 /// The doctor's conclusion.
 #[derive(Clone, Debug)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     pub level: Level,
     /// One line per problem found.
     pub problems: Vec<String>,
@@ -49,7 +49,7 @@ pub struct Verdict {
 }
 
 /// memcg CPU of a share as percent of one CPU over the window.
-pub fn cpu_percent(share: &MemcgShare, f: &Findings) -> f64 {
+pub(crate) fn cpu_percent(share: &MemcgShare, f: &Findings) -> f64 {
     let ticks = f.samples_per_cpu_window();
     if ticks <= 0.0 {
         0.0
@@ -60,12 +60,12 @@ pub fn cpu_percent(share: &MemcgShare, f: &Findings) -> f64 {
 
 impl Findings {
     /// Expected samples of one fully busy CPU over the window.
-    pub fn samples_per_cpu_window(&self) -> f64 {
+    pub(crate) fn samples_per_cpu_window(&self) -> f64 {
         f64::from(self.frequency_hz) * self.duration_s
     }
 
     /// Processes hot in memcg code (see `MEMCG_SHARE_HOT`, `MEMCG_CPU_HOT`).
-    pub fn hot_memcg(&self) -> Vec<&MemcgShare> {
+    pub(crate) fn hot_memcg(&self) -> Vec<&MemcgShare> {
         self.memcg
             .iter()
             .filter(|s| s.percent() >= MEMCG_SHARE_HOT && cpu_percent(s, self) >= MEMCG_CPU_HOT)
@@ -73,7 +73,7 @@ impl Findings {
     }
 
     /// Processes creating cgroups at `CHURN_RATE_WARN` or faster.
-    pub fn churners(&self) -> Vec<&crate::bpf::churn::ChurnCount> {
+    pub(crate) fn churners(&self) -> Vec<&crate::bpf::churn::ChurnCount> {
         self.churn
             .iter()
             .filter(|c| self.churn_rate(c) >= CHURN_RATE_WARN)
@@ -81,7 +81,7 @@ impl Findings {
     }
 
     /// cgroups `c` created per second of the window (the verdict, the text and the JSON).
-    pub fn churn_rate(&self, c: &crate::bpf::churn::ChurnCount) -> f64 {
+    pub(crate) fn churn_rate(&self, c: &crate::bpf::churn::ChurnCount) -> f64 {
         c.mkdirs as f64 / self.duration_s.max(0.001)
     }
 }
@@ -89,7 +89,7 @@ impl Findings {
 /// Who made a crash loop's cgroup: the process that creates cgroups beside it (under the same
 /// parent), the program's own starter first. A service manager (systemd, containerd, a
 /// supervisor) creates the cgroup anew on every restart; it is the creator, not the cause.
-pub fn creator<'a>(
+pub(crate) fn creator<'a>(
     p: &crate::profile::lifecycle::Program,
     churn: &'a [crate::bpf::churn::ChurnCount],
 ) -> Option<&'a crate::bpf::churn::ChurnCount> {
@@ -110,7 +110,7 @@ pub fn creator<'a>(
 }
 
 /// One line naming a crash loop, its cause and its creator (for problems and the text report).
-pub fn crash_loop_line(p: &crate::profile::lifecycle::Program, f: &Findings) -> String {
+pub(crate) fn crash_loop_line(p: &crate::profile::lifecycle::Program, f: &Findings) -> String {
     let mut line = format!(
         "{} in cgroup {} exited with {} and was restarted {} times in {:.1} s ({:.0}/min, {} failing exits), median life {}",
         p.name(),
@@ -140,7 +140,7 @@ pub fn crash_loop_line(p: &crate::profile::lifecycle::Program, f: &Findings) -> 
 
 /// The v1 memory cgroup most likely holding the dying memcgs: the cache holder under which a
 /// churning process makes cgroups, else the top-ranked holder.
-pub fn holder<'a>(
+pub(crate) fn holder<'a>(
     f: &'a Findings,
     churners: &[&crate::bpf::churn::ChurnCount],
 ) -> Option<&'a crate::cgroups::CacheHolder> {
@@ -199,7 +199,7 @@ fn v2_reclaim(h: &MemorySubtree) -> String {
 }
 
 /// Judges the findings.
-pub fn judge(f: &Findings) -> Verdict {
+pub(crate) fn judge(f: &Findings) -> Verdict {
     let mut level = Level::Healthy;
     let mut problems = Vec::new();
     let mut remedies = Vec::new();

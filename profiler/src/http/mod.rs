@@ -6,11 +6,8 @@
 mod serve;
 mod token;
 
-pub use serve::{
-    HEALTH_PATH, MAX_CONNECTIONS, MAX_OVERFLOW, MAX_PER_CLIENT, MAX_REQUEST, READ_TIMEOUT,
-    WRITE_TIMEOUT, serve,
-};
-pub use token::{Token, TokenError};
+pub(crate) use serve::serve;
+pub(crate) use token::{Token, TokenError};
 
 /// A parsed GET request.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -25,7 +22,7 @@ pub struct Request {
 
 impl Request {
     /// The value of parameter `name`, if given.
-    pub fn param(&self, name: &str) -> Option<&str> {
+    pub(crate) fn param(&self, name: &str) -> Option<&str> {
         self.query
             .iter()
             .find(|(k, _)| k == name)
@@ -44,7 +41,7 @@ pub struct Response {
 }
 
 impl Response {
-    pub fn ok(content_type: &'static str, body: Vec<u8>) -> Self {
+    pub(crate) fn ok(content_type: &'static str, body: Vec<u8>) -> Self {
         Self {
             status: 200,
             content_type,
@@ -54,7 +51,7 @@ impl Response {
     }
 
     /// A one-line plain-text message.
-    pub fn text(status: u16, message: &str) -> Self {
+    pub(crate) fn text(status: u16, message: &str) -> Self {
         Self {
             status,
             content_type: "text/plain; charset=utf-8",
@@ -64,11 +61,11 @@ impl Response {
     }
 
     /// A 503 asking the client to come back in `seconds`.
-    pub fn busy(message: &str, seconds: u32) -> Self {
+    pub(crate) fn busy(message: &str, seconds: u32) -> Self {
         Self::text(503, message).with_header("Retry-After", seconds.to_string())
     }
 
-    pub fn with_header(mut self, name: &'static str, value: String) -> Self {
+    pub(crate) fn with_header(mut self, name: &'static str, value: String) -> Self {
         self.headers.push((name, value));
         self
     }

@@ -19,17 +19,17 @@ use tokio::{
 use super::{Request, Response, Token, parse_request};
 
 /// Bytes of request head read at most.
-pub const MAX_REQUEST: usize = 8192;
+pub(crate) const MAX_REQUEST: usize = 8192;
 /// Time a client has to send its request head: short, as an idle connection holds a slot.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(3);
 /// Time to write a response (large flame graphs on slow links).
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Connections served at once, in all.
-pub const MAX_CONNECTIONS: usize = 64;
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 /// Connections served at once from one client address.
-pub const MAX_PER_CLIENT: usize = 8;
+pub(crate) const MAX_PER_CLIENT: usize = 8;
 /// Connections past those limits read at once (to answer `HEALTH_PATH`); beyond, closed.
-pub const MAX_OVERFLOW: usize = 128;
+pub(crate) const MAX_OVERFLOW: usize = 128;
 /// Time a connection in the overflow lane has to send its request head.
 const OVERFLOW_TIMEOUT: Duration = Duration::from_secs(1);
 /// Refusals are logged at most this often.
@@ -37,7 +37,7 @@ const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// The path answered without a token and even past the connection limits: health probes
 /// must work while the API is busy or attacked, and it tells nothing about the profiles.
-pub const HEALTH_PATH: &str = "/healthz";
+pub(crate) const HEALTH_PATH: &str = "/healthz";
 
 /// What the accept loop counts (one thread: plain cells).
 #[derive(Default)]
@@ -90,7 +90,7 @@ impl Counts {
 
 /// Serves `listener` forever on the current `LocalSet`, calling `handler` per request. With
 /// a `token`, every path but `HEALTH_PATH` needs `Authorization: Bearer TOKEN` (else 401).
-pub async fn serve<F, Fut>(listener: TcpListener, token: Option<Token>, handler: F)
+pub(crate) async fn serve<F, Fut>(listener: TcpListener, token: Option<Token>, handler: F)
 where
     F: Fn(Request) -> Fut + 'static,
     Fut: Future<Output = Response> + 'static,

@@ -5,11 +5,11 @@ use std::{io::Read, os::unix::fs::OpenOptionsExt, path::Path};
 /// Bytes a token file may hold at most (a token is a line; this is not a place for data).
 const MAX_FILE: u64 = 4096;
 /// Characters a token needs at least: shorter ones can be guessed over the network.
-pub const MIN_TOKEN: usize = 16;
+pub(super) const MIN_TOKEN: usize = 16;
 
 /// A secret that requests must present as `Authorization: Bearer TOKEN`.
 #[derive(Clone)]
-pub struct Token(Vec<u8>);
+pub(crate) struct Token(Vec<u8>);
 
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -18,7 +18,7 @@ impl std::fmt::Debug for Token {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum TokenError {
+pub(crate) enum TokenError {
     #[error("cannot read token file {path}")]
     Read {
         path: String,
@@ -33,7 +33,7 @@ pub enum TokenError {
 impl Token {
     /// Reads the token: the file's content without surrounding whitespace. Only a regular
     /// file of at most 4 KiB holding one line of printable ASCII, 16 characters or more.
-    pub fn from_file(path: &Path) -> Result<Self, TokenError> {
+    pub(crate) fn from_file(path: &Path) -> Result<Self, TokenError> {
         let shown = path.display().to_string();
         let read = |source| TokenError::Read {
             path: shown.clone(),
@@ -71,7 +71,7 @@ impl Token {
 
     /// True if `authorization` (the header's value) is `Bearer TOKEN`. The comparison takes
     /// the same time wherever the first difference is, so timing reveals no prefix.
-    pub fn authorizes(&self, authorization: Option<&str>) -> bool {
+    pub(crate) fn authorizes(&self, authorization: Option<&str>) -> bool {
         let Some(sent) = authorization.and_then(|a| {
             let (scheme, rest) = a.split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())

@@ -10,18 +10,18 @@ use crate::profile::MAX_STACK_DEPTH;
 
 /// Folded stacks: `root;outer;...;leaf` -> samples. The counts add up to at most
 /// `MAX_FOLDED_TOTAL` (`parse_folded` checks), so no sum or difference over them wraps.
-pub type Folded = HashMap<String, u64>;
+pub(crate) type Folded = HashMap<String, u64>;
 
 /// Longest folded line read. Deep C++ stacks with inlining reach tens of KiB. The flame graph
 /// draws a box (~200 bytes of SVG) per frame of each stack: a line of 120,000 one-letter frames
 /// made a 25 MB SVG, so the depth is bounded as well (`MAX_STACK_DEPTH`, as in captures).
-pub const MAX_FOLDED_LINE: usize = 1 << 20;
+pub(crate) const MAX_FOLDED_LINE: usize = 1 << 20;
 /// Most samples one folded profile may count in all (2^60, about 10^18: a million CPUs at
 /// 1 kHz for 36 years). inferno's differential flame graph subtracts counts as signed 64-bit
 /// integers (a count near 2^63 overflowed there), and shares are summed in f64.
-pub const MAX_FOLDED_TOTAL: u64 = 1 << 60;
+pub(crate) const MAX_FOLDED_TOTAL: u64 = 1 << 60;
 /// Longest frame name in a folded line (as a capture's strings, see `profile::MAX_STRING_BYTES`).
-pub const MAX_FOLDED_FRAME: usize = crate::profile::MAX_STRING_BYTES;
+pub(crate) const MAX_FOLDED_FRAME: usize = crate::profile::MAX_STRING_BYTES;
 
 /// Why folded text was refused; `line` is 1-based.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -139,7 +139,7 @@ pub struct Change {
 
 impl Change {
     /// Percentage points gained (negative: lost).
-    pub fn delta(&self) -> f64 {
+    pub(crate) fn delta(&self) -> f64 {
         self.after - self.before
     }
 }
@@ -206,7 +206,7 @@ pub fn top_changes(before: &Folded, after: &Folded, n: usize) -> TopChanges {
 }
 
 /// The changes as text tables.
-pub fn format_top(t: &TopChanges) -> String {
+pub(crate) fn format_top(t: &TopChanges) -> String {
     let mut o = String::new();
     for (title, v) in [
         ("functions, self (leaf) share", &t.self_share),

@@ -2,7 +2,7 @@
 //! `comm;outer;...;leaf COUNT`, one line per unique stack, sorted; kernel frames end in `_[k]`
 //! (the perf + inferno convention, which flame graph palettes colour apart), after ` [module]`
 //! for code in a kernel module.
-use std::{collections::HashMap, io};
+use std::collections::HashMap;
 
 use crate::profile::{Frame, FrameKind, GroupBy, Profile, attribution::Grouper};
 use crate::util::{Dense, FxMap};
@@ -13,7 +13,7 @@ pub fn folded_lines(profile: &Profile) -> Vec<String> {
 }
 
 /// The folded lines with `group` as the root frame of every stack.
-pub fn folded_lines_by(profile: &Profile, group: GroupBy) -> Vec<String> {
+pub(crate) fn folded_lines_by(profile: &Profile, group: GroupBy) -> Vec<String> {
     let grouper = Grouper::new(profile, group);
     // Count per (root, stack) first: far fewer than samples. Roots are interned by label, and
     // a label depends only on the sample's comm, pid and cgroup: computed once per triple.
@@ -68,13 +68,6 @@ fn frame_text(profile: &Profile, frame: &Frame) -> String {
         text.push_str("_[k]");
     }
     text
-}
-
-pub fn write_folded(profile: &Profile, group: GroupBy, w: &mut impl io::Write) -> io::Result<()> {
-    for line in folded_lines_by(profile, group) {
-        writeln!(w, "{line}")?;
-    }
-    Ok(())
 }
 
 /// `;` separates frames and a newline ends the record: neither may appear inside a name.
@@ -137,12 +130,6 @@ mod tests {
                 "app;main;work:odd 2",
                 "x;main;work:odd 1"
             ]
-        );
-        let mut bytes = Vec::new();
-        write_folded(&p, GroupBy::Comm, &mut bytes).unwrap();
-        assert_eq!(
-            String::from_utf8(bytes).unwrap(),
-            "app;main;ksys_read_[k] 1\napp;main;work:odd 2\nx;main;work:odd 1\n"
         );
     }
 

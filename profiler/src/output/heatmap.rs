@@ -9,14 +9,15 @@ use std::io;
 use crate::profile::Profile;
 
 mod data;
-pub use data::{HeatmapData, heatmap_data};
+pub(crate) use data::HeatmapData;
+pub use data::heatmap_data;
 
 const STYLE: &str = include_str!("heatmap/style.css");
 const SCRIPT: &str = include_str!("heatmap/app.js");
 
 impl HeatmapData {
     /// Streams the data as JSON, safe inside a `<script>` element (`<` is escaped): the records can be millions, so no intermediate strings for them.
-    pub fn write_json(&self, w: &mut impl io::Write) -> io::Result<()> {
+    pub(crate) fn write_json(&self, w: &mut impl io::Write) -> io::Result<()> {
         let list = |items: Vec<String>| format!("[{}]", items.join(","));
         let cpus = list(self.cpus.iter().map(u32::to_string).collect());
         let comms = list(self.comms.iter().map(|c| json_str(c)).collect());
@@ -99,7 +100,7 @@ fn json_str(s: &str) -> String {
 
 /// Writes the page: skeleton, inline CSS, the data as a JSON script element, inline JS.
 /// A profile whose samples span too long for the page is `InvalidInput`, saying so.
-pub fn write_heatmap(profile: &Profile, w: &mut impl io::Write) -> io::Result<()> {
+pub(crate) fn write_heatmap(profile: &Profile, w: &mut impl io::Write) -> io::Result<()> {
     let data = heatmap_data(profile).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let title = format!(
         "CPU heat map: {}",

@@ -1,5 +1,5 @@
 //! Last stage: render a profile to files. The kind of each output comes from its file name.
-pub mod diff;
+pub(crate) mod diff;
 mod folded;
 mod heatmap;
 mod otlp;
@@ -14,18 +14,20 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub use folded::{folded_lines, folded_lines_by, write_folded};
-pub use heatmap::{HeatmapData, heatmap_data, write_heatmap};
-pub use otlp::encode_otlp;
+pub use folded::folded_lines;
+pub(crate) use folded::folded_lines_by;
+pub use heatmap::heatmap_data;
+pub(crate) use heatmap::write_heatmap;
+pub(crate) use otlp::encode_otlp;
 pub use perf_text::write_perf_text;
 pub use pprof::write_pprof;
-pub use svg::{write_svg, write_svg_lines};
+pub(crate) use svg::{write_svg, write_svg_lines};
 
 use crate::profile::{self, GroupBy, Profile};
 
 /// An output format, chosen by file extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// `.capture`: the native, re-renderable capture.
     Capture,
     /// `.folded`: Brendan Gregg's folded stacks.
@@ -41,7 +43,7 @@ pub enum Format {
 }
 
 /// Extensions we write, for error messages and --help.
-pub const EXTENSIONS: &str = ".capture, .folded, .svg, .perf.txt, .html, .pb.gz";
+pub(crate) const EXTENSIONS: &str = ".capture, .folded, .svg, .perf.txt, .html, .pb.gz";
 
 /// `-o` help, the same for record, report and query.
 macro_rules! output_help {
@@ -51,11 +53,11 @@ macro_rules! output_help {
          with `profiler report`). Repeatable."
     };
 }
-pub const OUTPUT_HELP: &str = output_help!();
-pub const RECORD_OUTPUT_HELP: &str = concat!(output_help!(), " Default: profile.svg.");
+pub(crate) const OUTPUT_HELP: &str = output_help!();
+pub(crate) const RECORD_OUTPUT_HELP: &str = concat!(output_help!(), " Default: profile.svg.");
 
 #[derive(Debug, thiserror::Error)]
-pub enum OutputError {
+pub(crate) enum OutputError {
     #[error("{path}: unknown output format; use one of these extensions: {EXTENSIONS}")]
     UnknownFormat { path: String },
     #[error("cannot write {path}")]
@@ -66,7 +68,7 @@ pub enum OutputError {
 
 /// An output the user asked for.
 #[derive(Clone, Debug)]
-pub struct Output {
+pub(crate) struct Output {
     pub path: PathBuf,
     pub format: Format,
     /// Root frame of stacks in folded output and flame graphs.
@@ -75,7 +77,7 @@ pub struct Output {
 
 impl Output {
     /// Recognizes the format from the path.
-    pub fn parse(path: &Path) -> Result<Self, OutputError> {
+    pub(crate) fn parse(path: &Path) -> Result<Self, OutputError> {
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy())
@@ -110,16 +112,11 @@ impl Output {
 
     /// Fails now if the file could not be written later, so no recording is wasted (the
     /// directory must take the temporary file `write` renames). Leaves everything as it was.
-    pub fn check_writable(&self) -> Result<(), OutputError> {
+    pub(crate) fn check_writable(&self) -> Result<(), OutputError> {
         crate::util::check_atomic_writable(&self.path).map_err(|source| self.io_error(source))
     }
 
-    /// Renders `profile` into this output.
-    pub fn write(&self, profile: &Profile) -> Result<(), OutputError> {
-        self.write_cached(profile, &mut HashMap::new())
-    }
-
-    /// Like `write`, reusing folded lines already built for this grouping (`.folded` and
+    /// Renders `profile` into this output, reusing folded lines already built for this grouping (`.folded` and
     /// `.svg` of one profile need the same ones, and building them is most of the work).
     fn write_cached(
         &self,
@@ -157,7 +154,7 @@ impl Output {
 }
 
 /// Writes every output of one profile, building shared intermediate data once.
-pub fn write_all(outputs: &[Output], profile: &Profile) -> Result<(), OutputError> {
+pub(crate) fn write_all(outputs: &[Output], profile: &Profile) -> Result<(), OutputError> {
     let mut folded = HashMap::new();
     outputs
         .iter()

@@ -15,35 +15,35 @@ use crate::profile::{Process, Profile, attribution::owner};
 
 /// Field numbers, by message (opentelemetry-proto v1.10.0).
 mod field {
-    pub const REQUEST_RESOURCE_PROFILES: u32 = 1;
-    pub const REQUEST_DICTIONARY: u32 = 2;
-    pub const RESOURCE_PROFILES_RESOURCE: u32 = 1;
-    pub const RESOURCE_PROFILES_SCOPE_PROFILES: u32 = 2;
-    pub const RESOURCE_ATTRIBUTES: u32 = 1;
-    pub const SCOPE_PROFILES_SCOPE: u32 = 1;
-    pub const SCOPE_PROFILES_PROFILES: u32 = 2;
-    pub const PROFILE_SAMPLE_TYPE: u32 = 1;
-    pub const PROFILE_SAMPLES: u32 = 2;
-    pub const PROFILE_TIME_UNIX_NANO: u32 = 3;
-    pub const PROFILE_DURATION_NANO: u32 = 4;
-    pub const PROFILE_PERIOD_TYPE: u32 = 5;
-    pub const PROFILE_PERIOD: u32 = 6;
-    pub const PROFILE_ID: u32 = 7;
-    pub const SAMPLE_STACK_INDEX: u32 = 1;
-    pub const SAMPLE_ATTRIBUTE_INDICES: u32 = 2;
-    pub const SAMPLE_VALUES: u32 = 4;
-    pub const SAMPLE_TIMESTAMPS: u32 = 5;
-    pub const DICT_MAPPING: u32 = 1;
-    pub const DICT_LOCATION: u32 = 2;
-    pub const DICT_FUNCTION: u32 = 3;
-    pub const DICT_LINK: u32 = 4;
-    pub const DICT_STRING: u32 = 5;
-    pub const DICT_ATTRIBUTE: u32 = 6;
-    pub const DICT_STACK: u32 = 7;
+    pub(super) const REQUEST_RESOURCE_PROFILES: u32 = 1;
+    pub(super) const REQUEST_DICTIONARY: u32 = 2;
+    pub(super) const RESOURCE_PROFILES_RESOURCE: u32 = 1;
+    pub(super) const RESOURCE_PROFILES_SCOPE_PROFILES: u32 = 2;
+    pub(super) const RESOURCE_ATTRIBUTES: u32 = 1;
+    pub(super) const SCOPE_PROFILES_SCOPE: u32 = 1;
+    pub(super) const SCOPE_PROFILES_PROFILES: u32 = 2;
+    pub(super) const PROFILE_SAMPLE_TYPE: u32 = 1;
+    pub(super) const PROFILE_SAMPLES: u32 = 2;
+    pub(super) const PROFILE_TIME_UNIX_NANO: u32 = 3;
+    pub(super) const PROFILE_DURATION_NANO: u32 = 4;
+    pub(super) const PROFILE_PERIOD_TYPE: u32 = 5;
+    pub(super) const PROFILE_PERIOD: u32 = 6;
+    pub(super) const PROFILE_ID: u32 = 7;
+    pub(super) const SAMPLE_STACK_INDEX: u32 = 1;
+    pub(super) const SAMPLE_ATTRIBUTE_INDICES: u32 = 2;
+    pub(super) const SAMPLE_VALUES: u32 = 4;
+    pub(super) const SAMPLE_TIMESTAMPS: u32 = 5;
+    pub(super) const DICT_MAPPING: u32 = 1;
+    pub(super) const DICT_LOCATION: u32 = 2;
+    pub(super) const DICT_FUNCTION: u32 = 3;
+    pub(super) const DICT_LINK: u32 = 4;
+    pub(super) const DICT_STRING: u32 = 5;
+    pub(super) const DICT_ATTRIBUTE: u32 = 6;
+    pub(super) const DICT_STACK: u32 = 7;
 }
 
 /// The uncompressed protobuf body of one export request for `p`.
-pub fn encode_otlp(p: &Profile) -> Vec<u8> {
+pub(crate) fn encode_otlp(p: &Profile) -> Vec<u8> {
     let mut d = Dictionary::default();
     // Mappings: one per binary a frame points into, with its address range (user frames are
     // file offsets, so a user mapping starts at 0) and its build id as an attribute.

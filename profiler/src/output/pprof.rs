@@ -27,17 +27,17 @@ pub fn write_pprof(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
 
 /// profile.proto field numbers, by message.
 mod field {
-    pub const SAMPLE_TYPE: u32 = 1;
-    pub const SAMPLE: u32 = 2;
-    pub const MAPPING: u32 = 3;
-    pub const LOCATION: u32 = 4;
-    pub const FUNCTION: u32 = 5;
-    pub const STRING_TABLE: u32 = 6;
-    pub const TIME_NANOS: u32 = 9;
-    pub const DURATION_NANOS: u32 = 10;
-    pub const PERIOD_TYPE: u32 = 11;
-    pub const PERIOD: u32 = 12;
-    pub const DEFAULT_SAMPLE_TYPE: u32 = 14;
+    pub(super) const SAMPLE_TYPE: u32 = 1;
+    pub(super) const SAMPLE: u32 = 2;
+    pub(super) const MAPPING: u32 = 3;
+    pub(super) const LOCATION: u32 = 4;
+    pub(super) const FUNCTION: u32 = 5;
+    pub(super) const STRING_TABLE: u32 = 6;
+    pub(super) const TIME_NANOS: u32 = 9;
+    pub(super) const DURATION_NANOS: u32 = 10;
+    pub(super) const PERIOD_TYPE: u32 = 11;
+    pub(super) const PERIOD: u32 = 12;
+    pub(super) const DEFAULT_SAMPLE_TYPE: u32 = 14;
 }
 
 /// The uncompressed profile.proto bytes.

@@ -9,12 +9,16 @@ use inferno::flamegraph::{
 
 use crate::profile::{GroupBy, Profile};
 
-pub fn write_svg(profile: &Profile, group: GroupBy, w: &mut impl io::Write) -> io::Result<()> {
+pub(crate) fn write_svg(
+    profile: &Profile,
+    group: GroupBy,
+    w: &mut impl io::Write,
+) -> io::Result<()> {
     write_svg_lines(profile, &super::folded_lines_by(profile, group), w)
 }
 
 /// The flame graph of already folded `lines` (see `folded_lines_by`).
-pub fn write_svg_lines(
+pub(crate) fn write_svg_lines(
     profile: &Profile,
     lines: &[String],
     w: &mut impl io::Write,

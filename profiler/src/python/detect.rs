@@ -17,7 +17,7 @@ const MAX_ELF_BYTES: u64 = 512 << 20;
 
 /// Why a process's Python frames cannot be shown: one line each, counted by kind.
 #[derive(Debug, thiserror::Error)]
-pub enum Refused {
+pub(crate) enum Refused {
     #[error("Python {0}.{1} is not supported (3.8 to 3.13 are)")]
     Version(u8, u8),
     #[error("free-threaded Python (3.13t) is not supported")]
@@ -36,7 +36,7 @@ pub enum Refused {
 
 impl Refused {
     /// The reason's kind, for counting.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Refused::Version(..) => "unsupported version",
             Refused::FreeThreaded => "free-threaded",
@@ -50,7 +50,7 @@ impl Refused {
 
 /// How a version maps a frame's instruction to its line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Lines {
+pub(crate) enum Lines {
     /// 3.8, 3.9: `co_lnotab`, `f_lasti` in bytes.
     Lnotab,
     /// 3.10: `co_linetable` (PEP 626 pairs), `f_lasti` in 2-byte code units.
@@ -62,7 +62,7 @@ pub enum Lines {
 
 /// Where things are in a code object and in str objects, for naming frames.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CodeLayout {
+pub(crate) struct CodeLayout {
     pub code_type: u64,
     pub filename: u64,
     pub name: u64,
@@ -81,7 +81,7 @@ pub struct CodeLayout {
 
 /// A Python process the sampler can walk.
 #[derive(Clone, Debug)]
-pub struct Interp {
+pub(crate) struct Interp {
     pub version: (u8, u8),
     pub proc_: PyProc,
     pub code: CodeLayout,
@@ -89,7 +89,7 @@ pub struct Interp {
 
 /// Symbols of one interpreter binary, by file address.
 #[derive(Clone, Debug, Default)]
-pub struct ElfFacts {
+pub(super) struct ElfFacts {
     runtime: Option<u64>,
     py_version: Option<u64>,
     code_type: Option<u64>,
@@ -150,7 +150,7 @@ fn candidate(pid: u32) -> io::Result<Option<Candidate>> {
 
 /// Detects the interpreter of `pid`. Ok(None): not a Python process. `elf_cache` holds each
 /// binary's symbols by (device, inode), so a fleet of one interpreter reads it once.
-pub fn detect(
+pub(super) fn detect(
     pid: u32,
     tsd_base: u32,
     elf_cache: &mut HashMap<(u64, u64), ElfFacts>,

@@ -5,7 +5,7 @@
 /// 3.8, 3.9: the line of the instruction at byte offset `addr`, as `PyCode_Addr2Line` finds
 /// it: (address increment, signed line increment) pairs, applied while the address stays
 /// at or below `addr`.
-pub fn line_lnotab(table: &[u8], first_line: i64, addr: u64) -> i64 {
+pub(super) fn line_lnotab(table: &[u8], first_line: i64, addr: u64) -> i64 {
     let mut line = first_line;
     let mut at = 0u64;
     for pair in table.chunks_exact(2) {
@@ -21,7 +21,7 @@ pub fn line_lnotab(table: &[u8], first_line: i64, addr: u64) -> i64 {
 /// 3.10: the line of the instruction at byte offset `addr`: (byte length, signed line delta)
 /// pairs, each a range `[end, end + length)`; a delta of -128 marks a range without a line
 /// (None), whose delta is not applied.
-pub fn line_310(table: &[u8], first_line: i64, addr: u64) -> Option<i64> {
+pub(super) fn line_310(table: &[u8], first_line: i64, addr: u64) -> Option<i64> {
     let mut line = first_line;
     let mut end = 0u64;
     for pair in table.chunks_exact(2) {
@@ -43,7 +43,7 @@ pub fn line_310(table: &[u8], first_line: i64, addr: u64) -> Option<i64> {
 
 /// The line of the instruction at code unit `index`, from `table` starting at `first_line`
 /// (`co_firstlineno`); None when the table says the instruction has no line or ends first.
-pub fn line_at(table: &[u8], first_line: i64, index: u64) -> Option<i64> {
+pub(super) fn line_at(table: &[u8], first_line: i64, index: u64) -> Option<i64> {
     let mut line = first_line;
     let mut addr = 0u64;
     let mut i = 0usize;

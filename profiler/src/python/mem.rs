@@ -7,13 +7,13 @@ const MAX_OBJECT_BYTES: usize = 1 << 20;
 
 /// Another process's memory, read without stopping it.
 #[derive(Clone, Copy, Debug)]
-pub struct Mem {
+pub(crate) struct Mem {
     pub pid: u32,
 }
 
 impl Mem {
     /// Fills `buf` from `addr` in the process; an unmapped address is an error.
-    pub fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+    pub(crate) fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
         let local = libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
             iov_len: buf.len(),
@@ -35,20 +35,20 @@ impl Mem {
         Ok(())
     }
 
-    pub fn u64(&self, addr: u64) -> io::Result<u64> {
+    pub(crate) fn u64(&self, addr: u64) -> io::Result<u64> {
         let mut b = [0u8; 8];
         self.read(addr, &mut b)?;
         Ok(u64::from_ne_bytes(b))
     }
 
-    pub fn u32(&self, addr: u64) -> io::Result<u32> {
+    pub(crate) fn u32(&self, addr: u64) -> io::Result<u32> {
         let mut b = [0u8; 4];
         self.read(addr, &mut b)?;
         Ok(u32::from_ne_bytes(b))
     }
 
     /// A NUL-terminated C string of at most `max` bytes.
-    pub fn c_string(&self, addr: u64, max: usize) -> io::Result<String> {
+    pub(crate) fn c_string(&self, addr: u64, max: usize) -> io::Result<String> {
         let mut b = vec![0u8; max];
         // The string may end near the end of a mapping: read less when the whole fails.
         if self.read(addr, &mut b).is_err() {
@@ -61,7 +61,12 @@ impl Mem {
 
     /// A `str` object: compact ASCII data follows the `PyASCIIObject` header
     /// (`ascii_size`), other compact kinds the `PyCompactUnicodeObject` one (`compact_size`).
-    pub fn py_str(&self, obj: u64, ascii_size: u64, compact_size: u64) -> io::Result<String> {
+    pub(crate) fn py_str(
+        &self,
+        obj: u64,
+        ascii_size: u64,
+        compact_size: u64,
+    ) -> io::Result<String> {
         let mut head = [0u8; 40];
         self.read(obj, &mut head)?;
         let len = usize::try_from(u64::from_ne_bytes(head[16..24].try_into().expect("8")))
@@ -97,7 +102,7 @@ impl Mem {
     }
 
     /// A `bytes` object's contents (`ob_size` at 16, the data at 32 on 3.8-3.13).
-    pub fn py_bytes(&self, obj: u64) -> io::Result<Vec<u8>> {
+    pub(crate) fn py_bytes(&self, obj: u64) -> io::Result<Vec<u8>> {
         let len = usize::try_from(self.u64(obj + 16)?).unwrap_or(usize::MAX);
         if len > MAX_OBJECT_BYTES {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "bytes too long"));

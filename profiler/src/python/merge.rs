@@ -3,7 +3,7 @@
 //! one group of Python frames; the group replaces it. Pure, so it is tested on its own.
 
 /// Whether a native function name is the eval loop (or its split-off cold part).
-pub fn is_eval_loop(name: &str) -> bool {
+pub(crate) fn is_eval_loop(name: &str) -> bool {
     name == "_PyEval_EvalFrameDefault" || name.starts_with("_PyEval_EvalFrameDefault.")
 }
 
@@ -12,7 +12,7 @@ pub fn is_eval_loop(name: &str) -> bool {
 /// starts at the leaf, because a native stack cut short loses its root end: Python groups
 /// left over then go above the deepest native frame (at the root end), and eval-loop frames
 /// left over (a walk cut short) stay as they are.
-pub fn merge<T: Clone>(native: &[T], is_eval: &[bool], python: &[(T, bool)]) -> Vec<T> {
+pub(crate) fn merge<T: Clone>(native: &[T], is_eval: &[bool], python: &[(T, bool)]) -> Vec<T> {
     let mut groups: Vec<Vec<T>> = Vec::new();
     let mut current = Vec::new();
     for (frame, outermost) in python {

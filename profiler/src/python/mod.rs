@@ -5,8 +5,8 @@
 //! (`merge`). Collect -> here -> symbolize.
 mod detect;
 mod linetable;
-pub mod mem;
-pub mod merge;
+pub(crate) mod mem;
+pub(crate) mod merge;
 mod registry;
 mod thread;
 
@@ -16,13 +16,13 @@ use std::sync::{Arc, Mutex, mpsc};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::python::{CHECK_SHIFT, ENTRY_BIT, INSTR_MASK, PyFrame, PyProc, check_of};
 
-pub use detect::{CodeLayout, Interp, Lines, Refused};
+pub(crate) use detect::{CodeLayout, Lines};
 use mem::Mem;
 use registry::{Detector, Registry};
 
 /// The kernel-side facts the loader needs before loading the sampler.
 #[derive(Clone, Copy, Debug)]
-pub struct KernelFacts {
+pub(crate) struct KernelFacts {
     /// `task_struct.thread.fsbase` offset (BTF).
     pub fsbase_offset: u32,
     /// glibc's thread-specific data from the thread pointer.
@@ -31,7 +31,7 @@ pub struct KernelFacts {
 
 /// Why the Python walk cannot run on this host at all (one line).
 #[derive(Debug, thiserror::Error)]
-pub enum SetupError {
+pub(crate) enum SetupError {
     #[error("Python frames need the kernel's BTF (/sys/kernel/btf/vmlinux)")]
     Btf(#[source] std::io::Error),
     #[error("Python frames need glibc's thread-specific data layout")]
@@ -39,7 +39,7 @@ pub enum SetupError {
 }
 
 impl KernelFacts {
-    pub fn find() -> Result<Self, SetupError> {
+    pub(crate) fn find() -> Result<Self, SetupError> {
         Ok(Self {
             fsbase_offset: thread::fsbase_offset().map_err(SetupError::Btf)?,
             tsd_base: thread::tsd_base().map_err(SetupError::Tsd)?,
@@ -49,7 +49,7 @@ impl KernelFacts {
 
 /// A named Python frame.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct PyName {
+pub(crate) struct PyName {
     /// `co_qualname`.
     pub qualname: String,
     /// `co_filename` as the process has it.
@@ -60,7 +60,7 @@ pub struct PyName {
 
 impl PyName {
     /// `qualname (file.py:LINE)`, with the file's last component.
-    pub fn display(&self) -> String {
+    pub(crate) fn display(&self) -> String {
         let base = self.file.rsplit('/').next().unwrap_or(&self.file);
         match self.line {
             Some(l) => format!("{} ({base}:{l})", self.qualname),
@@ -80,7 +80,7 @@ struct Code {
 
 /// Python processes as the collector meets them: registered with the sampler (on the
 /// `registry` thread), their frames named while they live.
-pub struct Tracker {
+pub(crate) struct Tracker {
     registry: Arc<Mutex<Registry>>,
     /// Until the thread starts (at the first drain), detection runs here, for processes
     /// already running; then the thread owns it.
@@ -102,7 +102,7 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    pub fn new(map: BpfHashMap<MapData, u32, PyProc>, facts: KernelFacts) -> Self {
+    pub(crate) fn new(map: BpfHashMap<MapData, u32, PyProc>, facts: KernelFacts) -> Self {
         Self {
             registry: Arc::new(Mutex::new(Registry::new(map))),
             detector: Some(Detector::new(facts.tsd_base)),
@@ -120,7 +120,7 @@ impl Tracker {
     /// Detects and registers processes that already run (`pids`, or every process when
     /// empty), here and now, before sampling starts: their first samples have Python frames
     /// too rather than waiting for the drain that follows their first sample.
-    pub fn register_running(&mut self, pids: &[u32]) {
+    pub(crate) fn register_running(&mut self, pids: &[u32]) {
         let all: Vec<u32>;
         let pids = if pids.is_empty() {
             all = std::fs::read_dir("/proc")
@@ -146,7 +146,7 @@ impl Tracker {
     }
 
     /// Notes a sample of `pid` and its Python frames (innermost first).
-    pub fn saw(&mut self, pid: u32, frames: &[PyFrame]) {
+    pub(crate) fn saw(&mut self, pid: u32, frames: &[PyFrame]) {
         if pid != 0 && self.seen.insert(pid) {
             self.new_pids.push(pid);
         }
@@ -162,7 +162,7 @@ impl Tracker {
     /// Queues the processes seen since the last call for detection (on the registry
     /// thread), and names the frames seen since (the process must be alive): this runs at
     /// every drain.
-    pub fn resolve_pending(&mut self) {
+    pub(crate) fn resolve_pending(&mut self) {
         if self.to_detect.is_none()
             && let Some(d) = self.detector.take()
         {
@@ -220,7 +220,7 @@ impl Tracker {
     }
 
     /// Forgets a process that exited (its pid may come back as another process).
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.seen.remove(&pid);
         self.codes.retain(|k, _| k.0 != pid);
         if let Ok(mut r) = self.registry.lock() {

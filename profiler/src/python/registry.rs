@@ -15,26 +15,26 @@ use super::detect::{self, ElfFacts, Interp, Refused};
 
 /// Detection state: the interpreters' symbols by (device, inode), so a fleet of one
 /// interpreter reads its binary once.
-pub struct Detector {
+pub(super) struct Detector {
     tsd_base: u32,
     elf_cache: HashMap<(u64, u64), ElfFacts>,
 }
 
 impl Detector {
-    pub fn new(tsd_base: u32) -> Self {
+    pub(super) fn new(tsd_base: u32) -> Self {
         Self {
             tsd_base,
             elf_cache: HashMap::new(),
         }
     }
 
-    pub fn detect(&mut self, pid: u32) -> Result<Option<Interp>, Refused> {
+    pub(super) fn detect(&mut self, pid: u32) -> Result<Option<Interp>, Refused> {
         detect::detect(pid, self.tsd_base, &mut self.elf_cache)
     }
 }
 
 /// What the thread and the collector share: the sampler's map and what was registered.
-pub struct Registry {
+pub(super) struct Registry {
     map: BpfHashMap<MapData, u32, PyProc>,
     /// Registered processes (the sampler walks them).
     pub interps: HashMap<u32, Interp>,
@@ -45,7 +45,7 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(map: BpfHashMap<MapData, u32, PyProc>) -> Self {
+    pub(super) fn new(map: BpfHashMap<MapData, u32, PyProc>) -> Self {
         Self {
             map,
             interps: HashMap::new(),
@@ -55,7 +55,7 @@ impl Registry {
     }
 
     /// Registers `pid` with the sampler after its detection, or counts why not.
-    pub fn record(&mut self, pid: u32, detected: Result<Option<Interp>, Refused>) {
+    pub(super) fn record(&mut self, pid: u32, detected: Result<Option<Interp>, Refused>) {
         match detected {
             Ok(None) => {}
             Ok(Some(interp)) => {
@@ -86,7 +86,7 @@ impl Registry {
     }
 
     /// Forgets a process that exited (its pid may come back as another process).
-    pub fn forget(&mut self, pid: u32) {
+    pub(super) fn forget(&mut self, pid: u32) {
         self.interps.remove(&pid);
         let _ = self.map.remove(&pid);
     }
@@ -94,7 +94,7 @@ impl Registry {
 
 /// The registration thread: pids in, registrations into the shared `Registry`. It ends when
 /// the sender is dropped (the recording ends), after the pid in hand.
-pub fn spawn(
+pub(super) fn spawn(
     mut detector: Detector,
     registry: Arc<Mutex<Registry>>,
 ) -> std::io::Result<mpsc::Sender<u32>> {

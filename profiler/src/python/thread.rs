@@ -9,7 +9,7 @@ const BTF_KIND_UNION: u32 = 5;
 const BTF_KIND_TYPEDEF: u32 = 8;
 
 /// Offset in bytes of `task_struct.thread.fsbase`, from /sys/kernel/btf/vmlinux.
-pub fn fsbase_offset() -> io::Result<u32> {
+pub(super) fn fsbase_offset() -> io::Result<u32> {
     let data = std::fs::read("/sys/kernel/btf/vmlinux")?;
     let btf = Btf::parse(&data).ok_or_else(|| bad("cannot parse the kernel's BTF"))?;
     let task = btf
@@ -133,7 +133,7 @@ impl<'a> Btf<'a> {
 /// Offset from the thread pointer of glibc's `specific_1stblock[0].data`: set a pthread key
 /// on this thread to a marker and find it in this thread's `struct pthread`. Every process
 /// using the same glibc build has the same layout (a container with another libc may not).
-pub fn tsd_base() -> io::Result<u32> {
+pub(super) fn tsd_base() -> io::Result<u32> {
     const MARKER: usize = 0x7079_7468_6f6e_2121;
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: plain libc calls on a key we own, deleted before returning.

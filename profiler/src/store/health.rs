@@ -23,10 +23,10 @@ pub(super) const PRAGMAS: &str = "PRAGMA journal_mode=WAL; PRAGMA synchronous=NO
      PRAGMA journal_size_limit=2097152;";
 
 /// Bytes kept in the reserve file (see the module comment).
-pub const RESERVE_BYTES: usize = 2 << 20;
+pub(super) const RESERVE_BYTES: usize = 2 << 20;
 
 /// The reserve file's name inside the data dir.
-pub const RESERVE_FILE: &str = ".reserve";
+pub(super) const RESERVE_FILE: &str = ".reserve";
 
 /// After a full disk, the store is kept to this share of the file's size (percent), so the
 /// next windows fit in pages freed inside it.

@@ -21,12 +21,12 @@ use crate::collect::untrusted::{Root, fd_path};
 const DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
 
 /// Lowercase hex, as `readelf -n` and pprof print build ids.
-pub fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The running kernel's GNU build id from /sys/kernel/notes ("" if unreadable).
-pub fn kernel_build_id() -> String {
+pub(super) fn kernel_build_id() -> String {
     std::fs::read("/sys/kernel/notes")
         .ok()
         .and_then(|notes| gnu_build_id(&notes))
@@ -52,7 +52,11 @@ fn gnu_build_id(notes: &[u8]) -> Option<Vec<u8>> {
 /// binary's directory. A candidate with a build id must carry the binary's. Candidates are
 /// opened as files of the process (`untrusted`): the binary and the directory it names are
 /// the process's, and a link name is only a file name (a `../` one is ignored).
-pub fn find_debug_file(path: &Path, original: &Path, build_id: Option<&[u8]>) -> Option<File> {
+pub(super) fn find_debug_file(
+    path: &Path,
+    original: &Path,
+    build_id: Option<&[u8]>,
+) -> Option<File> {
     let root = Root::host().ok()?;
     if let Some(found) = build_id.and_then(|id| debug_file(&root, id)) {
         return Some(found);
@@ -87,7 +91,7 @@ fn debuglink(path: &Path) -> Option<PathBuf> {
 }
 
 /// The GNU build id of an ELF file.
-pub fn file_build_id(file: &File) -> Option<Vec<u8>> {
+pub(crate) fn file_build_id(file: &File) -> Option<Vec<u8>> {
     elf_facts(file)?.1
 }
 
@@ -118,7 +122,7 @@ fn debug_file(root: &Root, build_id: &[u8]) -> Option<File> {
 /// Names for `offsets` (file offsets in `binary`) from its separate debug file. A debug file
 /// made by `objcopy --only-keep-debug` keeps the virtual addresses but not the file layout, so
 /// offsets become virtual addresses through `binary`'s own program headers first.
-pub fn symbolize_from_debug_file(
+pub(super) fn symbolize_from_debug_file(
     binary: &Path,
     debug_file: &File,
     offsets: &[u64],

@@ -3,7 +3,7 @@
 //! ("signed char", "char"), which a demangler asked blindly would happily return.
 
 /// Readable form of `name`; unchanged if it is not mangled.
-pub fn demangle(name: &str) -> String {
+pub(super) fn demangle(name: &str) -> String {
     // Rust v0 (`_R`) and legacy (`_ZN...17h<hash>E`) manglings; legacy names without a hash
     // suffix are C++ names and fall through.
     if (name.starts_with("_R") || name.starts_with("_ZN"))

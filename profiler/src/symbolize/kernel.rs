@@ -23,7 +23,7 @@ pub struct KernelSym<'a> {
 }
 
 impl KernelSymbols {
-    pub fn load() -> io::Result<Self> {
+    pub(crate) fn load() -> io::Result<Self> {
         // Line by line: the whole text is 5 MB the heap would keep afterwards.
         Self::read(io::BufReader::new(std::fs::File::open("/proc/kallsyms")?))
     }
@@ -91,7 +91,7 @@ impl KernelSymbols {
     }
 
     /// True when kptr_restrict hides kernel addresses from us.
-    pub fn hidden(&self) -> bool {
+    pub(crate) fn hidden(&self) -> bool {
         self.hidden
     }
 

@@ -7,9 +7,10 @@ mod user;
 
 use std::collections::HashMap;
 
-pub use debuginfo::file_build_id;
-pub use kernel::{KernelSym, KernelSymbols};
-pub use user::UserSymbolizer;
+pub(crate) use debuginfo::file_build_id;
+pub(crate) use kernel::KernelSym;
+pub use kernel::KernelSymbols;
+pub(crate) use user::UserSymbolizer;
 
 use crate::{
     collect::{Collection, UserLoc},
@@ -18,36 +19,17 @@ use crate::{
 };
 
 /// The module of frames named by a perf map (JIT code has no file).
-pub const JIT_MODULE: &str = "[jit]";
-
-/// Builds the profile: symbolizes every frame of `collection` and orders samples by time.
-pub fn build_profile(
-    collection: Collection,
-    meta: Meta,
-    kernel: &KernelSymbols,
-    user: &UserSymbolizer,
-) -> Profile {
-    build_profile_ref(&collection, meta, kernel, user)
-}
-
-/// `build_profile` leaving the collection to the caller: the agent keeps its process table
-/// (open binaries, resolved addresses) from one window to the next.
-pub fn build_profile_ref(
-    collection: &Collection,
-    meta: Meta,
-    kernel: &KernelSymbols,
-    user: &UserSymbolizer,
-) -> Profile {
-    build_profile_cached(collection, meta, kernel, user, &mut NameCache::new())
-}
+pub(crate) const JIT_MODULE: &str = "[jit]";
 
 /// User frame names by (file id in the collection's process table, file offset). The agent
 /// keeps one across windows, so each window symbolizes only addresses it has never seen; it
 /// must be cleared whenever the process table's file ids are reset.
-pub type NameCache = HashMap<(u32, u64), Vec<String>>;
+pub(crate) type NameCache = HashMap<(u32, u64), Vec<String>>;
 
-/// `build_profile_ref` that takes names from `names` and adds the ones it had to look up.
-pub fn build_profile_cached(
+/// Builds the profile: symbolizes every frame of `collection` and orders samples by time.
+/// The collection stays the caller's (the agent keeps its process table from one window to
+/// the next); names come from `names`, which gains the ones that had to be looked up.
+pub(crate) fn build_profile_cached(
     collection: &Collection,
     meta: Meta,
     kernel: &KernelSymbols,

@@ -8,9 +8,9 @@ use blazesym::symbolize::{
 };
 
 /// Marks a frame that exists only in DWARF (`--inline`): the code was inlined into its caller.
-pub const INLINED_SUFFIX: &str = " (inlined)";
+pub(super) const INLINED_SUFFIX: &str = " (inlined)";
 
-pub struct UserSymbolizer {
+pub(crate) struct UserSymbolizer {
     inner: Symbolizer,
     /// Read DWARF too: only for inlined functions. Names come from the ELF symbol table,
     /// which binaries (and the debug files found by build id) keep; parsing a binary's DWARF
@@ -27,7 +27,7 @@ impl Default for UserSymbolizer {
 impl UserSymbolizer {
     /// `inline`: also report the functions inlined at each address (from DWARF). Off by
     /// default: line info and inline trees cost time and memory.
-    pub fn new(inline: bool) -> Self {
+    pub(crate) fn new(inline: bool) -> Self {
         Self {
             // blazesym's demangler would turn C names like `a` into C++ types: we demangle.
             // Inlined functions need code info (blazesym reads them from the line program).
@@ -42,7 +42,8 @@ impl UserSymbolizer {
 
     /// Names for `offsets` (file offsets) in the ELF file at `path`; None where the file has
     /// no symbol (or cannot be read): callers show those as `binary+0xOFFSET`.
-    pub fn symbolize_file(&self, path: &Path, offsets: &[u64]) -> Vec<Option<String>> {
+    #[cfg(test)]
+    pub(crate) fn symbolize_file(&self, path: &Path, offsets: &[u64]) -> Vec<Option<String>> {
         self.symbolize_file_inlined(path, offsets)
             .into_iter()
             .map(|names| names.into_iter().next())
@@ -52,7 +53,7 @@ impl UserSymbolizer {
     /// Like `symbolize_file`, but each offset gets its function followed by the functions
     /// inlined there, outermost first, each marked with `INLINED_SUFFIX` (empty: no symbol).
     /// Without `inline` each list has at most one name.
-    pub fn symbolize_file_inlined(&self, path: &Path, offsets: &[u64]) -> Vec<Vec<String>> {
+    pub(crate) fn symbolize_file_inlined(&self, path: &Path, offsets: &[u64]) -> Vec<Vec<String>> {
         let mut elf = Elf::new(path);
         elf.debug_syms = self.dwarf;
         let src = Source::Elf(elf);

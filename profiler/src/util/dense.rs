@@ -10,7 +10,7 @@ use std::{
 /// Values stored once each and numbered densely in first-seen order, so a `u32` stands for
 /// the value and `items()[id]` gives it back.
 #[derive(Clone, Debug)]
-pub struct Dense<K, S = RandomState> {
+pub(crate) struct Dense<K, S = RandomState> {
     ids: HashMap<K, u32, S>,
     items: Vec<K>,
 }
@@ -26,7 +26,7 @@ impl<K, S: Default> Default for Dense<K, S> {
 
 impl<K: Hash + Eq + Clone, S: BuildHasher> Dense<K, S> {
     /// The id of `key`, stored on first sight.
-    pub fn intern(&mut self, key: K) -> u32 {
+    pub(crate) fn intern(&mut self, key: K) -> u32 {
         let next = self.items.len() as u32;
         *self.ids.entry(key.clone()).or_insert_with(|| {
             self.items.push(key);
@@ -35,7 +35,7 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> Dense<K, S> {
     }
 
     /// The id of `key` if it was interned.
-    pub fn id<Q>(&self, key: &Q) -> Option<u32>
+    pub(crate) fn id<Q>(&self, key: &Q) -> Option<u32>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -44,7 +44,7 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> Dense<K, S> {
     }
 
     /// `intern` for a borrowed key (a `&str` for a `String`): no allocation when it is known.
-    pub fn intern_ref<Q>(&mut self, key: &Q) -> u32
+    pub(crate) fn intern_ref<Q>(&mut self, key: &Q) -> u32
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -58,25 +58,16 @@ impl<K: Hash + Eq + Clone, S: BuildHasher> Dense<K, S> {
 
 impl<K, S> Dense<K, S> {
     /// Every value, by id.
-    pub fn items(&self) -> &[K] {
+    pub(crate) fn items(&self) -> &[K] {
         &self.items
     }
 
-    pub fn into_items(self) -> Vec<K> {
+    pub(crate) fn into_items(self) -> Vec<K> {
         self.items
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.items.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
-    pub fn clear(&mut self) {
-        self.ids.clear();
-        self.items.clear();
     }
 }
 
@@ -91,7 +82,7 @@ impl<K, S> std::ops::Index<u32> for Dense<K, S> {
 /// FxHash (rustc's): for keys we made (small integers, ids), where flooding is no concern
 /// and SipHash would dominate a pass over millions of samples.
 #[derive(Clone, Copy, Default)]
-pub struct FxHasher(u64);
+pub(crate) struct FxHasher(u64);
 
 impl Hasher for FxHasher {
     fn finish(&self) -> u64 {
@@ -112,9 +103,9 @@ impl Hasher for FxHasher {
 }
 
 /// A `HashMap` with `FxHasher`.
-pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 /// A `Dense` with `FxHasher`.
-pub type FxDense<K> = Dense<K, BuildHasherDefault<FxHasher>>;
+pub(crate) type FxDense<K> = Dense<K, BuildHasherDefault<FxHasher>>;
 
 #[cfg(test)]
 mod tests {
@@ -128,9 +119,7 @@ mod tests {
         assert_eq!(d.intern_ref("b"), 0);
         assert_eq!(d.items(), ["b", "a"]);
         assert_eq!(d[1], "a");
-        d.clear();
-        assert!(d.is_empty());
-        assert_eq!(d.intern_ref("a"), 0);
+        assert_eq!(d.len(), 2);
     }
 
     #[test]

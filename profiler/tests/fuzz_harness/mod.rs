@@ -9,7 +9,7 @@ use std::{
 };
 
 /// Mutated inputs per parser.
-pub const CASES: usize = 10_000;
+pub(crate) const CASES: usize = 10_000;
 /// The PRNG seed: the same inputs on every run and machine.
 const SEED: u64 = 0x15_f022_5eed;
 /// Largest mutated input (repeated chunks grow them).
@@ -84,7 +84,7 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOCATOR: Counting = Counting;
 
 /// Runs `f`, returning its result and the peak heap bytes it added on this thread.
-pub fn measured<T>(f: impl FnOnce() -> T) -> (T, usize) {
+pub(crate) fn measured<T>(f: impl FnOnce() -> T) -> (T, usize) {
     let base = LIVE.with(Cell::get);
     PEAK.with(|p| p.set(base));
     let out = f();
@@ -191,7 +191,7 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>], max_input: usize) -> Vec<u8> {
 
 /// Runs `CASES` mutated inputs through `check`, which parses one input, asserts on the result
 /// and returns the memory bound for it. A panic or a broken bound names the case and input.
-pub fn fuzz(name: &str, seeds: &[&[u8]], mut check: impl FnMut(&[u8]) -> usize) {
+pub(crate) fn fuzz(name: &str, seeds: &[&[u8]], mut check: impl FnMut(&[u8]) -> usize) {
     let seeds: Vec<Vec<u8>> = seeds.iter().map(|s| s.to_vec()).collect();
     let mut rng = Rng(SEED
         ^ name
@@ -230,7 +230,7 @@ pub fn fuzz(name: &str, seeds: &[&[u8]], mut check: impl FnMut(&[u8]) -> usize) 
 }
 
 /// An error must be one line saying what is wrong.
-pub fn one_line(what: &str, error: &str) {
+pub(crate) fn one_line(what: &str, error: &str) {
     assert!(
         !error.is_empty() && !error.trim_end().contains('\n'),
         "{what}: error is not one line: {error:?}"
@@ -238,6 +238,6 @@ pub fn one_line(what: &str, error: &str) {
 }
 
 /// A memory bound linear in the input: `per_byte` times its size plus `base`.
-pub fn linear(input: &[u8], per_byte: usize, base: usize) -> usize {
+pub(crate) fn linear(input: &[u8], per_byte: usize, base: usize) -> usize {
     per_byte * input.len() + base
 }

@@ -8,7 +8,7 @@ const START_UNIX_S: u64 = 1_796_083_200;
 /// Writes the pattern capture to `path`: 3 s at 100 Hz; CPU 1 runs process `busy` (pid 42) for
 /// the first 200 ms of every second, CPU 0 and the rest of CPU 1 are idle. Busy samples end in
 /// `main;spin`, or with `kernel_half` every other one in `main;clear_page` (kernel).
-pub fn write_pattern_capture(path: &str, hostname: &str, kernel_half: bool) {
+pub(crate) fn write_pattern_capture(path: &str, hostname: &str, kernel_half: bool) {
     write_pattern_capture_at(path, hostname, kernel_half, START_UNIX_S * 1_000_000_000);
 }
 
@@ -17,7 +17,12 @@ pub fn write_pattern_capture(path: &str, hostname: &str, kernel_half: bool) {
     dead_code,
     reason = "only heatmap.rs uses other starts; heatmap_drag.rs includes this file too"
 )]
-pub fn write_pattern_capture_at(path: &str, hostname: &str, kernel_half: bool, start_unix_ns: u64) {
+pub(crate) fn write_pattern_capture_at(
+    path: &str,
+    hostname: &str,
+    kernel_half: bool,
+    start_unix_ns: u64,
+) {
     let mut i = Interner::new(Meta {
         start_unix_ns,
         duration_ns: 3_000 * MS,

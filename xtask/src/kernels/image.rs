@@ -10,7 +10,7 @@ use crate::util;
 
 /// A kernel of the matrix, named by the Debian meta-package that depends on its newest build,
 /// so the matrix follows Debian's security updates of each series.
-pub struct Series {
+pub(super) struct Series {
     /// Short name in reports: "6.1".
     pub name: &'static str,
     /// The meta-package, e.g. linux-image-cloud-amd64 -> linux-image-6.1.0-NN-cloud-amd64.
@@ -21,19 +21,19 @@ pub struct Series {
 }
 
 /// A bootable image.
-pub struct Image {
+pub(super) struct Image {
     /// "6.1 (6.1.0-57-cloud-amd64)".
     pub label: String,
     pub vmlinuz: PathBuf,
 }
 
 /// Where fetched packages and extracted images are kept.
-pub fn cache_dir() -> PathBuf {
+pub(super) fn cache_dir() -> PathBuf {
     util::target_dir().join("kernels/cache")
 }
 
 /// The image of `series` if it was fetched already.
-pub fn cached(series: &Series) -> Option<Image> {
+pub(super) fn cached(series: &Series) -> Option<Image> {
     let dir = cache_dir().join(series.name);
     let entries = std::fs::read_dir(&dir).ok()?;
     entries.flatten().map(|e| e.path()).find_map(|path| {
@@ -51,7 +51,7 @@ pub fn cached(series: &Series) -> Option<Image> {
 
 /// Fetches (once) and extracts the newest image of `series`: `apt-get download` of the
 /// package the meta-package depends on, then only ./boot/vmlinuz-* out of it.
-pub fn fetch(series: &Series) -> Result<Image> {
+pub(super) fn fetch(series: &Series) -> Result<Image> {
     fetch_once(series).or_else(|first| {
         // Package lists older than the archive name builds it no longer has: refresh, retry.
         println!("{first:#}; refreshing the package lists (apt-get update) and retrying");
@@ -144,7 +144,7 @@ fn extract_vmlinuz(deb: &Path, dir: &Path, release: &str) -> Result<()> {
 
 /// This host's kernel image, or why there is none to boot (then the ordinary test suite,
 /// which runs on this kernel, is its coverage).
-pub fn host() -> Result<Image, String> {
+pub(super) fn host() -> Result<Image, String> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map_err(|e| format!("cannot read the host's kernel release: {e}"))?;
     let release = release.trim();

@@ -11,14 +11,14 @@ use anyhow::{Context, Result, bail};
 use crate::util;
 
 /// Debian's busybox-static: one static binary, every applet the init script uses.
-pub const BUSYBOX: &str = "/bin/busybox";
+pub(super) const BUSYBOX: &str = "/bin/busybox";
 
 /// The init script run by each kernel; it prints the MATRIX protocol lines.
 const INIT: &str = include_str!("init.sh");
 
 /// What goes into the archive, by path inside the guest.
 #[derive(Default)]
-pub struct Contents {
+pub(super) struct Contents {
     entries: BTreeMap<PathBuf, Entry>,
 }
 
@@ -31,7 +31,7 @@ enum Entry {
 impl Contents {
     /// The skeleton: /init, busybox, /dev/console (the kernel opens it for init's stdio
     /// before anything is mounted) and `/matrix/unwind-modes`.
-    pub fn new(unwind_modes: &str) -> Result<Self> {
+    pub(super) fn new(unwind_modes: &str) -> Result<Self> {
         let mut c = Self::default();
         c.add_data("/init", INIT.as_bytes().to_vec(), 0o755);
         c.add_host_file("/bin/busybox", Path::new(BUSYBOX))?;
@@ -48,7 +48,7 @@ impl Contents {
 
     /// A dynamically linked program at `guest`, with every library `ldd` lists at the same
     /// path it has on the host (the guest's loader finds them there).
-    pub fn add_program(&mut self, guest: &str, host: &Path) -> Result<()> {
+    pub(super) fn add_program(&mut self, guest: &str, host: &Path) -> Result<()> {
         self.add_host_file(guest, host)?;
         let ldd = util::output(Command::new("ldd").arg(host))?;
         for lib in shared_libraries(&ldd)? {
@@ -60,7 +60,7 @@ impl Contents {
     }
 
     /// `host`'s contents at `guest` (symlinks followed), executable if it is on the host.
-    pub fn add_host_file(&mut self, guest: &str, host: &Path) -> Result<()> {
+    pub(super) fn add_host_file(&mut self, guest: &str, host: &Path) -> Result<()> {
         use std::os::unix::fs::PermissionsExt as _;
         let data = std::fs::read(host).with_context(|| format!("reading {}", host.display()))?;
         let mode = std::fs::metadata(host)?.permissions().mode() & 0o777;
@@ -86,7 +86,7 @@ impl Contents {
     }
 
     /// The archive; BTreeMap order puts every directory before what it holds.
-    pub fn to_cpio(&self) -> Vec<u8> {
+    pub(super) fn to_cpio(&self) -> Vec<u8> {
         let mut out = Vec::new();
         for (ino, (path, entry)) in self.entries.iter().enumerate() {
             let name = path.to_string_lossy();

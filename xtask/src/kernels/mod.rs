@@ -53,18 +53,18 @@ const SUITE: &[&str] = &[
 const BOOT_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
 /// The QEMU the matrix boots with (Debian's qemu-system-x86).
-pub const QEMU: &str = "qemu-system-x86_64";
+pub(crate) const QEMU: &str = "qemu-system-x86_64";
 
 /// Whether the matrix can run here without fetching anything: QEMU, busybox and every
 /// series' image are in place (`cargo xtask setup --tests` puts them there).
-pub fn available() -> bool {
+pub(crate) fn available() -> bool {
     util::which(QEMU).is_some()
         && Path::new(initramfs::BUSYBOX).is_file()
         && SERIES.iter().all(|s| image::cached(s).is_some())
 }
 
 /// Fetches every series' image into the cache (setup calls this).
-pub fn fetch_images() -> Result<()> {
+pub(crate) fn fetch_images() -> Result<()> {
     for series in SERIES {
         let image = image::fetch(series)?;
         println!("ok: kernel {} ({})", image.label, image.vmlinuz.display());
@@ -73,7 +73,7 @@ pub fn fetch_images() -> Result<()> {
 }
 
 /// Builds everything, boots every kernel and fails unless every kernel did what is expected.
-pub fn matrix() -> Result<()> {
+pub(crate) fn matrix() -> Result<()> {
     let started = Instant::now();
     let work = util::target_dir().join("kernels");
     std::fs::create_dir_all(&work)?;

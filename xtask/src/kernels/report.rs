@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 /// One test's result as the guest reported it.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub(super) struct Outcome {
     pub test: String,
     pub passed: bool,
     pub detail: String,
@@ -16,7 +16,7 @@ pub struct Outcome {
 
 /// Everything one boot reported.
 #[derive(Debug, Default)]
-pub struct Boot {
+pub(super) struct Boot {
     /// `MATRIX-INFO key value` lines, in order.
     pub info: Vec<(String, String)>,
     pub outcomes: Vec<Outcome>,
@@ -26,7 +26,7 @@ pub struct Boot {
 
 /// Parses the serial output. Lines may end in \r (the serial port's line discipline) and
 /// kernel messages may come between them; anything that is not a MATRIX line is skipped.
-pub fn parse(serial: &str) -> Boot {
+pub(super) fn parse(serial: &str) -> Boot {
     let mut boot = Boot::default();
     for line in serial.lines().map(|l| l.trim_end_matches('\r')) {
         if let Some(rest) = line.strip_prefix("MATRIX-INFO ") {
@@ -56,7 +56,7 @@ pub fn parse(serial: &str) -> Boot {
 }
 
 /// What a test shows about which BPF programs this kernel accepted.
-pub fn programs_of(test: &str) -> &'static str {
+pub(super) fn programs_of(test: &str) -> &'static str {
     match test {
         t if t.starts_with("record") => "sample_cpu",
         "agent" => "sample_cpu",
@@ -67,7 +67,7 @@ pub fn programs_of(test: &str) -> &'static str {
 
 /// The verifier's words for the broken program's unbounded loop (which one depends on how
 /// far the kernel's verifier gets before it gives up).
-pub const BROKEN_COMPLAINTS: &[&str] = &[
+pub(super) const BROKEN_COMPLAINTS: &[&str] = &[
     "infinite loop detected",
     "back-edge from insn",
     "BPF program is too large",
@@ -76,7 +76,12 @@ pub const BROKEN_COMPLAINTS: &[&str] = &[
 
 /// Judges one boot: returns the report text and the problems (empty = as expected).
 /// `expected` are the tests that must pass; `broken` whether the broken build was inside.
-pub fn judge(label: &str, boot: &Boot, expected: &[String], broken: bool) -> (String, Vec<String>) {
+pub(super) fn judge(
+    label: &str,
+    boot: &Boot,
+    expected: &[String],
+    broken: bool,
+) -> (String, Vec<String>) {
     let mut text = String::new();
     let mut problems = Vec::new();
     let _ = writeln!(text, "== {label}");

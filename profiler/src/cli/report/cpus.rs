@@ -8,7 +8,7 @@ use crate::profile::{self, CpuTable, Filter, Profile, SATURATED_PCT, SATURATED_S
 
 /// The table for `profile` (already cut to --from/--to), as text; refused (before any work)
 /// when the samples span more seconds than `Span::bounded` allows.
-pub fn cpu_report(profile: &Profile) -> Result<String, SpanTooLong> {
+pub(super) fn cpu_report(profile: &Profile) -> Result<String, SpanTooLong> {
     let t = profile::cpu_table(profile, &Filter::default())?;
     let mut out = String::new();
     let _ = writeln!(

@@ -8,7 +8,7 @@ const NS_PER_S: u64 = 1_000_000_000;
 const NS_PER_DAY: u64 = 86_400 * NS_PER_S;
 
 /// Parses `text` into an offset from the capture start, ns.
-pub fn parse_time(text: &str, meta: &Meta) -> Result<u64, String> {
+pub(super) fn parse_time(text: &str, meta: &Meta) -> Result<u64, String> {
     let t = text.trim();
     if !t.contains(':') {
         return parse_offset(t).ok_or_else(|| {
@@ -87,7 +87,7 @@ fn parse_date(t: &str) -> Option<u64> {
 }
 
 /// Unix ns -> `HH:MM:SS` (UTC).
-pub fn format_clock(unix_ns: u64) -> String {
+pub(super) fn format_clock(unix_ns: u64) -> String {
     let s = unix_ns / NS_PER_S % 86_400;
     format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }

@@ -16,7 +16,7 @@ use crate::profile::{self, FrameKind, Profile, Span, SpanTooLong};
 use crate::util::{FxDense, FxMap};
 
 /// Most records embedded (~25 bytes of JSON each).
-pub const MAX_RECORDS: usize = 500_000;
+pub(super) const MAX_RECORDS: usize = 500_000;
 
 /// Bucket sizes in slices of 20 ms; each divides the next, so coarsening merges whole buckets.
 const LADDER: &[u32] = &[1, 5, 25, 50, 250, 500, 1500, 3000, 15_000, 45_000, 180_000];
@@ -113,7 +113,7 @@ pub fn heatmap_data(profile: &Profile) -> Result<HeatmapData, SpanTooLong> {
 
 /// `heatmap_data` with at most `max_records` records (unless one bucket spans everything).
 /// The grid and the CPU strip are dense in time: refused past `Span::bounded`'s bounds.
-pub fn heatmap_data_bounded(
+pub(super) fn heatmap_data_bounded(
     profile: &Profile,
     max_records: usize,
 ) -> Result<HeatmapData, SpanTooLong> {
