@@ -249,11 +249,11 @@ fn python_stacks(collection: &Collection, out: &mut Interner) -> Vec<Vec<(u32, b
         .pystacks
         .items()
         .iter()
-        .map(|(pid, frames)| {
+        .map(|(space, frames)| {
             frames
                 .iter()
                 .map(|f| {
-                    let named = names.get(&(*pid, f.code, f.instr & !ENTRY_BIT));
+                    let named = names.get(&(*space, f.code, f.instr & !ENTRY_BIT));
                     let (name, module) = match named {
                         Some(Some(n)) => (n.display(), n.file.clone()),
                         _ => ("[unknown python]".to_owned(), String::new()),
