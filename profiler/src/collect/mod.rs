@@ -288,7 +288,7 @@ impl Collection {
                         )
                     })
                 })
-                .filter_map(|k| t.names.get(&k).map(|n| (k, n.clone())))
+                .filter_map(|k| t.names().get(&k).map(|n| (k, n.clone())))
                 .collect();
         }
         window.cgroup_paths = window

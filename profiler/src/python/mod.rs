@@ -1,23 +1,27 @@
 //! Python frames (issue 17), the user side: detect Python processes when first sampled and
 //! register them with the sampler (`detect`, `thread`, off the drain on `registry`'s thread), name the (code object, instruction)
-//! pairs the sampler appends to records while the process lives (`mem`, `linetable`), and
+//! pairs the sampler appends to records while the process lives (`mem`, `linetable`), per
+//! process generation until it exec'd or exited and was cut (`generations`), and
 //! merge them into the native stack at the eval-loop frames when the profile is built
 //! (`merge`). Collect -> here -> symbolize.
 mod detect;
+mod generations;
 mod linetable;
 pub mod mem;
 pub mod merge;
 mod registry;
 mod thread;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, mpsc};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profiler_common::python::{CHECK_SHIFT, ENTRY_BIT, INSTR_MASK, PyFrame, PyProc, check_of};
+use profiler_common::python::{CHECK_SHIFT, INSTR_MASK, PyFrame, PyProc, check_of};
 
 use crate::collect::{SpaceId, space_id, space_pid};
 pub use detect::{CodeLayout, Interp, Lines, Refused};
+pub use generations::PyKey;
+use generations::{Generations, Use};
 use mem::Mem;
 use registry::{Detector, Registry};
 
@@ -79,20 +83,6 @@ struct Code {
     linetable: Vec<u8>,
 }
 
-/// A Python frame's name key: (process generation, code address, instruction with its
-/// checksum). The generation (`collect::SpaceId`: pid and which exec) keeps an exec or a
-/// reused pid from being named with the image before.
-pub type PyKey = (SpaceId, u64, u64);
-
-/// What the tracker holds of one process generation.
-#[derive(Clone, Copy, Debug, Default)]
-struct SpaceState {
-    /// Python frames were sampled (names are cached for it).
-    python: bool,
-    /// It exec'd or exited: forgotten at the next `forget_gone`.
-    ended: bool,
-}
-
 /// Python processes as the collector meets them: registered with the sampler (on the
 /// `registry` thread), their frames named while they live, forgotten once they are gone and
 /// every window that may need their names has taken them (`forget_gone`).
@@ -102,15 +92,9 @@ pub struct Tracker {
     /// already running; then the thread owns it.
     detector: Option<Detector>,
     to_detect: Option<mpsc::Sender<u32>>,
-    /// Every process generation sampled or registered, until forgotten.
-    spaces: HashMap<SpaceId, SpaceState>,
+    /// Names and code objects by process generation.
+    gens: Generations,
     new_pids: Vec<u32>,
-    /// By (generation, code address, checksum): a code object dropped and another allocated
-    /// at its address has (almost always) another checksum, so another entry.
-    codes: HashMap<PyKey, Option<Code>>,
-    /// Names by `PyKey`; None: not read (yet, while in `unnamed`) or could not be read.
-    pub names: HashMap<PyKey, Option<PyName>>,
-    unnamed: Vec<PyKey>,
     /// Processes refused, counted by reason kind; the last message of each kind kept (as
     /// of the last `resolve_pending`).
     pub refused: BTreeMap<&'static str, (u64, String)>,
@@ -124,11 +108,8 @@ impl Tracker {
             registry: Arc::new(Mutex::new(Registry::new(map))),
             detector: Some(Detector::new(facts.tsd_base)),
             to_detect: None,
-            spaces: HashMap::new(),
+            gens: Generations::default(),
             new_pids: Vec::new(),
-            codes: HashMap::new(),
-            names: HashMap::new(),
-            unnamed: Vec::new(),
             refused: BTreeMap::new(),
             registered: 0,
         }
@@ -153,10 +134,9 @@ impl Tracker {
         };
         let me = std::process::id();
         for &pid in pids {
-            if pid == me || self.spaces.contains_key(&space_id(pid, 0)) {
+            if pid == me || !self.gens.note(space_id(pid, 0)) {
                 continue;
             }
-            self.spaces.insert(space_id(pid, 0), SpaceState::default());
             match &mut self.detector {
                 Some(d) => {
                     let (detected, opened) = registry::detect_pinned(d, pid);
@@ -173,29 +153,20 @@ impl Tracker {
     /// Notes a sample of process generation `space` and its Python frames (innermost first).
     pub fn saw(&mut self, space: SpaceId, frames: &[PyFrame]) {
         let pid = space_pid(space);
-        if pid == 0 {
-            return;
-        }
-        let state = self.spaces.entry(space).or_insert_with(|| {
+        if pid != 0 && self.gens.saw(space, frames) {
             self.new_pids.push(pid);
-            SpaceState::default()
-        });
-        state.python |= !frames.is_empty();
-        for f in frames {
-            let key = (space, f.code, f.instr & !ENTRY_BIT);
-            if let std::collections::hash_map::Entry::Vacant(slot) = self.names.entry(key) {
-                slot.insert(None);
-                self.unnamed.push(key);
-            }
         }
+    }
+
+    /// Names by `PyKey`; None: not read (yet) or could not be read.
+    pub fn names(&self) -> &HashMap<PyKey, Option<PyName>> {
+        &self.gens.names
     }
 
     /// `pid` exec'd or exited at `time_ns`, ending generation `space`: its registration goes
     /// now (the sampler's map entry too); its names stay until `forget_gone`.
     pub fn ended(&mut self, pid: u32, space: SpaceId, time_ns: u64) {
-        if let Some(s) = self.spaces.get_mut(&space) {
-            s.ended = true;
-        }
+        self.gens.end(space);
         if let Ok(mut r) = self.registry.lock() {
             r.ended(pid, time_ns);
         }
@@ -224,15 +195,15 @@ impl Tracker {
             }
         }
         let mut later = Vec::new();
-        for key in std::mem::take(&mut self.unnamed) {
+        for key in std::mem::take(&mut self.gens.unnamed) {
             match self.name(key, &space_at, records_read_ns) {
                 Naming::Done(name) => {
-                    self.names.insert(key, name);
+                    self.gens.names.insert(key, name);
                 }
                 Naming::Later => later.push(key),
             }
         }
-        self.unnamed = later;
+        self.gens.unnamed = later;
         self.sync_counts();
     }
 
@@ -250,35 +221,27 @@ impl Tracker {
         records_read_ns: u64,
     ) -> Naming {
         let pid = space_pid(space);
-        let ended = self.spaces.get(&space).is_none_or(|s| s.ended);
+        let ended = self.gens.ended(space);
         let (layout, check_at, mem) = {
             let Ok(r) = self.registry.lock() else {
                 return Naming::Done(None);
             };
-            // Which generation the registration's pinned memory is of, once the records of
-            // its time have been read.
-            let of = r
-                .procs
-                .get(&pid)
-                .filter(|p| p.opened_ns < records_read_ns)
-                .map(|p| (p, space_at(pid, p.opened_ns)));
-            match of {
-                Some((p, s)) if s == space => {
-                    let check_at = u64::from(p.interp.proc_.code_check);
-                    (p.interp.code, check_at, p.mem.clone())
-                }
-                // A later generation's (same pid: the generation is the high half): this
-                // one's image is gone.
-                Some((_, s)) if s > space => return Naming::Done(None),
-                // None yet, or one not known to be of this generation yet: it may come (a
-                // detection under way) while the generation lives.
-                _ if ended => return Naming::Done(None),
-                _ => return Naming::Later,
+            let p = r.procs.get(&pid);
+            let reg = p.map(|p| (p.opened_ns, space_at(pid, p.opened_ns)));
+            match (generations::usable(space, ended, reg, records_read_ns), p) {
+                (Use::Read, Some(p)) => (
+                    p.interp.code,
+                    u64::from(p.interp.proc_.code_check),
+                    p.mem.clone(),
+                ),
+                (Use::Later, _) => return Naming::Later,
+                _ => return Naming::Done(None),
             }
         };
         let check = instr >> CHECK_SHIFT;
         let instr = instr & INSTR_MASK;
         let Some(c) = self
+            .gens
             .codes
             .entry((space, code, check))
             .or_insert_with(|| read_code(&mem, &layout, code, check_at, check))
@@ -307,20 +270,7 @@ impl Tracker {
     /// once every window that may hold their samples has taken their names
     /// (`Collection::cut`); `record` never does, so its final profile names everything.
     pub fn forget_gone(&mut self, mut gone: impl FnMut(u32) -> bool) {
-        let mut forget: HashSet<SpaceId> = HashSet::new();
-        self.spaces.retain(|&space, s| {
-            let drop = s.ended || gone(space_pid(space));
-            if drop {
-                forget.insert(space);
-            }
-            !drop
-        });
-        if forget.is_empty() {
-            return;
-        }
-        self.names.retain(|k, _| !forget.contains(&k.0));
-        self.codes.retain(|k, _| !forget.contains(&k.0));
-        self.unnamed.retain(|k| !forget.contains(&k.0));
+        self.gens.forget_gone(&mut gone);
         if let Ok(mut r) = self.registry.lock() {
             r.forget_gone(&mut gone);
         }
@@ -329,7 +279,7 @@ impl Tracker {
     /// Process generations whose Python frames the tracker holds names for (the agent's
     /// `profiler_python_processes`): it follows the live Python processes, not the churn.
     pub fn python_processes(&self) -> usize {
-        self.spaces.values().filter(|s| s.python).count()
+        self.gens.python_processes()
     }
 }
 

@@ -241,7 +241,7 @@ fn python_stacks(collection: &Collection, out: &mut Interner) -> Vec<Vec<(u32, b
     use profiler_common::python::ENTRY_BIT;
     // A live collection's tracker names its frames; a window cut from one carries them.
     let names = match &collection.python {
-        Some(t) => &t.names,
+        Some(t) => t.names(),
         None if !collection.py_names.is_empty() => &collection.py_names,
         None => return Vec::new(),
     };
