@@ -173,12 +173,13 @@ pub fn spawn(
     Ok(tx)
 }
 
+/// A detection's outcome, and the memory it pinned with when it was opened (CLOCK_MONOTONIC
+/// ns).
+pub type Pinned = (Result<Option<Interp>, Refused>, Option<(Mem, u64)>);
+
 /// Detects `pid` with its memory pinned first; the handle and when it was opened come back
 /// only if the image detected is the pinned one (None: it was gone before the end).
-pub fn detect_pinned(
-    detector: &mut Detector,
-    pid: u32,
-) -> (Result<Option<Interp>, Refused>, Option<(Mem, u64)>) {
+pub fn detect_pinned(detector: &mut Detector, pid: u32) -> Pinned {
     let opened_ns = crate::util::monotonic_ns();
     let mem = Mem::pinned(pid).ok();
     let detected = detector.detect(pid);
