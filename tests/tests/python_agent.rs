@@ -15,21 +15,27 @@ use profiler_tests::{
 const PYTHON: &str = "/usr/bin/python3.11";
 const PROCESSES: usize = 200;
 /// Processes running at once.
-const LANES: usize = 10;
+const LANES: usize = 20;
 const COMM: &str = "pychurn";
 
-/// One short-lived process: its comm set first (the agent keeps only `COMM`), then 0.1 CPU
-/// seconds in `work_<i>` (~20 samples at 199 Hz), then 1.2 s asleep so that a drain (every
-/// second, or at the next process's first sample) names its frames while it lives.
+/// One short-lived process: its comm set first (the agent keeps only `COMM`), then 3 s in
+/// `work_<i>` spinning 2 ms of every 50 (0.12 CPU seconds, ~24 samples at 199 Hz), then
+/// 1.2 s asleep so that a drain (every second, or at another process's first sample) names
+/// its frames while it lives. Spread over 3 s, its samples outlast its detection (the drain
+/// after its first sample as `COMM`, then the detection thread: 0.16 s median, 2.1 s at
+/// most seen with load on 2 CPUs), which a 0.1 s burst did not always.
 fn program(i: usize) -> String {
     format!(
         "import time\n\
          open('/proc/self/comm', 'w').write('{COMM}')\n\
          def work_{i}():\n    \
              x = 0\n    \
-             until = time.process_time() + 0.1\n    \
-             while time.process_time() < until:\n        \
-                 x += 1\n\
+             end = time.monotonic() + 3\n    \
+             while time.monotonic() < end:\n        \
+                 until = time.process_time() + 0.002\n        \
+                 while time.process_time() < until:\n            \
+                     x += 1\n        \
+                 time.sleep(0.048)\n\
          work_{i}()\n\
          time.sleep(1.2)\n"
     )
