@@ -238,20 +238,31 @@ impl Session {
         Ok(())
     }
 
-    /// Ends the current window and starts the next at once (no gap in sampling): everything
-    /// since the last cut, ready to symbolize anywhere. Process facts of live processes stay
-    /// for the next window; those of exited processes go, so memory follows the number of
-    /// live processes, not the pid churn.
     /// Table loader figures now, when stacks are walked by table.
     pub(crate) fn unwind_stats(&self) -> Option<crate::unwind::LoaderStats> {
         self.loader.as_ref().map(|l| l.stats())
     }
 
+    /// Process generations whose Python names the session holds now, when Python frames
+    /// are on (`python::Tracker::python_processes`).
+    pub(crate) fn python_processes(&self) -> Option<usize> {
+        self.collection
+            .python
+            .as_ref()
+            .map(|t| t.python_processes())
+    }
+
+    /// Ends the current window and starts the next at once (no gap in sampling): everything
+    /// since the last cut, ready to symbolize anywhere. Process facts of live processes stay
+    /// for the next window; those of exited processes go (Python names of ended generations
+    /// too), so memory follows the number of live processes, not the pid churn.
     pub(crate) async fn cut(&mut self) -> Result<Window, RecordError> {
         self.settle().await?;
         let (meta, _) = self.meta()?;
         let collection = self.collection.cut();
-        if prune(&mut self.collection.processes) {
+        let live = &mut self.collection;
+        // After the cut: the window took the Python names its samples need.
+        if prune(&mut live.processes, live.python.as_mut()) {
             self.table_generation += 1;
         }
         Ok(Window {
@@ -389,9 +400,10 @@ fn open_kernel_records(
         .ok()
 }
 
-/// Forgets exited processes; starts afresh when the table outgrows its bounds (then returns
-/// true: names cached by file id must go too).
-fn prune(live: &mut ProcessTable) -> bool {
+/// Forgets exited processes (and the Python names of generations that exec'd or exited);
+/// starts afresh when the table outgrows its bounds (then returns true: names cached by file
+/// id must go too).
+fn prune(live: &mut ProcessTable, python: Option<&mut crate::python::Tracker>) -> bool {
     let mut alive: HashMap<u32, bool> = HashMap::new();
     let mut is_alive = |pid: u32| {
         *alive
@@ -405,7 +417,14 @@ fn prune(live: &mut ProcessTable) -> bool {
     for pid in dead {
         live.mappings.remove(pid);
     }
-    if live.files.len() > MAX_FILES || live.locs.len() > MAX_LOCS || live.names.len() > MAX_LOCS {
+    let reset =
+        live.files.len() > MAX_FILES || live.locs.len() > MAX_LOCS || live.names.len() > MAX_LOCS;
+    // Generations are numbered by the mappings table: what it forgets (or, reset, numbers
+    // afresh) the Python names must forget too, or a reused number would find them.
+    if let Some(t) = python {
+        t.forget_gone(|pid| reset || !is_alive(pid));
+    }
+    if reset {
         log::info!(
             "process table reset ({} files, {} addresses): live processes are read again",
             live.files.len(),

@@ -3,15 +3,20 @@
 //! (tests/fixtures/python). Checks the chain, its file and lines, kernel frames at the leaf
 //! of Python frames, native frames between Python groups (a ctypes qsort calling back into
 //! Python), and the controls: a C process gets no Python frames, `--python off`
-//! shows only the eval loop, and a thread hashing with the GIL released never shows the
-//! other thread's function.
+//! shows only the eval loop, a thread hashing with the GIL released never shows the
+//! other thread's function, and a process that execs another script is named from each
+//! image in turn, never from the other.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use profiler::profile::{FrameKind, Profile, read_file};
-use profiler_tests::{Fixture, TempDir, exclusive, expect_success, record, require_bpf};
+use std::time::Duration;
+
+use profiler_tests::{
+    Fixture, Running, TempDir, exclusive, expect_success, record, require_bpf, wait_timeout,
+};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/python");
 const FX_CHAIN: &str = env!("FIXTURE_FX_CHAIN");
@@ -420,6 +425,93 @@ fn code_objects_created_and_dropped_never_get_a_wrong_name() {
              (want 0; {total} samples, want half of them named); stderr:\n{stderr}\n{}",
             wrong.len(),
             wrong
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
+
+#[test]
+fn an_exec_names_each_image_from_its_own_script() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("python-exec");
+    let all = interpreters();
+    // Each pair execs from one version into the next (another layout, another binary), and
+    // the last into the first: every interpreter on both sides, in half the recordings.
+    for i in (0..all.len()).step_by(2) {
+        let (from, to) = (all[i], all[(i + 1) % all.len()]);
+        let trigger = dir.file("exec.trigger");
+        let _ = std::fs::remove_file(&trigger);
+        let mut child = Command::new(from)
+            .arg(script("exec_first.py"))
+            .args([to, trigger.as_str(), "1.5", "2"])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {from}: {e}"));
+        let pid = child.id();
+        let capture = dir.file("exec.capture");
+        let pid_arg = pid.to_string();
+        let mut profiler = Running::start(&[
+            "record", "--pid", &pid_arg, "-F", "199", "-d", "120s", "-o", &capture,
+        ]);
+        profiler.wait_for("sampling");
+        // The first script's last 1.5 CPU seconds, the exec, the second's 2, all recorded.
+        std::fs::write(&trigger, b"").expect("writing the trigger");
+        let status = wait_timeout(&mut child, Duration::from_secs(120));
+        let _ = child.kill();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{from} -> {to}: the fixture failed or hung: {status:?}"
+        );
+        profiler.signal("INT");
+        let (status, stderr) = profiler.finish();
+        assert!(status.success(), "record failed with {status}:\n{stderr}");
+        let p = read_file(Path::new(&capture)).expect("reading the capture");
+        let exec_ns = p
+            .lifetimes
+            .iter()
+            .find(|l| l.pid == pid)
+            .and_then(|l| l.exec_ns)
+            .unwrap_or_else(|| panic!("{from} -> {to}: no exec of pid {pid} recorded"));
+        let (mut first, mut second, mut after, mut crossed) = (0, 0, 0, Vec::new());
+        for s in p.samples.iter().filter(|s| s.pid == pid) {
+            let names: Vec<&str> = p.stack_frames(s.stack).map(|f| p.str(f.name)).collect();
+            let before = s.offset_ns < exec_ns;
+            let has = |prefix: &str| names.iter().any(|n| n.starts_with(prefix));
+            let (a, b) = (has("first_"), has("second_"));
+            first += u64::from(before && has("first_spin ("));
+            second += u64::from(!before && has("second_spin ("));
+            after += u64::from(!before);
+            if (before && b) || (!before && a) {
+                crossed.push(format!(
+                    "{} ms {} the exec: {}",
+                    s.offset_ns.abs_diff(exec_ns) / 1_000_000,
+                    if before { "before" } else { "after" },
+                    names.join(";")
+                ));
+            }
+        }
+        eprintln!(
+            "{from} -> {to}: {first} samples in first_spin before the exec, {second} of {after} \
+             after it in second_spin, {} crossed",
+            crossed.len()
+        );
+        // 1.5 and 2 CPU seconds at 199 Hz: ~300 and ~400 samples on an idle machine. The
+        // second image's first samples (its startup, its detection) are unnamed: half of
+        // them must be named.
+        assert!(
+            crossed.is_empty() && first >= 30 && second >= 30 && second * 2 >= after,
+            "{from} -> {to}: {} samples named from the other image (want 0); {first} samples \
+             in first_spin before the exec, {second} of {after} after it in second_spin \
+             (want 30 or more, and half); stderr:\n{stderr}\n{}",
+            crossed.len(),
+            crossed
                 .iter()
                 .take(10)
                 .cloned()

@@ -49,6 +49,9 @@ pub(crate) struct Metrics {
     process_exits: [u64; 4],
     /// Programs in a crash loop in the last window (`profile::lifecycle`).
     crash_loops: u64,
+    /// Process generations whose Python names the drain holds, as of the last cut
+    /// (`python::Tracker::python_processes`); None with Python frames off.
+    pub python_processes: Option<u64>,
 }
 
 /// The agent's stages pass windows through bounded queues (docs/agent.md): a full queue drops
@@ -350,6 +353,16 @@ impl Metrics {
             "gauge",
             &[("", f(self.crash_loops))],
         );
+        if let Some(n) = self.python_processes {
+            metric(
+                &mut o,
+                "profiler_python_processes",
+                "Python processes (each exec counted apart) whose frame names the agent holds, \
+                 as of the last window: the live ones and those of the window being cut.",
+                "gauge",
+                &[("", f(n))],
+            );
+        }
         let (cpu, rss) = own_usage();
         metric(
             &mut o,

@@ -149,6 +149,8 @@ impl Stage {
                     tap.parts.push(session.copy_since(tap.since_mono_ns).await?);
                 }
                 let window = session.cut().await?;
+                self.shared.metrics().python_processes =
+                    session.python_processes().map(|n| n as u64);
                 if let Some(stats) = session.unwind_stats() {
                     self.shared
                         .metrics()

@@ -21,7 +21,9 @@ use tokio::io::unix::AsyncFd;
 pub(crate) use files::UserFile;
 pub(crate) use kernel_records::{KernelRecord, KernelRecords};
 pub use perfmap::{PerfMap, ns_pid};
-pub(crate) use process::{ProcessTable, SpaceId, UserLoc, procmap_query_supported, space_pid};
+pub(crate) use process::{
+    ProcessTable, SpaceId, UserLoc, procmap_query_supported, space_id, space_pid,
+};
 
 /// Where process facts come from besides the samples: the kernel's records (mappings, exec,
 /// fork, exit) and the exit statuses the sampler's exit program sends. Either may be missing
@@ -139,18 +141,22 @@ pub(crate) struct Collection {
     pub kstacks: StackTable<Box<[u64]>>,
     /// User stacks are per address space, so keyed by it too (pid, and which exec).
     pub ustacks: StackTable<(SpaceId, Box<[u64]>)>,
-    /// Python frames (innermost first), per process.
-    pub pystacks: StackTable<(u32, Box<[PyFrame]>)>,
+    /// Python frames (innermost first), per address space like user stacks: names are
+    /// per generation of a process.
+    pub pystacks: StackTable<(SpaceId, Box<[PyFrame]>)>,
     /// Detects, registers and names Python processes; None when Python frames are off.
     pub python: Option<crate::python::Tracker>,
     /// The names of this collection's Python frames, when it was cut from a live one whose
     /// tracker stayed behind (`cut`).
-    pub py_names: HashMap<(u32, u64, u64), Option<crate::python::PyName>>,
+    pub py_names: HashMap<crate::python::PyKey, Option<crate::python::PyName>>,
     /// Samples whose Python walk was cut at `MAX_PY_FRAMES` or by an unreadable frame.
     pub py_truncated: u64,
     pub processes: ProcessTable,
     /// The kernel's process records and exit statuses, read before each batch of samples.
     pub events: ProcessEvents,
+    /// CLOCK_MONOTONIC ns when the kernel's process records were last read: every exec and
+    /// exit before it is known (Python naming checks its generations against it).
+    records_read_ns: u64,
     /// Sample records read from the ring, waiting for the process records before them.
     batch: Vec<u8>,
     batch_ends: Vec<usize>,
@@ -273,12 +279,16 @@ impl Collection {
                 .pystacks
                 .items()
                 .iter()
-                .flat_map(|(pid, frames)| {
-                    frames
-                        .iter()
-                        .map(move |f| (*pid, f.code, f.instr & !profiler_common::python::ENTRY_BIT))
+                .flat_map(|(space, frames)| {
+                    frames.iter().map(move |f| {
+                        (
+                            *space,
+                            f.code,
+                            f.instr & !profiler_common::python::ENTRY_BIT,
+                        )
+                    })
                 })
-                .filter_map(|k| t.names.get(&k).map(|n| (k, n.clone())))
+                .filter_map(|k| t.names().get(&k).map(|n| (k, n.clone())))
                 .collect();
         }
         window.cgroup_paths = window
@@ -337,7 +347,9 @@ impl Collection {
             batch.extend_from_slice(&item);
             ends.push(batch.len());
         }
+        self.records_read_ns = crate::util::monotonic_ns();
         self.events.read_into(&mut self.processes);
+        self.tell_python_ends();
         let exited = self.tell_mappings();
         let mut start = 0;
         for &end in &ends {
@@ -351,6 +363,25 @@ impl Collection {
             }
         }
         (self.batch, self.batch_ends) = (batch, ends);
+    }
+
+    /// Tells the Python tracker of every exec and exit just read: the generation that ended
+    /// must not be walked or named with the next one's image.
+    fn tell_python_ends(&mut self) {
+        let Some(tracker) = self.python.as_mut() else {
+            return;
+        };
+        for r in &self.events.records {
+            let (pid, time_ns) = match r {
+                KernelRecord::Exec { pid, time_ns, .. } | KernelRecord::Exit { pid, time_ns } => {
+                    (*pid, *time_ns)
+                }
+                _ => continue,
+            };
+            // An exec's time starts the new generation: the one before it ended.
+            let ended = self.processes.space_at(pid, time_ns.saturating_sub(1));
+            tracker.ended(pid, ended, time_ns);
+        }
     }
 
     /// Tells the hook of every process whose mappings the records just read changed (with
@@ -428,9 +459,9 @@ impl Collection {
         let python = py_frames(pframes);
         self.py_truncated += u64::from(h.py_flags != 0);
         if let Some(tracker) = &mut self.python {
-            tracker.saw(h.pid, &python);
+            tracker.saw(space, &python);
         }
-        let pystack = self.pystacks.intern((h.pid, python));
+        let pystack = self.pystacks.intern((space, python));
         self.samples.push(RawSample {
             time_ns: h.time_ns,
             cpu: h.cpu,
@@ -447,7 +478,8 @@ impl Collection {
     /// Registers new Python processes and names new Python frames (they must still live).
     pub(crate) fn resolve_python(&mut self) {
         if let Some(t) = &mut self.python {
-            t.resolve_pending();
+            let table = &self.processes;
+            t.resolve_pending(|pid, time| table.space_at(pid, time), self.records_read_ns);
         }
     }
 

@@ -33,7 +33,8 @@ pub(crate) fn space_pid(space: SpaceId) -> u32 {
     space as u32
 }
 
-fn space_id(pid: u32, generation: u32) -> SpaceId {
+/// The space of `pid`'s generation `generation`.
+pub(crate) fn space_id(pid: u32, generation: u32) -> SpaceId {
     u64::from(pid) | (u64::from(generation) << 32)
 }
 
@@ -120,8 +121,7 @@ impl ProcessTable {
         if pid == 0 {
             return 0; // the idle task
         }
-        let generation = self.mappings.space_at(pid, time_ns).map_or(0, |(g, _)| g);
-        let space = space_id(pid, generation);
+        let space = self.space_at(pid, time_ns);
         if !self.processes.contains_key(&pid) {
             let mut p = read_process(pid);
             // Gone before we looked: the kernel told us what it ran.
@@ -140,6 +140,15 @@ impl ProcessTable {
             });
         }
         space
+    }
+
+    /// The address space `pid` had at `time_ns`, as far as the kernel's records read so far
+    /// tell (its first generation when they tell nothing of it).
+    pub(crate) fn space_at(&self, pid: u32, time_ns: u64) -> SpaceId {
+        space_id(
+            pid,
+            self.mappings.space_at(pid, time_ns).map_or(0, |(g, _)| g),
+        )
     }
 
     /// Applies the kernel's records (in time order): mappings, execs, forks, exits.

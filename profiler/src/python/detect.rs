@@ -186,7 +186,7 @@ pub(super) fn detect(
     };
     let base = c.path.rsplit('/').next().unwrap_or(&c.path);
     let bias = c.start.wrapping_sub(facts.first_load & !0xfff);
-    let mem = Mem { pid };
+    let mem = Mem::new(pid);
     let version = match facts.py_version {
         Some(v) => {
             let hex = mem.u32(v.wrapping_add(bias)).map_err(Refused::Memory)?;

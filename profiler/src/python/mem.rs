@@ -1,19 +1,41 @@
-//! Reads of a Python process's memory (process_vm_readv) and of the few CPython objects
-//! naming needs: str (PEP 393 compact forms), bytes, ints.
-use std::io;
+//! Reads of a Python process's memory (process_vm_readv, or a /proc/PID/mem handle pinned to
+//! one image) and of the few CPython objects naming needs: str (PEP 393 compact forms), bytes,
+//! ints.
+use std::{io, os::unix::fs::FileExt as _, sync::Arc};
 
 /// Longest string or byte string read from a target (names, paths, line tables).
 const MAX_OBJECT_BYTES: usize = 1 << 20;
 
 /// Another process's memory, read without stopping it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Mem {
     pub pid: u32,
+    /// /proc/PID/mem opened at one moment: it reads the address space the process had then,
+    /// and nothing once that space is gone (an exec or an exit), never the next image's.
+    pinned: Option<Arc<std::fs::File>>,
 }
 
 impl Mem {
+    /// Whatever image `pid` runs at each read.
+    pub(crate) fn new(pid: u32) -> Self {
+        Self { pid, pinned: None }
+    }
+
+    /// The image `pid` runs now, and only it (see `pinned`).
+    pub(crate) fn pinned(pid: u32) -> io::Result<Self> {
+        let file = std::fs::File::open(format!("/proc/{pid}/mem"))?;
+        Ok(Self {
+            pid,
+            pinned: Some(Arc::new(file)),
+        })
+    }
+
     /// Fills `buf` from `addr` in the process; an unmapped address is an error.
     pub(crate) fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+        if let Some(f) = &self.pinned {
+            // The kernel answers 0 bytes (an UnexpectedEof here) once the image is gone.
+            return f.read_exact_at(buf, addr);
+        }
         let local = libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
             iov_len: buf.len(),

@@ -1,22 +1,27 @@
 //! Python frames (issue 17), the user side: detect Python processes when first sampled and
 //! register them with the sampler (`detect`, `thread`, off the drain on `registry`'s thread), name the (code object, instruction)
-//! pairs the sampler appends to records while the process lives (`mem`, `linetable`), and
+//! pairs the sampler appends to records while the process lives (`mem`, `linetable`), per
+//! process generation until it exec'd or exited and was cut (`generations`), and
 //! merge them into the native stack at the eval-loop frames when the profile is built
 //! (`merge`). Collect -> here -> symbolize.
 mod detect;
+mod generations;
 mod linetable;
 pub(crate) mod mem;
 pub(crate) mod merge;
 mod registry;
 mod thread;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, mpsc};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profiler_common::python::{CHECK_SHIFT, ENTRY_BIT, INSTR_MASK, PyFrame, PyProc, check_of};
+use profiler_common::python::{CHECK_SHIFT, INSTR_MASK, PyFrame, PyProc, check_of};
 
+use crate::collect::{SpaceId, space_id, space_pid};
 pub(crate) use detect::{CodeLayout, Lines};
+pub(crate) use generations::PyKey;
+use generations::{Generations, Use};
 use mem::Mem;
 use registry::{Detector, Registry};
 
@@ -69,7 +74,7 @@ impl PyName {
     }
 }
 
-/// A code object's naming facts, read once per (pid, code pointer).
+/// A code object's naming facts, read once per (process generation, code pointer).
 #[derive(Clone, Debug)]
 struct Code {
     qualname: String,
@@ -79,21 +84,17 @@ struct Code {
 }
 
 /// Python processes as the collector meets them: registered with the sampler (on the
-/// `registry` thread), their frames named while they live.
+/// `registry` thread), their frames named while they live, forgotten once they are gone and
+/// every window that may need their names has taken them (`forget_gone`).
 pub(crate) struct Tracker {
     registry: Arc<Mutex<Registry>>,
     /// Until the thread starts (at the first drain), detection runs here, for processes
     /// already running; then the thread owns it.
     detector: Option<Detector>,
     to_detect: Option<mpsc::Sender<u32>>,
-    seen: HashSet<u32>,
+    /// Names and code objects by process generation.
+    gens: Generations,
     new_pids: Vec<u32>,
-    /// By (pid, code address, checksum): a code object dropped and another allocated at its
-    /// address has (almost always) another checksum, so another entry.
-    codes: HashMap<(u32, u64, u64), Option<Code>>,
-    /// Names by (pid, code, instruction with its checksum); None: could not be read.
-    pub names: HashMap<(u32, u64, u64), Option<PyName>>,
-    unnamed: Vec<(u32, u64, u64)>,
     /// Processes refused, counted by reason kind; the last message of each kind kept (as
     /// of the last `resolve_pending`).
     pub refused: BTreeMap<&'static str, (u64, String)>,
@@ -107,11 +108,8 @@ impl Tracker {
             registry: Arc::new(Mutex::new(Registry::new(map))),
             detector: Some(Detector::new(facts.tsd_base)),
             to_detect: None,
-            seen: HashSet::new(),
+            gens: Generations::default(),
             new_pids: Vec::new(),
-            codes: HashMap::new(),
-            names: HashMap::new(),
-            unnamed: Vec::new(),
             refused: BTreeMap::new(),
             registered: 0,
         }
@@ -119,7 +117,8 @@ impl Tracker {
 
     /// Detects and registers processes that already run (`pids`, or every process when
     /// empty), here and now, before sampling starts: their first samples have Python frames
-    /// too rather than waiting for the drain that follows their first sample.
+    /// too rather than waiting for the drain that follows their first sample. Before any
+    /// kernel record, each is in its first generation.
     pub(crate) fn register_running(&mut self, pids: &[u32]) {
         let all: Vec<u32>;
         let pids = if pids.is_empty() {
@@ -135,34 +134,53 @@ impl Tracker {
         };
         let me = std::process::id();
         for &pid in pids {
-            if pid != me && self.seen.insert(pid) {
-                match (&mut self.detector, self.registry.lock()) {
-                    (Some(d), Ok(mut r)) => r.record(pid, d.detect(pid)),
-                    _ => self.new_pids.push(pid),
+            if pid == me || !self.gens.note(space_id(pid, 0)) {
+                continue;
+            }
+            match &mut self.detector {
+                Some(d) => {
+                    let (detected, opened) = registry::detect_pinned(d, pid);
+                    if let Ok(mut r) = self.registry.lock() {
+                        r.record(pid, detected, opened);
+                    }
                 }
+                None => self.new_pids.push(pid),
             }
         }
         self.sync_counts();
     }
 
-    /// Notes a sample of `pid` and its Python frames (innermost first).
-    pub(crate) fn saw(&mut self, pid: u32, frames: &[PyFrame]) {
-        if pid != 0 && self.seen.insert(pid) {
+    /// Notes a sample of process generation `space` and its Python frames (innermost first).
+    pub(crate) fn saw(&mut self, space: SpaceId, frames: &[PyFrame]) {
+        let pid = space_pid(space);
+        if pid != 0 && self.gens.saw(space, frames) {
             self.new_pids.push(pid);
         }
-        for f in frames {
-            let key = (pid, f.code, f.instr & !ENTRY_BIT);
-            if let std::collections::hash_map::Entry::Vacant(slot) = self.names.entry(key) {
-                slot.insert(None);
-                self.unnamed.push(key);
-            }
+    }
+
+    /// Names by `PyKey`; None: not read (yet) or could not be read.
+    pub(crate) fn names(&self) -> &HashMap<PyKey, Option<PyName>> {
+        &self.gens.names
+    }
+
+    /// `pid` exec'd or exited at `time_ns`, ending generation `space`: its registration goes
+    /// now (the sampler's map entry too); its names stay until `forget_gone`.
+    pub(crate) fn ended(&mut self, pid: u32, space: SpaceId, time_ns: u64) {
+        self.gens.end(space);
+        if let Ok(mut r) = self.registry.lock() {
+            r.ended(pid, time_ns);
         }
     }
 
     /// Queues the processes seen since the last call for detection (on the registry
     /// thread), and names the frames seen since (the process must be alive): this runs at
-    /// every drain.
-    pub(crate) fn resolve_pending(&mut self) {
+    /// every drain. `space_at` gives the generation a pid ran at a time, from the kernel's
+    /// records read at or after `records_read_ns` (CLOCK_MONOTONIC).
+    pub(crate) fn resolve_pending(
+        &mut self,
+        space_at: impl Fn(u32, u64) -> SpaceId,
+        records_read_ns: u64,
+    ) {
         if self.to_detect.is_none()
             && let Some(d) = self.detector.take()
         {
@@ -176,10 +194,16 @@ impl Tracker {
                 let _ = tx.send(pid);
             }
         }
-        for key in std::mem::take(&mut self.unnamed) {
-            let name = self.name(key);
-            self.names.insert(key, name);
+        let mut later = Vec::new();
+        for key in std::mem::take(&mut self.gens.unnamed) {
+            match self.name(key, &space_at, records_read_ns) {
+                Naming::Done(name) => {
+                    self.gens.names.insert(key, name);
+                }
+                Naming::Later => later.push(key),
+            }
         }
+        self.gens.unnamed = later;
         self.sync_counts();
     }
 
@@ -190,19 +214,41 @@ impl Tracker {
         }
     }
 
-    fn name(&mut self, (pid, code, instr): (u32, u64, u64)) -> Option<PyName> {
-        let (layout, check_at) = {
-            let r = self.registry.lock().ok()?;
-            let interp = r.interps.get(&pid)?;
-            (interp.code, u64::from(interp.proc_.code_check))
+    fn name(
+        &mut self,
+        (space, code, instr): PyKey,
+        space_at: impl Fn(u32, u64) -> SpaceId,
+        records_read_ns: u64,
+    ) -> Naming {
+        let pid = space_pid(space);
+        let ended = self.gens.ended(space);
+        let (layout, check_at, mem) = {
+            let Ok(r) = self.registry.lock() else {
+                return Naming::Done(None);
+            };
+            let p = r.procs.get(&pid);
+            let reg = p.map(|p| (p.opened_ns, space_at(pid, p.opened_ns)));
+            match (generations::usable(space, ended, reg, records_read_ns), p) {
+                (Use::Read, Some(p)) => (
+                    p.interp.code,
+                    u64::from(p.interp.proc_.code_check),
+                    p.mem.clone(),
+                ),
+                (Use::Later, _) => return Naming::Later,
+                _ => return Naming::Done(None),
+            }
         };
         let check = instr >> CHECK_SHIFT;
         let instr = instr & INSTR_MASK;
-        let c = self
+        let Some(c) = self
+            .gens
             .codes
-            .entry((pid, code, check))
-            .or_insert_with(|| read_code(Mem { pid }, &layout, code, check_at, check))
-            .as_ref()?;
+            .entry((space, code, check))
+            .or_insert_with(|| read_code(&mem, &layout, code, check_at, check))
+            .as_ref()
+        else {
+            return Naming::Done(None);
+        };
         // 3.8-3.10: f_lasti (-1 before the first instruction), in bytes or code units.
         let lasti = || u64::try_from(((instr >> 1) as u32).cast_signed().max(0)).unwrap_or(0);
         let line = match layout.lines {
@@ -212,27 +258,43 @@ impl Tracker {
                 .checked_sub(code + layout.code_adaptive)
                 .and_then(|off| linetable::line_at(&c.linetable, c.first_line, off / 2)),
         };
-        Some(PyName {
+        Naming::Done(Some(PyName {
             qualname: c.qualname.clone(),
             file: c.file.clone(),
             line,
-        })
+        }))
     }
 
-    /// Forgets a process that exited (its pid may come back as another process).
-    pub(crate) fn forget(&mut self, pid: u32) {
-        self.seen.remove(&pid);
-        self.codes.retain(|k, _| k.0 != pid);
+    /// Forgets every generation that ended, and every one whose pid `gone` says is gone (its
+    /// exit record may have been lost): names, code objects, registrations. Call it only
+    /// once every window that may hold their samples has taken their names
+    /// (`Collection::cut`); `record` never does, so its final profile names everything.
+    pub(crate) fn forget_gone(&mut self, mut gone: impl FnMut(u32) -> bool) {
+        self.gens.forget_gone(&mut gone);
         if let Ok(mut r) = self.registry.lock() {
-            r.forget(pid);
+            r.forget_gone(&mut gone);
         }
     }
+
+    /// Process generations whose Python frames the tracker holds names for (the agent's
+    /// `profiler_python_processes`): it follows the live Python processes, not the churn.
+    pub(crate) fn python_processes(&self) -> usize {
+        self.gens.python_processes()
+    }
+}
+
+/// Whether a frame could be named now.
+enum Naming {
+    /// Named, or never will be (None).
+    Done(Option<PyName>),
+    /// Its generation's registration is not there yet: try at the next drain.
+    Later,
 }
 
 /// Reads a code object, checking its type and its checksum first: a frame pointing at
 /// anything else (a stale pointer, a 3.13 frame whose executable is not code, a code object
 /// freed since the sample and another put in its place) is left unnamed.
-fn read_code(mem: Mem, l: &CodeLayout, code: u64, check_at: u64, check: u64) -> Option<Code> {
+fn read_code(mem: &Mem, l: &CodeLayout, code: u64, check_at: u64, check: u64) -> Option<Code> {
     if mem.u64(code + 8).ok()? != l.code_type {
         return None;
     }

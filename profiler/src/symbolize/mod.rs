@@ -223,7 +223,7 @@ fn python_stacks(collection: &Collection, out: &mut Interner) -> Vec<Vec<(u32, b
     use profiler_common::python::ENTRY_BIT;
     // A live collection's tracker names its frames; a window cut from one carries them.
     let names = match &collection.python {
-        Some(t) => &t.names,
+        Some(t) => t.names(),
         None if !collection.py_names.is_empty() => &collection.py_names,
         None => return Vec::new(),
     };
@@ -231,11 +231,11 @@ fn python_stacks(collection: &Collection, out: &mut Interner) -> Vec<Vec<(u32, b
         .pystacks
         .items()
         .iter()
-        .map(|(pid, frames)| {
+        .map(|(space, frames)| {
             frames
                 .iter()
                 .map(|f| {
-                    let named = names.get(&(*pid, f.code, f.instr & !ENTRY_BIT));
+                    let named = names.get(&(*space, f.code, f.instr & !ENTRY_BIT));
                     let (name, module) = match named {
                         Some(Some(n)) => (n.display(), n.file.clone()),
                         _ => ("[unknown python]".to_owned(), String::new()),
