@@ -20,8 +20,8 @@ use crate::profile::{FrameKind, Profile};
 
 /// A frame row: (kernel, name id, module id, address, binary id).
 type FrameKey = (bool, i64, i64, i64, i64);
-/// A counts row: (stack, pid, comm, cgroup id) in the window's profile.
-type RowKey = (u32, u32, u32, u64);
+/// A counts row: (stack, pid, tid, comm, cgroup id) in the window's profile.
+type RowKey = (u32, u32, u32, u32, u64);
 
 /// The database file's name inside the data dir.
 pub const DB_FILE: &str = "profiles.db";
@@ -71,11 +71,15 @@ CREATE TABLE IF NOT EXISTS frames(
   UNIQUE(kernel, name, module, addr, binary));
 -- A stack: frame ids, root first, comma-separated.
 CREATE TABLE IF NOT EXISTS stacks(id INTEGER PRIMARY KEY, frames TEXT NOT NULL UNIQUE);
+-- Samples per (stack, pid, thread, comm, cgroup) in a window; times: the samples' times and
+-- CPUs (times.rs), or NULL; tid NULL = the pid (the main thread, or a row from before
+-- threads were kept).
 CREATE TABLE IF NOT EXISTS counts(
   window INTEGER NOT NULL, stack INTEGER NOT NULL, pid INTEGER NOT NULL,
   comm INTEGER NOT NULL, cgroup_id INTEGER NOT NULL, cgroup INTEGER NOT NULL,
   samples INTEGER NOT NULL,
-  times BLOB);                    -- the samples' times and CPUs (times.rs), or NULL
+  times BLOB,
+  tid INTEGER);
 CREATE INDEX IF NOT EXISTS counts_window ON counts(window);
 ";
 
@@ -191,7 +195,7 @@ impl Store {
         let mut counts: HashMap<RowKey, Vec<(u64, u32)>> = HashMap::new();
         for s in &p.samples {
             counts
-                .entry((s.stack, s.pid, s.comm, s.cgroup_id))
+                .entry((s.stack, s.pid, s.tid, s.comm, s.cgroup_id))
                 .or_default()
                 .push((s.offset_ns, s.cpu));
         }
@@ -226,7 +230,7 @@ impl Store {
         ])?;
         let window = tx.last_insert_rowid();
         let mut stack_ids: HashMap<u32, i64> = HashMap::new();
-        for ((stack, pid, comm, cgroup_id), mut samples) in counts {
+        for ((stack, pid, tid, comm, cgroup_id), mut samples) in counts {
             let sid = match stack_ids.get(&stack) {
                 Some(&id) => id,
                 None => {
@@ -242,8 +246,8 @@ impl Store {
             let n = samples.len() as i64;
             let blob = timed.then(|| times::encode(&mut samples));
             tx.prepare_cached(
-                "INSERT INTO counts(window, stack, pid, comm, cgroup_id, cgroup, samples, times) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO counts(window, stack, pid, comm, cgroup_id, cgroup, samples, times, \
+                 tid) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )?
             .execute(params![
                 window,
@@ -253,7 +257,9 @@ impl Store {
                 cgroup_id as i64,
                 cgroup,
                 n,
-                blob
+                blob,
+                // The main thread (most rows) as NULL: no bytes for it.
+                (tid != pid).then_some(tid),
             ])?;
         }
         tx.commit()

@@ -1,5 +1,5 @@
 //! Stored windows back into a `Profile`, so every output renders them. Each stored count
-//! becomes its samples with their exact times and CPUs (tid = pid: threads are not stored).
+//! becomes its samples with their exact times, CPUs and threads.
 //! Windows whose times are no longer kept (`--keep-times`, or stored before times were)
 //! become `Meta::untimed` ranges: their samples sit at the window's start on `NO_CPU`, so
 //! flame graphs count them and time views say the times are missing instead of drawing.
@@ -128,8 +128,14 @@ impl Store {
             return Err(too_many("samples", limits.max_samples)); // exact without a cgroup
         }
         let mut samples = Vec::with_capacity(upper.min(limits.max_samples) as usize);
+        // A store of an agent from before threads were kept reads tid = pid.
+        let tid = if times::has_tid(&self.conn)? {
+            "coalesce(c.tid, c.pid)"
+        } else {
+            "c.pid"
+        };
         let mut counts = self.conn.prepare(&format!(
-            "SELECT c.stack, c.pid, n.text, c.cgroup_id, g.text, c.samples, {times} FROM counts \
+            "SELECT c.stack, c.pid, n.text, c.cgroup_id, g.text, c.samples, {times}, {tid} FROM counts \
              c JOIN names n ON n.id = c.comm JOIN names g ON g.id = c.cgroup WHERE c.window = ?1",
         ))?;
         let mut untimed: Vec<(u64, u64)> = Vec::new();
@@ -181,6 +187,7 @@ impl Store {
                     }
                 };
                 let pid: u32 = r.get(1)?;
+                let tid: u32 = r.get(7)?;
                 let cgroup_id = r.get::<_, i64>(3)? as u64;
                 let comm_id = out.string(&comm);
                 processes.entry(pid).or_insert_with(|| Process {
@@ -194,7 +201,7 @@ impl Store {
                     offset_ns,
                     cpu,
                     pid,
-                    tid: pid,
+                    tid,
                     cgroup_id,
                     comm: comm_id,
                     stack,

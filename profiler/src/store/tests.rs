@@ -304,3 +304,55 @@ fn a_store_without_times_is_migrated() {
     assert_eq!(timed, wall(&new));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Each sample's (wall time, CPU, pid, tid).
+fn threads(p: &Profile) -> Vec<(u64, u32, u32, u32)> {
+    let mut v: Vec<_> = p
+        .samples
+        .iter()
+        .map(|s| (p.meta.start_unix_ns + s.offset_ns, s.cpu, s.pid, s.tid))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Threads come back as recorded: a window whose samples are spread over a process's main
+/// thread and two others reads back with each sample's tid; a store from before tids were
+/// kept reads tid = pid, and gains the column when the agent opens it.
+#[test]
+fn threads_round_trip() {
+    let dir = scratch("threads");
+    let mut w = window(100, "app", 30);
+    for (k, s) in w.samples.iter_mut().enumerate() {
+        s.tid = 42 + (k % 3) as u32;
+    }
+    let mut s = Store::open(&dir).unwrap();
+    s.write_window(&w).unwrap();
+    let p = s.read(&all(&s)).unwrap();
+    assert_eq!(threads(&p), threads(&w));
+    assert_eq!(
+        p.samples.iter().filter(|s| s.tid == 43).count(),
+        10,
+        "a third of the samples are thread 43's"
+    );
+    // A store written before tids were kept.
+    s.conn
+        .execute_batch("ALTER TABLE counts DROP COLUMN tid;")
+        .unwrap();
+    drop(s);
+    let r = Store::open_read(&dir).unwrap();
+    let p = r.read(&all(&r)).unwrap();
+    assert!(p.samples.iter().all(|s| s.tid == s.pid) && p.samples.len() == 30);
+    drop(r);
+    let mut s = Store::open(&dir).unwrap();
+    let new = window(110, "new", 6);
+    let mut new_threads = new.clone();
+    for s in &mut new_threads.samples {
+        s.tid = 77;
+    }
+    s.write_window(&new_threads).unwrap();
+    let p = s.read(&all(&s)).unwrap();
+    assert_eq!(p.samples.iter().filter(|s| s.tid == 77).count(), 6);
+    assert_eq!(p.samples.iter().filter(|s| s.tid == s.pid).count(), 30);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

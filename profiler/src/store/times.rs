@@ -25,14 +25,23 @@ const MIGRATIONS: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// Added to stores made before threads were kept: their rows read tid = pid.
+const TID_COLUMN: (&str, &str, &str) =
+    ("counts", "tid", "ALTER TABLE counts ADD COLUMN tid INTEGER");
+
 /// Adds the time columns to a store that lacks them (a store written by an older agent).
 pub(super) fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    for (table, column, sql) in MIGRATIONS {
+    for (table, column, sql) in MIGRATIONS.iter().chain([&TID_COLUMN]) {
         if !has_column(conn, table, column)? {
             conn.execute_batch(sql)?;
         }
     }
     Ok(())
+}
+
+/// Whether the store keeps threads (a read-only open of an older store cannot add them).
+pub(super) fn has_tid(conn: &Connection) -> rusqlite::Result<bool> {
+    has_column(conn, TID_COLUMN.0, TID_COLUMN.1)
 }
 
 /// Whether the store has the time columns (a read-only open cannot add them).
