@@ -266,8 +266,9 @@ impl Store {
     }
 
     /// Drops the sample times of windows older than `r.keep_times_ns` (their counts stay),
-    /// deletes windows older than `r.max_age_ns` and then the oldest until the live data
-    /// fits in `r.max_bytes`; then stacks and names no window uses. Returns the windows
+    /// deletes windows older than `r.max_age_ns`; then, until the live data fits in
+    /// `r.max_bytes`, drops the times of the oldest windows that have them and only then
+    /// deletes the oldest windows; then stacks and names no window uses. Returns the windows
     /// deleted.
     pub fn retain(&mut self, now_unix_ns: u64, r: Retention) -> Result<u64, StoreError> {
         self.retain_inner(now_unix_ns, r).map_err(|e| self.err(e))
@@ -282,6 +283,11 @@ impl Store {
         let mut deleted = self.delete_windows_where("start_ns + duration_ns < ?1", cutoff)?;
         // Deleted pages are reused, not returned: count the pages in use.
         while self.used_bytes()? > max_bytes {
+            // Times go before counts, as they do by age: the oldest tenth of the windows
+            // that still have them lose them first.
+            if times::drop_oldest(&self.conn)? > 0 {
+                continue;
+            }
             let (n, oldest): (i64, Option<i64>) =
                 self.conn
                     .query_row("SELECT count(*), min(start_ns) FROM windows", [], |r| {

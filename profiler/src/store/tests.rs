@@ -356,3 +356,41 @@ fn threads_round_trip() {
     assert_eq!(p.samples.iter().filter(|s| s.tid == s.pid).count(), 30);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Under `--max-size`, times go before whole windows (oldest first), as by `--keep-times`:
+/// a store whose counts fit the bound but whose times do not keeps every window, the
+/// oldest without times and the newest with them.
+#[test]
+fn max_size_drops_times_before_windows() {
+    let dir = scratch("size-times");
+    let mut s = Store::open(&dir).unwrap();
+    // 3000 samples on one row a window: ~17 KB of times against one short counts row.
+    for k in 0..20 {
+        s.write_window(&window(1000 + 10 * k, "app", 3000)).unwrap();
+    }
+    let with_times = s.used_bytes().unwrap();
+    let r = Retention {
+        max_age_ns: 1000 * S,
+        keep_times_ns: 1000 * S,
+        max_bytes: with_times / 2,
+    };
+    assert_eq!(s.retain(1200 * S, r).unwrap(), 0, "no window was deleted");
+    assert!(s.used_bytes().unwrap() <= with_times / 2);
+    let p = s.read(&all(&s)).unwrap();
+    assert_eq!(p.samples.len(), 20 * 3000, "every count is still there");
+    // One untimed range from the first window: the oldest lost their times, the newest
+    // kept them.
+    assert_eq!(p.meta.untimed.len(), 1, "{:?}", p.meta.untimed);
+    let (from, to) = p.meta.untimed[0];
+    assert_eq!(from, 0);
+    assert!(to >= 10 * S && to < 200 * S, "untimed up to {to} ns");
+    let timed: Vec<_> = wall(&p).into_iter().filter(|s| s.1 != NO_CPU).collect();
+    let first_timed = 1000 + to / S;
+    let mut want: Vec<_> = (first_timed..1200)
+        .step_by(10)
+        .flat_map(|start| wall(&window(start, "app", 3000)))
+        .collect();
+    want.sort();
+    assert_eq!(timed, want, "the newest windows keep their exact times");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

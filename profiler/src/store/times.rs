@@ -84,6 +84,31 @@ pub(super) fn drop_older(conn: &Connection, cutoff_ns: i64) -> rusqlite::Result<
     Ok(n as u64)
 }
 
+/// Drops the times of the oldest tenth (at least one) of the windows that have them, for
+/// `--max-size`; returns how many windows lost them (0: none had any).
+pub(super) fn drop_oldest(conn: &Connection) -> rusqlite::Result<u64> {
+    let timed: i64 = conn.query_row(
+        "SELECT count(*) FROM windows WHERE has_times = 1",
+        [],
+        |r| r.get(0),
+    )?;
+    if timed == 0 {
+        return Ok(0);
+    }
+    let tx = conn.unchecked_transaction()?;
+    let oldest = "SELECT id FROM windows WHERE has_times = 1 ORDER BY start_ns LIMIT ?1";
+    tx.execute(
+        &format!("UPDATE counts SET times = NULL WHERE window IN ({oldest})"),
+        [(timed / 10).max(1)],
+    )?;
+    let n = tx.execute(
+        &format!("UPDATE windows SET has_times = 0 WHERE id IN ({oldest})"),
+        [(timed / 10).max(1)],
+    )?;
+    tx.commit()?;
+    Ok(n as u64)
+}
+
 /// The blob of one row's samples, `(offset from the window start ns, cpu)`; sorts them.
 pub(super) fn encode(samples: &mut [(u64, u32)]) -> Vec<u8> {
     samples.sort_unstable();
