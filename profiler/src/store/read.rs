@@ -5,8 +5,8 @@
 //! flame graphs count them and time views say the times are missing instead of drawing.
 use std::collections::{BTreeMap, HashMap};
 
-use super::times;
 use super::{Store, StoreError};
+use super::{intern, times};
 use crate::profile::{
     Binary, Cgroup, Counters, Frame, FrameKind, Interner, Meta, NO_CPU, Process, Profile, Sample,
 };
@@ -180,8 +180,12 @@ impl Store {
                         if stacks.len() >= limits.max_stacks {
                             return Err(too_many("stacks", limits.max_stacks as u64));
                         }
-                        let text: String = stack_text.query_row([db_stack], |r| r.get(0))?;
-                        let s = parse_stack(&mut out, &mut frame_of, &mut frames, &text)?;
+                        let ids = stack_text
+                            .query_row([db_stack], |r| Ok(intern::decode_stack(r.get_ref(0)?)))?
+                            .map_err(|e| {
+                                ReadError::Corrupt(format!("{e}; the store is damaged"))
+                            })?;
+                        let s = parse_stack(&mut out, &mut frame_of, &mut frames, &ids)?;
                         stacks.insert(db_stack, s);
                         s
                     }
@@ -258,15 +262,15 @@ impl Store {
     }
 }
 
-/// Interns a stored stack (frame ids, see `SCHEMA`) into the profile.
+/// Interns a stored stack (frame ids, root first) into the profile.
 fn parse_stack(
     out: &mut Interner,
     frame_of: &mut rusqlite::Statement<'_>,
     frames: &mut HashMap<i64, u32>,
-    text: &str,
+    stored: &[i64],
 ) -> rusqlite::Result<u32> {
     let mut ids = Vec::new();
-    for id in text.split(',').filter_map(|f| f.parse::<i64>().ok()) {
+    for &id in stored {
         if let Some(&f) = frames.get(&id) {
             ids.push(f);
             continue;
