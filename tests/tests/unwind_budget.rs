@@ -282,11 +282,20 @@ fn unwind_array_is_not_in_rss_beyond_its_rows() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no {name} in report --stats:\n{stats}\n{stderr}"))
     };
-    let (rows_bytes, capacity) = (
+    let (rows_bytes, capacity, mapped) = (
         counter("unwind_table_bytes"),
         counter("unwind_table_capacity_bytes"),
+        counter("unwind_table_mapped_bytes"),
     );
-    eprintln!("peak RSS {peak} bytes; tables {rows_bytes} of {capacity} bytes");
+    eprintln!("peak RSS {peak} bytes; tables {rows_bytes} of {capacity} bytes, {mapped} mapped");
+    assert_eq!(counter("unwind_evicted"), 0, "{stats}");
+    // Nothing was evicted, so the rows lie from row 0 on, and the chunks (1 MiB,
+    // `rows_view::CHUNK_BYTES`) that hold them are all that is mapped.
+    let chunk = profiler::unwind::rows_view::CHUNK_BYTES as u64;
+    assert!(
+        mapped >= rows_bytes && mapped <= rows_bytes.next_multiple_of(chunk),
+        "{mapped} bytes mapped for {rows_bytes} bytes of rows\n{stats}"
+    );
     assert_eq!(capacity, array_bytes, "{stats}");
     assert!(
         rows_bytes > 0,

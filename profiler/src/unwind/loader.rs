@@ -105,6 +105,9 @@ pub struct LoaderStats {
     /// Rows in the kernel now, and the budget's row count.
     pub rows_now: u64,
     pub rows_capacity: u64,
+    /// Bytes of the row array mapped into this process to write rows (in its RSS; the
+    /// array's memory itself is the kernel's, `rows_capacity` rows).
+    pub mapped_bytes: u64,
     /// Tables read from the disk cache instead of compiled.
     pub cache_hits: u64,
     /// Time spent compiling tables, ns.
@@ -408,7 +411,10 @@ impl Loader {
         // below its capacity, the array's length), and no kernel walk reads them before a
         // mapping points at them (evicted ones waited REUSE_GRACE).
         match self.rows.rows_mut(start, len) {
-            Ok(rows) => rows.copy_from_slice(&table.rows),
+            Ok(rows) => {
+                rows.copy_from_slice(&table.rows);
+                self.stats.mapped_bytes = self.rows.mapped_bytes();
+            }
             Err(e) => {
                 log::debug!("{}: cannot map its unwind rows: {e}", path.display());
                 self.space.release(start, len);
