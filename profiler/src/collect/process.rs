@@ -253,6 +253,7 @@ impl ProcessTable {
                     file_offset: m.file_offset,
                     path: file.path.clone(),
                     file: Some(std::sync::Arc::new(file.handle.as_ref()?.try_clone().ok()?)),
+                    key: file.key,
                 })
             })
             .collect()
