@@ -220,3 +220,90 @@ fn tables_evicted_for_another_process_come_back_whole() {
         broken.join("\n")
     );
 }
+
+/// `name:` of /proc/PID/status, in bytes.
+fn status_bytes(pid: u32, name: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("reading status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status:\n{status}"))
+}
+
+/// The UNWIND_ROWS array (`--unwind-memory`) is kernel memory; the profiler maps only the
+/// part its tables use (the kernel maps every page of an mmap of such an array at once, so a
+/// whole mapping put all of it in RSS). With a 256 MiB array and one small process's tables
+/// (a few MiB), the recording's peak RSS stays below the array's size: mapped whole, the
+/// array alone would be more.
+#[test]
+fn unwind_array_is_not_in_rss_beyond_its_rows() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("unwind-rss");
+    let fixture = spawn_fixture_args(Path::new(FIXTURE), &["30", "qsort"]);
+    mapped(fixture.pid(), "libc.so");
+    let array_bytes: u64 = 256 << 20;
+    let capture = dir.file("rss.capture");
+    let pid = fixture.pid().to_string();
+    let mut rec = Running::start(&[
+        "record",
+        "-d",
+        "4s",
+        "--unwind",
+        "dwarf",
+        "--unwind-memory",
+        &array_bytes.to_string(),
+        "--unwind-cache",
+        "off",
+        "--pid",
+        &pid,
+        "-o",
+        &capture,
+    ]);
+    // --pid loads the process's tables before sampling starts.
+    rec.wait_for("sampling ");
+    std::thread::sleep(Duration::from_secs(1));
+    let peak = status_bytes(rec.pid(), "VmHWM:");
+    let (status, stderr) = rec.finish();
+    assert!(status.success(), "record failed:\n{stderr}");
+    drop(fixture);
+
+    let stats = report(&[&capture, "--stats"]);
+    expect_success(&stats, "report --stats");
+    let stats = String::from_utf8_lossy(&stats.stdout).into_owned();
+    let counter = |name: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in report --stats:\n{stats}\n{stderr}"))
+    };
+    let (rows_bytes, capacity, mapped) = (
+        counter("unwind_table_bytes"),
+        counter("unwind_table_capacity_bytes"),
+        counter("unwind_table_mapped_bytes"),
+    );
+    eprintln!("peak RSS {peak} bytes; tables {rows_bytes} of {capacity} bytes, {mapped} mapped");
+    assert_eq!(counter("unwind_evicted"), 0, "{stats}");
+    // Nothing was evicted, so the rows lie from row 0 on, and the chunks (1 MiB,
+    // `rows_view::CHUNK_BYTES`) that hold them are all that is mapped.
+    let chunk = profiler::unwind::rows_view::CHUNK_BYTES as u64;
+    assert!(
+        mapped >= rows_bytes && mapped <= rows_bytes.next_multiple_of(chunk),
+        "{mapped} bytes mapped for {rows_bytes} bytes of rows\n{stats}"
+    );
+    assert_eq!(capacity, array_bytes, "{stats}");
+    assert!(
+        rows_bytes > 0,
+        "no table was loaded: nothing to show\n{stats}\n{stderr}"
+    );
+    assert!(
+        peak < array_bytes,
+        "peak RSS {peak} bytes is not below the {array_bytes}-byte unwind array: the array \
+         is mapped beyond the {rows_bytes} bytes of rows in use\n{stderr}"
+    );
+}

@@ -85,10 +85,28 @@ pub(crate) struct State {
     pub heavy: std::cell::Cell<usize>,
 }
 
+/// What the agent reports to its front end (the CLI prints it, `cli/agent.rs`); called on
+/// the thread that called `run`.
+#[derive(Debug)]
+pub(crate) enum Progress<'a> {
+    /// Sampling started on `cpus` CPUs and the API listens.
+    Started {
+        cpus: usize,
+        config: &'a AgentConfig,
+    },
+    /// A signal asked it to stop: the current window is being written.
+    Stopping(crate::record::Stop),
+    /// The stages finished; `lost_windows` could not be stored (the store failing at the end).
+    Stopped { lost_windows: usize },
+}
+
 /// Runs the agent until SIGTERM or SIGINT, then stores the current window and returns.
 /// Threads: the drain (`sampler`), the symbolizer and the store (`pipeline`), and this one,
-/// which serves HTTP and pushes.
-pub(crate) fn run(config: AgentConfig) -> Result<(), AgentError> {
+/// which serves HTTP and pushes. It prints nothing: `progress` hears what happens.
+pub(crate) fn run(
+    config: AgentConfig,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<(), AgentError> {
     // Every check before loading BPF, so a bad data dir, port or token fails fast and clearly.
     config.check_exposure().map_err(AgentError::Exposure)?;
     let token = config
@@ -196,7 +214,10 @@ pub(crate) fn run(config: AgentConfig) -> Result<(), AgentError> {
             shared: shared.clone(),
             delay,
         };
-        spawn("store", Box::new(move || stage.run()))?
+        std::thread::Builder::new()
+            .name("store".to_owned())
+            .spawn(move || stage.run())
+            .map_err(AgentError::Runtime)?
     };
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
@@ -232,35 +253,27 @@ pub(crate) fn run(config: AgentConfig) -> Result<(), AgentError> {
         tokio::task::spawn_local(crate::http::serve(listener, token, move |req| {
             api::handle(api_state.clone(), req)
         }));
-        eprintln!(
-            "agent: sampling every CPU ({cpus}) at {} Hz, {:?} windows into {}, API on http://{}",
-            config.frequency_hz,
-            config.window,
-            config.data_dir.display(),
-            config.listen
-        );
+        progress(Progress::Started {
+            cpus,
+            config: &config,
+        });
         // Forever, in practice: only a signal ends it.
-        match signals
+        let stop = signals
             .until(Duration::from_secs(u64::from(u32::MAX)))
-            .await
-        {
-            crate::record::Stop::Interrupted => {
-                eprintln!("\ninterrupted: writing what was collected")
-            }
-            _ => eprintln!("terminated: writing what was collected"),
-        }
+            .await;
+        progress(Progress::Stopping(stop));
         let _ = stop_tx.send(true);
         // The drain cuts the last window, the symbolizer and the store finish theirs; the
         // API goes on answering meanwhile.
         let joined = tokio::task::spawn_blocking(move || {
-            [sampling, symbolizer, storing]
-                .into_iter()
-                .all(|t| t.join().is_ok())
+            let others = [sampling, symbolizer].into_iter().all(|t| t.join().is_ok());
+            (others, storing.join().ok())
         })
         .await
-        .unwrap_or(false);
-        if !joined {
-            log::error!("agent: a stage panicked; see the messages above");
+        .unwrap_or((false, None));
+        match joined {
+            (true, Some(lost_windows)) => progress(Progress::Stopped { lost_windows }),
+            _ => log::error!("agent: a stage panicked; see the messages above"),
         }
         Ok(())
     })

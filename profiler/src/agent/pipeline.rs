@@ -272,8 +272,9 @@ pub(super) struct StoreStage {
 }
 
 impl StoreStage {
-    /// Writes windows until the symbolizer closes the queue.
-    pub(super) fn run(mut self) {
+    /// Writes windows until the symbolizer closes the queue; returns how many it could not
+    /// store (the store failing at the end), counted as dropped.
+    pub(super) fn run(mut self) -> usize {
         let mut pending: VecDeque<Arc<Profile>> = VecDeque::new();
         let mut failing = false;
         let mut retention_failing = false;
@@ -294,19 +295,13 @@ impl StoreStage {
                 Ok(_) => retention_failing = false,
             }
         }
-        if pending.is_empty() {
-            eprintln!("agent: stopped; the last window is stored");
-        } else {
-            log::error!(
-                "agent: stopped; {} windows could not be stored and are lost",
-                pending.len()
-            );
-            let mut m = self.shared.metrics();
-            for p in pending {
-                m.pipeline
-                    .settle(p.meta.counters.recorded, |q| &mut q.dropped_store_failing);
-            }
+        let lost = pending.len();
+        let mut m = self.shared.metrics();
+        for p in pending {
+            m.pipeline
+                .settle(p.meta.counters.recorded, |q| &mut q.dropped_store_failing);
         }
+        lost
     }
 
     /// Writes the pending windows, oldest first; on failure keeps them (bounded) for the next

@@ -122,6 +122,30 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<()> {
     super::check_privileges()?;
     // A perf event per CPU, and a file per binary mapped: more than the default 1024.
     crate::util::raise_fd_limit();
-    crate::agent::run(config)?;
+    crate::agent::run(config, &mut printer)?;
     Ok(())
+}
+
+/// Prints what the agent reports (tests wait for the start line and read the stop line).
+fn printer(p: crate::agent::Progress<'_>) {
+    use crate::{agent::Progress, record::Stop};
+    match p {
+        Progress::Started { cpus, config } => eprintln!(
+            "agent: sampling every CPU ({cpus}) at {} Hz, {:?} windows into {}, API on http://{}",
+            config.frequency_hz,
+            config.window,
+            config.data_dir.display(),
+            config.listen
+        ),
+        Progress::Stopping(Stop::Interrupted) => {
+            eprintln!("\ninterrupted: writing what was collected");
+        }
+        Progress::Stopping(_) => eprintln!("terminated: writing what was collected"),
+        Progress::Stopped { lost_windows: 0 } => {
+            eprintln!("agent: stopped; the last window is stored");
+        }
+        Progress::Stopped { lost_windows } => {
+            eprintln!("agent: stopped; {lost_windows} windows could not be stored and are lost")
+        }
+    }
 }

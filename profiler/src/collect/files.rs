@@ -25,6 +25,9 @@ pub(crate) struct UserFile {
     /// The file itself, opened while the process lived: it stays readable after the process
     /// exits, in another mount namespace, or once deleted.
     pub handle: Option<File>,
+    /// (device, inode) of `handle`, read once: the unwind loader keys tables by it for every
+    /// process that maps the file (`MappingSpec::key`).
+    pub key: Option<(u64, u64)>,
 }
 
 impl UserFile {
@@ -222,10 +225,15 @@ fn intern(
         return None;
     }
     let handle = handle.filter(|_| files.len() < MAX_HANDLES);
+    let key = handle.as_ref().and_then(|f| {
+        use std::os::unix::fs::MetadataExt as _;
+        f.metadata().ok().map(|m| (m.dev(), m.ino()))
+    });
     files.push(Arc::new(UserFile {
         path: path.to_owned(),
         build_id,
         handle,
+        key,
     }));
     Some(files.len() as u32 - 1)
 }

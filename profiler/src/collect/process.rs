@@ -72,6 +72,10 @@ pub(crate) struct ProcessTable {
     /// JIT symbol names (`UserLoc::Named`), each once.
     pub names: crate::util::Dense<String>,
     normalizer: Normalizer,
+    /// Comms read from /proc of parents from before the recording (the kernel never told
+    /// us theirs), so a shell or supervisor forking 60 times a second is read once, not at
+    /// every fork; dropped at its exec or exit.
+    parent_comms: HashMap<u32, String>,
 }
 
 impl ProcessTable {
@@ -110,6 +114,7 @@ impl Default for ProcessTable {
             unnamed_anon: HashMap::new(),
             names: crate::util::Dense::default(),
             normalizer: new_normalizer(),
+            parent_comms: HashMap::new(),
         }
     }
 }
@@ -191,6 +196,7 @@ impl ProcessTable {
                     self.mappings.map(*pid, *time_ns, m);
                 }
                 KernelRecord::Exec { pid, time_ns, comm } => {
+                    self.parent_comms.remove(pid);
                     self.mappings.exec(*pid, *time_ns);
                     self.lifetimes.exec(*pid, *time_ns, comm);
                 }
@@ -203,17 +209,34 @@ impl ProcessTable {
                         None
                     };
                     self.mappings.fork(*pid, *ppid, *time_ns, || seed);
-                    let comm = self
-                        .lifetimes
-                        .comm(*ppid)
-                        .map(str::to_owned)
-                        .or_else(|| read_comm(*ppid));
+                    let comm = match self.lifetimes.comm(*ppid) {
+                        Some(c) => Some(c.to_owned()),
+                        None => self.parent_comm(*ppid),
+                    };
                     self.lifetimes.fork(*pid, *ppid, *time_ns, comm);
                 }
-                KernelRecord::Exit { pid, time_ns } => self.lifetimes.exit(*pid, *time_ns),
+                KernelRecord::Exit { pid, time_ns } => {
+                    self.parent_comms.remove(pid);
+                    self.lifetimes.exit(*pid, *time_ns);
+                }
                 KernelRecord::Lost(n) => self.lost_records += n,
             }
         }
+    }
+
+    /// The comm of `ppid`, a parent the kernel's records did not name: read from /proc
+    /// once (`parent_comms`).
+    fn parent_comm(&mut self, ppid: u32) -> Option<String> {
+        if let Some(c) = self.parent_comms.get(&ppid) {
+            return Some(c.clone());
+        }
+        let c = read_comm(ppid)?;
+        // Bounded: exits drop entries, but records may be lost.
+        if self.parent_comms.len() >= 4096 {
+            self.parent_comms.clear();
+        }
+        self.parent_comms.insert(ppid, c.clone());
+        Some(c)
     }
 
     /// `pid`'s executable file mappings at `time_ns` for the table walk's loader, each with
@@ -239,6 +262,7 @@ impl ProcessTable {
                     file_offset: m.file_offset,
                     path: file.path.clone(),
                     file: Some(std::sync::Arc::new(file.handle.as_ref()?.try_clone().ok()?)),
+                    key: file.key,
                 })
             })
             .collect()
@@ -526,5 +550,37 @@ fn read_process(pid: u32) -> Process {
         cgroup: cgroups.v2,
         memory_cgroup: cgroups.memory,
         cpu_cgroup: cgroups.cpu,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A parent from before the recording (this test process) is read from /proc at its
+    /// first fork only; its exit forgets it, so a pid reused later is read anew.
+    #[test]
+    fn parent_comm_is_read_once_per_process() {
+        let me = std::process::id();
+        let comm = read_comm(me).expect("reading our own comm");
+        let mut t = ProcessTable::default();
+        let fork = |pid, time_ns| KernelRecord::Fork {
+            pid,
+            ppid: me,
+            time_ns,
+        };
+        t.apply(&[fork(4_000_001, 1)]);
+        assert_eq!(t.lifetimes.comm(4_000_001), Some(comm.as_str()));
+        // What the next fork reads tells whether it went to /proc again.
+        t.parent_comms.insert(me, "cached".into());
+        t.apply(&[fork(4_000_002, 2)]);
+        assert_eq!(t.lifetimes.comm(4_000_002), Some("cached"));
+        t.apply(&[KernelRecord::Exit {
+            pid: me,
+            time_ns: 3,
+        }]);
+        assert!(!t.parent_comms.contains_key(&me));
+        t.apply(&[fork(4_000_003, 4)]);
+        assert_eq!(t.lifetimes.comm(4_000_003), Some(comm.as_str()));
     }
 }

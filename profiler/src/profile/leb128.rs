@@ -31,7 +31,7 @@ impl<W: Write> Writer<W> {
     }
 
     /// Zigzag, so small negative numbers stay short.
-    pub(super) fn i(&mut self, v: i64) -> io::Result<()> {
+    pub(crate) fn i(&mut self, v: i64) -> io::Result<()> {
         self.u(((v << 1) ^ (v >> 63)) as u64)
     }
 
@@ -95,7 +95,7 @@ impl<'a> Reader<'a> {
         u32::try_from(self.u()?).map_err(|_| corrupt("value does not fit 32 bits"))
     }
 
-    pub(super) fn i(&mut self) -> io::Result<i64> {
+    pub(crate) fn i(&mut self) -> io::Result<i64> {
         let v = self.u()?;
         Ok((v >> 1) as i64 ^ -((v & 1) as i64))
     }

@@ -4,6 +4,7 @@
 //! (`times`), so a stored minute reads back as exactly what was sampled. Times can be kept
 //! for a shorter period than counts; `read` then says which ranges have no exact times.
 mod health;
+mod intern;
 mod read;
 mod times;
 
@@ -16,12 +17,10 @@ use rusqlite::{Connection, OpenFlags, params};
 
 pub use read::{MAX_SAMPLES, Query, ReadLimits};
 
-use crate::profile::{FrameKind, Profile};
-
-/// A frame row: (kernel, name id, module id, address, binary id).
-type FrameKey = (bool, i64, i64, i64, i64);
-/// A counts row: (stack, pid, comm, cgroup id) in the window's profile.
-type RowKey = (u32, u32, u32, u64);
+use crate::profile::Profile;
+use intern::FrameKey;
+/// A counts row: (stack, pid, tid, comm, cgroup id) in the window's profile.
+type RowKey = (u32, u32, u32, u32, u64);
 
 /// The database file's name inside the data dir.
 pub const DB_FILE: &str = "profiles.db";
@@ -61,21 +60,16 @@ CREATE TABLE IF NOT EXISTS windows(
   kstack_failed INTEGER NOT NULL, ustack_failed INTEGER NOT NULL,
   has_times INTEGER NOT NULL DEFAULT 0); -- 1 while `counts.times` is kept (see times.rs)
 CREATE INDEX IF NOT EXISTS windows_start ON windows(start_ns);
--- Comms and cgroup paths, each once.
-CREATE TABLE IF NOT EXISTS names(id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE);
--- A frame: kind (1 = kernel), name and module (names), address (kernel) or file offset
--- (user), binary (names: `path TAB build id`, or empty).
-CREATE TABLE IF NOT EXISTS frames(
-  id INTEGER PRIMARY KEY, kernel INTEGER NOT NULL, name INTEGER NOT NULL,
-  module INTEGER NOT NULL, addr INTEGER NOT NULL, binary INTEGER NOT NULL,
-  UNIQUE(kernel, name, module, addr, binary));
--- A stack: frame ids, root first, comma-separated.
-CREATE TABLE IF NOT EXISTS stacks(id INTEGER PRIMARY KEY, frames TEXT NOT NULL UNIQUE);
+-- names, frames and stacks: intern.rs.
+-- Samples per (stack, pid, thread, comm, cgroup) in a window; times: the samples' times and
+-- CPUs (times.rs), or NULL; tid NULL = the pid (the main thread, or a row from before
+-- threads were kept).
 CREATE TABLE IF NOT EXISTS counts(
   window INTEGER NOT NULL, stack INTEGER NOT NULL, pid INTEGER NOT NULL,
   comm INTEGER NOT NULL, cgroup_id INTEGER NOT NULL, cgroup INTEGER NOT NULL,
   samples INTEGER NOT NULL,
-  times BLOB);                    -- the samples' times and CPUs (times.rs), or NULL
+  times BLOB,
+  tid INTEGER);
 CREATE INDEX IF NOT EXISTS counts_window ON counts(window);
 ";
 
@@ -95,7 +89,8 @@ pub struct Store {
     conn: Connection,
     path: PathBuf,
     names: HashMap<String, i64>,
-    stacks: HashMap<String, i64>,
+    /// Stack blobs (`intern::encode_stack`).
+    stacks: HashMap<Vec<u8>, i64>,
     frames: HashMap<FrameKey, i64>,
     /// Windows deleted since unused stacks and names were last collected.
     deleted_since_gc: u64,
@@ -123,6 +118,9 @@ impl Store {
         me.conn
             .execute_batch(health::PRAGMAS)
             .and_then(|()| me.conn.execute_batch(SCHEMA))
+            .and_then(|()| intern::migrate(&me.conn))
+            .and_then(|()| me.conn.execute_batch(intern::TABLES))
+            .and_then(|()| me.conn.execute_batch(intern::INDEXES))
             .and_then(|()| times::migrate(&me.conn))
             .map_err(|e| me.err(e))?;
         // Without room for it now, it is made once there is (`after_success`).
@@ -191,7 +189,7 @@ impl Store {
         let mut counts: HashMap<RowKey, Vec<(u64, u32)>> = HashMap::new();
         for s in &p.samples {
             counts
-                .entry((s.stack, s.pid, s.comm, s.cgroup_id))
+                .entry((s.stack, s.pid, s.tid, s.comm, s.cgroup_id))
                 .or_default()
                 .push((s.offset_ns, s.cpu));
         }
@@ -226,24 +224,25 @@ impl Store {
         ])?;
         let window = tx.last_insert_rowid();
         let mut stack_ids: HashMap<u32, i64> = HashMap::new();
-        for ((stack, pid, comm, cgroup_id), mut samples) in counts {
+        for ((stack, pid, tid, comm, cgroup_id), mut samples) in counts {
             let sid = match stack_ids.get(&stack) {
                 Some(&id) => id,
                 None => {
-                    let text = stack_frames(&tx, &mut self.names, &mut self.frames, p, stack)?;
-                    let id = intern(&tx, &mut self.stacks, "stacks", "frames", &text)?;
+                    let ids =
+                        intern::stack_frames(&tx, &mut self.names, &mut self.frames, p, stack)?;
+                    let id = intern::stack(&tx, &mut self.stacks, &ids)?;
                     stack_ids.insert(stack, id);
                     id
                 }
             };
-            let comm = intern(&tx, &mut self.names, "names", "text", p.str(comm))?;
+            let comm = intern::name(&tx, &mut self.names, p.str(comm))?;
             let path = cgroup_paths.get(&cgroup_id).copied().unwrap_or("");
-            let cgroup = intern(&tx, &mut self.names, "names", "text", path)?;
+            let cgroup = intern::name(&tx, &mut self.names, path)?;
             let n = samples.len() as i64;
             let blob = timed.then(|| times::encode(&mut samples));
             tx.prepare_cached(
-                "INSERT INTO counts(window, stack, pid, comm, cgroup_id, cgroup, samples, times) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO counts(window, stack, pid, comm, cgroup_id, cgroup, samples, times, \
+                 tid) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )?
             .execute(params![
                 window,
@@ -253,15 +252,18 @@ impl Store {
                 cgroup_id as i64,
                 cgroup,
                 n,
-                blob
+                blob,
+                // The main thread (most rows) as NULL: no bytes for it.
+                (tid != pid).then_some(tid),
             ])?;
         }
         tx.commit()
     }
 
     /// Drops the sample times of windows older than `r.keep_times_ns` (their counts stay),
-    /// deletes windows older than `r.max_age_ns` and then the oldest until the live data
-    /// fits in `r.max_bytes`; then stacks and names no window uses. Returns the windows
+    /// deletes windows older than `r.max_age_ns`; then, until the live data fits in
+    /// `r.max_bytes`, drops the times of the oldest windows that have them and only then
+    /// deletes the oldest windows; then stacks and names no window uses. Returns the windows
     /// deleted.
     pub fn retain(&mut self, now_unix_ns: u64, r: Retention) -> Result<u64, StoreError> {
         self.retain_inner(now_unix_ns, r).map_err(|e| self.err(e))
@@ -276,6 +278,11 @@ impl Store {
         let mut deleted = self.delete_windows_where("start_ns + duration_ns < ?1", cutoff)?;
         // Deleted pages are reused, not returned: count the pages in use.
         while self.used_bytes()? > max_bytes {
+            // Times go before counts, as they do by age: the oldest tenth of the windows
+            // that still have them lose them first.
+            if times::drop_oldest(&self.conn)? > 0 {
+                continue;
+            }
             let (n, oldest): (i64, Option<i64>) =
                 self.conn
                     .query_row("SELECT count(*), min(start_ns) FROM windows", [], |r| {
@@ -327,8 +334,8 @@ impl Store {
             let mut stmt = self.conn.prepare("SELECT frames FROM stacks")?;
             let mut rows = stmt.query([])?;
             while let Some(r) = rows.next()? {
-                let text: String = r.get(0)?;
-                used.extend(text.split(',').filter_map(|f| f.parse::<i64>().ok()));
+                // A stack that does not decode keeps no frame alive (it reads as corrupt).
+                used.extend(intern::decode_stack(r.get_ref(0)?).unwrap_or_default());
             }
         }
         let all: Vec<i64> = self
@@ -371,74 +378,6 @@ fn sql(path: &Path, source: rusqlite::Error) -> StoreError {
         path: path.display().to_string(),
         source,
     }
-}
-
-/// The stored form of a stack: its frames' ids, interned, root first.
-fn stack_frames(
-    tx: &rusqlite::Transaction<'_>,
-    names: &mut HashMap<String, i64>,
-    frames: &mut HashMap<FrameKey, i64>,
-    p: &Profile,
-    stack: u32,
-) -> rusqlite::Result<String> {
-    let mut ids = Vec::new();
-    for f in p.stack_frames(stack) {
-        let binary = p
-            .binaries
-            .get(f.binary as usize)
-            .filter(|b| !b.path.is_empty())
-            .map_or(String::new(), |b| format!("{}\t{}", b.path, b.build_id));
-        let key: FrameKey = (
-            f.kind == FrameKind::Kernel,
-            intern(tx, names, "names", "text", p.str(f.name))?,
-            intern(tx, names, "names", "text", p.str(f.module))?,
-            f.addr as i64,
-            intern(tx, names, "names", "text", &binary)?,
-        );
-        let id = match frames.get(&key) {
-            Some(&id) => id,
-            None => {
-                let args = params![key.0, key.1, key.2, key.3, key.4];
-                tx.prepare_cached(
-                    "INSERT OR IGNORE INTO frames(kernel, name, module, addr, binary) \
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                )?
-                .execute(args)?;
-                let id = tx
-                    .prepare_cached(
-                        "SELECT id FROM frames WHERE kernel = ?1 AND name = ?2 AND module = ?3 \
-                         AND addr = ?4 AND binary = ?5",
-                    )?
-                    .query_row(args, |r| r.get(0))?;
-                frames.insert(key, id);
-                id
-            }
-        };
-        ids.push(id.to_string());
-    }
-    Ok(ids.join(","))
-}
-
-/// The id of `text` in `table`, inserting it on first sight.
-fn intern(
-    tx: &rusqlite::Transaction<'_>,
-    cache: &mut HashMap<String, i64>,
-    table: &str,
-    column: &str,
-    text: &str,
-) -> rusqlite::Result<i64> {
-    if let Some(&id) = cache.get(text) {
-        return Ok(id);
-    }
-    tx.prepare_cached(&format!(
-        "INSERT OR IGNORE INTO {table}({column}) VALUES (?1)"
-    ))?
-    .execute([text])?;
-    let id: i64 = tx
-        .prepare_cached(&format!("SELECT id FROM {table} WHERE {column} = ?1"))?
-        .query_row([text], |r| r.get(0))?;
-    cache.insert(text.to_owned(), id);
-    Ok(id)
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
 //! Stored windows back into a `Profile`, so every output renders them. Each stored count
-//! becomes its samples with their exact times and CPUs (tid = pid: threads are not stored).
+//! becomes its samples with their exact times, CPUs and threads.
 //! Windows whose times are no longer kept (`--keep-times`, or stored before times were)
 //! become `Meta::untimed` ranges: their samples sit at the window's start on `NO_CPU`, so
 //! flame graphs count them and time views say the times are missing instead of drawing.
 use std::collections::{BTreeMap, HashMap};
 
-use super::times;
 use super::{Store, StoreError};
+use super::{intern, times};
 use crate::profile::{
     Binary, Cgroup, Counters, Frame, FrameKind, Interner, Meta, NO_CPU, Process, Profile, Sample,
 };
@@ -128,8 +128,14 @@ impl Store {
             return Err(too_many("samples", limits.max_samples)); // exact without a cgroup
         }
         let mut samples = Vec::with_capacity(upper.min(limits.max_samples) as usize);
+        // A store of an agent from before threads were kept reads tid = pid.
+        let tid = if times::has_tid(&self.conn)? {
+            "coalesce(c.tid, c.pid)"
+        } else {
+            "c.pid"
+        };
         let mut counts = self.conn.prepare(&format!(
-            "SELECT c.stack, c.pid, n.text, c.cgroup_id, g.text, c.samples, {times} FROM counts \
+            "SELECT c.stack, c.pid, n.text, c.cgroup_id, g.text, c.samples, {times}, {tid} FROM counts \
              c JOIN names n ON n.id = c.comm JOIN names g ON g.id = c.cgroup WHERE c.window = ?1",
         ))?;
         let mut untimed: Vec<(u64, u64)> = Vec::new();
@@ -174,13 +180,18 @@ impl Store {
                         if stacks.len() >= limits.max_stacks {
                             return Err(too_many("stacks", limits.max_stacks as u64));
                         }
-                        let text: String = stack_text.query_row([db_stack], |r| r.get(0))?;
-                        let s = parse_stack(&mut out, &mut frame_of, &mut frames, &text)?;
+                        let ids = stack_text
+                            .query_row([db_stack], |r| Ok(intern::decode_stack(r.get_ref(0)?)))?
+                            .map_err(|e| {
+                                ReadError::Corrupt(format!("{e}; the store is damaged"))
+                            })?;
+                        let s = parse_stack(&mut out, &mut frame_of, &mut frames, &ids)?;
                         stacks.insert(db_stack, s);
                         s
                     }
                 };
                 let pid: u32 = r.get(1)?;
+                let tid: u32 = r.get(7)?;
                 let cgroup_id = r.get::<_, i64>(3)? as u64;
                 let comm_id = out.string(&comm);
                 processes.entry(pid).or_insert_with(|| Process {
@@ -194,7 +205,7 @@ impl Store {
                     offset_ns,
                     cpu,
                     pid,
-                    tid: pid,
+                    tid,
                     cgroup_id,
                     comm: comm_id,
                     stack,
@@ -251,15 +262,15 @@ impl Store {
     }
 }
 
-/// Interns a stored stack (frame ids, see `SCHEMA`) into the profile.
+/// Interns a stored stack (frame ids, root first) into the profile.
 fn parse_stack(
     out: &mut Interner,
     frame_of: &mut rusqlite::Statement<'_>,
     frames: &mut HashMap<i64, u32>,
-    text: &str,
+    stored: &[i64],
 ) -> rusqlite::Result<u32> {
     let mut ids = Vec::new();
-    for id in text.split(',').filter_map(|f| f.parse::<i64>().ok()) {
+    for &id in stored {
         if let Some(&f) = frames.get(&id) {
             ids.push(f);
             continue;

@@ -304,3 +304,165 @@ fn a_store_without_times_is_migrated() {
     assert_eq!(timed, wall(&new));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Each sample's (wall time, CPU, pid, tid).
+fn threads(p: &Profile) -> Vec<(u64, u32, u32, u32)> {
+    let mut v: Vec<_> = p
+        .samples
+        .iter()
+        .map(|s| (p.meta.start_unix_ns + s.offset_ns, s.cpu, s.pid, s.tid))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Threads come back as recorded: a window whose samples are spread over a process's main
+/// thread and two others reads back with each sample's tid; a store from before tids were
+/// kept reads tid = pid, and gains the column when the agent opens it.
+#[test]
+fn threads_round_trip() {
+    let dir = scratch("threads");
+    let mut w = window(100, "app", 30);
+    for (k, s) in w.samples.iter_mut().enumerate() {
+        s.tid = 42 + (k % 3) as u32;
+    }
+    let mut s = Store::open(&dir).unwrap();
+    s.write_window(&w).unwrap();
+    let p = s.read(&all(&s)).unwrap();
+    assert_eq!(threads(&p), threads(&w));
+    assert_eq!(
+        p.samples.iter().filter(|s| s.tid == 43).count(),
+        10,
+        "a third of the samples are thread 43's"
+    );
+    // A store written before tids were kept.
+    s.conn
+        .execute_batch("ALTER TABLE counts DROP COLUMN tid;")
+        .unwrap();
+    drop(s);
+    let r = Store::open_read(&dir).unwrap();
+    let p = r.read(&all(&r)).unwrap();
+    assert!(p.samples.iter().all(|s| s.tid == s.pid) && p.samples.len() == 30);
+    drop(r);
+    let mut s = Store::open(&dir).unwrap();
+    let new = window(110, "new", 6);
+    let mut new_threads = new.clone();
+    for s in &mut new_threads.samples {
+        s.tid = 77;
+    }
+    s.write_window(&new_threads).unwrap();
+    let p = s.read(&all(&s)).unwrap();
+    assert_eq!(p.samples.iter().filter(|s| s.tid == 77).count(), 6);
+    assert_eq!(p.samples.iter().filter(|s| s.tid == s.pid).count(), 30);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Under `--max-size`, times go before whole windows (oldest first), as by `--keep-times`:
+/// a store whose counts fit the bound but whose times do not keeps every window, the
+/// oldest without times and the newest with them.
+#[test]
+fn max_size_drops_times_before_windows() {
+    let dir = scratch("size-times");
+    let mut s = Store::open(&dir).unwrap();
+    // 3000 samples on one row a window: ~17 KB of times against one short counts row.
+    for k in 0..20 {
+        s.write_window(&window(1000 + 10 * k, "app", 3000)).unwrap();
+    }
+    let with_times = s.used_bytes().unwrap();
+    let r = Retention {
+        max_age_ns: 1000 * S,
+        keep_times_ns: 1000 * S,
+        max_bytes: with_times / 2,
+    };
+    assert_eq!(s.retain(1200 * S, r).unwrap(), 0, "no window was deleted");
+    assert!(s.used_bytes().unwrap() <= with_times / 2);
+    let p = s.read(&all(&s)).unwrap();
+    assert_eq!(p.samples.len(), 20 * 3000, "every count is still there");
+    // One untimed range from the first window: the oldest lost their times, the newest
+    // kept them.
+    assert_eq!(p.meta.untimed.len(), 1, "{:?}", p.meta.untimed);
+    let (from, to) = p.meta.untimed[0];
+    assert_eq!(from, 0);
+    assert!((10 * S..200 * S).contains(&to), "untimed up to {to} ns");
+    let timed: Vec<_> = wall(&p).into_iter().filter(|s| s.1 != NO_CPU).collect();
+    let first_timed = 1000 + to / S;
+    let mut want: Vec<_> = (first_timed..1200)
+        .step_by(10)
+        .flat_map(|start| wall(&window(start, "app", 3000)))
+        .collect();
+    want.sort();
+    assert_eq!(timed, want, "the newest windows keep their exact times");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A store from before hashed names and blob stacks (UNIQUE indexes, stacks as text): read
+/// read-only as it is, and rebuilt at open with every id kept, so a window written again
+/// finds its names, frames and stacks instead of adding them twice.
+#[test]
+fn a_store_with_unique_indexes_and_text_stacks_is_migrated() {
+    let dir = scratch("migrate-intern");
+    let w = window(100, "app", 20);
+    let mut s = Store::open(&dir).unwrap();
+    s.write_window(&w).unwrap();
+    // Back to the old form.
+    let stacks: Vec<(i64, Vec<i64>)> = s
+        .conn
+        .prepare("SELECT id, frames FROM stacks")
+        .unwrap()
+        .query_map([], |r| {
+            Ok((r.get(0)?, intern::decode_stack(r.get_ref(1)?).unwrap()))
+        })
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    s.conn
+        .execute_batch(
+            "CREATE TABLE n2(id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE);
+             INSERT INTO n2 SELECT id, text FROM names; DROP TABLE names;
+             ALTER TABLE n2 RENAME TO names;
+             CREATE TABLE f2(id INTEGER PRIMARY KEY, kernel INTEGER NOT NULL,
+               name INTEGER NOT NULL, module INTEGER NOT NULL, addr INTEGER NOT NULL,
+               binary INTEGER NOT NULL, UNIQUE(kernel, name, module, addr, binary));
+             INSERT INTO f2 SELECT id, kernel, name, module, addr, binary FROM frames;
+             DROP TABLE frames; ALTER TABLE f2 RENAME TO frames;
+             DROP TABLE stacks;
+             CREATE TABLE stacks(id INTEGER PRIMARY KEY, frames TEXT NOT NULL UNIQUE);",
+        )
+        .unwrap();
+    for (id, ids) in &stacks {
+        let text: Vec<String> = ids.iter().map(i64::to_string).collect();
+        s.conn
+            .execute(
+                "INSERT INTO stacks(id, frames) VALUES (?1, ?2)",
+                params![id, text.join(",")],
+            )
+            .unwrap();
+    }
+    drop(s);
+    let folded = |p: &Profile| crate::output::folded_lines(p);
+    let r = Store::open_read(&dir).unwrap();
+    let old = r.read(&all(&r)).unwrap();
+    assert_eq!(wall(&old), wall(&w));
+    assert_eq!(folded(&old), folded(&w));
+    drop(r);
+    let mut s = Store::open(&dir).unwrap();
+    let count = |s: &Store, t: &str| -> i64 {
+        s.conn
+            .query_row(&format!("SELECT count(*) FROM {t}"), [], |r| r.get(0))
+            .unwrap()
+    };
+    let before: Vec<i64> = ["names", "frames", "stacks"]
+        .iter()
+        .map(|t| count(&s, t))
+        .collect();
+    let again = window(110, "app", 20);
+    s.write_window(&again).unwrap();
+    let after: Vec<i64> = ["names", "frames", "stacks"]
+        .iter()
+        .map(|t| count(&s, t))
+        .collect();
+    assert_eq!(before, after, "the same window found every row it needs");
+    let p = s.read(&all(&s)).unwrap();
+    assert_eq!(p.samples.len(), 40);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -25,14 +25,23 @@ const MIGRATIONS: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// Added to stores made before threads were kept: their rows read tid = pid.
+const TID_COLUMN: (&str, &str, &str) =
+    ("counts", "tid", "ALTER TABLE counts ADD COLUMN tid INTEGER");
+
 /// Adds the time columns to a store that lacks them (a store written by an older agent).
 pub(super) fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    for (table, column, sql) in MIGRATIONS {
+    for (table, column, sql) in MIGRATIONS.iter().chain([&TID_COLUMN]) {
         if !has_column(conn, table, column)? {
             conn.execute_batch(sql)?;
         }
     }
     Ok(())
+}
+
+/// Whether the store keeps threads (a read-only open of an older store cannot add them).
+pub(super) fn has_tid(conn: &Connection) -> rusqlite::Result<bool> {
+    has_column(conn, TID_COLUMN.0, TID_COLUMN.1)
 }
 
 /// Whether the store has the time columns (a read-only open cannot add them).
@@ -70,6 +79,31 @@ pub(super) fn drop_older(conn: &Connection, cutoff_ns: i64) -> rusqlite::Result<
     let n = tx.execute(
         &format!("UPDATE windows SET has_times = 0 WHERE {cond}"),
         [cutoff_ns],
+    )?;
+    tx.commit()?;
+    Ok(n as u64)
+}
+
+/// Drops the times of the oldest tenth (at least one) of the windows that have them, for
+/// `--max-size`; returns how many windows lost them (0: none had any).
+pub(super) fn drop_oldest(conn: &Connection) -> rusqlite::Result<u64> {
+    let timed: i64 = conn.query_row(
+        "SELECT count(*) FROM windows WHERE has_times = 1",
+        [],
+        |r| r.get(0),
+    )?;
+    if timed == 0 {
+        return Ok(0);
+    }
+    let tx = conn.unchecked_transaction()?;
+    let oldest = "SELECT id FROM windows WHERE has_times = 1 ORDER BY start_ns LIMIT ?1";
+    tx.execute(
+        &format!("UPDATE counts SET times = NULL WHERE window IN ({oldest})"),
+        [(timed / 10).max(1)],
+    )?;
+    let n = tx.execute(
+        &format!("UPDATE windows SET has_times = 0 WHERE id IN ({oldest})"),
+        [(timed / 10).max(1)],
     )?;
     tx.commit()?;
     Ok(n as u64)

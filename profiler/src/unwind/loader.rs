@@ -1,6 +1,6 @@
 //! Feeds the kernel's table walk: compiles each binary's table once (keyed by device and
-//! inode, so every process mapping it shares one copy), copies the rows into the mmaped
-//! UNWIND_ROWS array, and writes each process's executable mappings into UNWIND_PROCS.
+//! inode, so every process mapping it shares one copy), copies the rows into the UNWIND_ROWS
+//! array (mapped as far as rows are used, `rows_view`), and writes each process's executable mappings into UNWIND_PROCS.
 //! `Loader::load_process` takes a plain list of mappings, so the kernel's MMAP2 records
 //! (through the collector) or /proc/PID/maps (`procmaps`) feed it alike. Rows live within
 //! the `--unwind-memory` budget (`budget`): when a table does not fit, least recently used
@@ -18,7 +18,7 @@ use profiler_common::unwind::{
     MAX_MAPPINGS, ProcMappings, SEARCH_STEPS, UnwindMapping, UnwindRow, mapping,
 };
 
-use super::{UnwindMode, budget::RowSpace, table};
+use super::{UnwindMode, budget::RowSpace, rows_view::RowsView, table};
 
 /// One executable file mapping of a process.
 #[derive(Clone, Debug)]
@@ -33,6 +33,8 @@ pub struct MappingSpec {
     /// The mapped file itself, opened by the collector when the kernel reported the mapping
     /// (so it reads after the process exited, or in another mount namespace).
     pub file: Option<Arc<File>>,
+    /// (device, inode) of `file` when the collector knows it already; else `key` reads it.
+    pub key: Option<(u64, u64)>,
 }
 
 impl PartialEq for MappingSpec {
@@ -51,8 +53,13 @@ impl MappingSpec {
         }
     }
 
-    /// (device, inode) of the file, without opening it when it is open already.
+    /// (device, inode) of the file, without opening it when it is open already, and without
+    /// a syscall when the collector read it when it opened the file (a process's mappings
+    /// are looked up at each load: an fstat each was 4% of the agent's CPU under churn).
     fn key(&self) -> Option<(u64, u64)> {
+        if let Some(k) = self.key {
+            return Some(k);
+        }
         let meta = match &self.file {
             Some(f) => f.metadata().ok()?,
             None => std::fs::metadata(&self.path).ok()?,
@@ -105,6 +112,9 @@ pub struct LoaderStats {
     /// Rows in the kernel now, and the budget's row count.
     pub rows_now: u64,
     pub rows_capacity: u64,
+    /// Bytes of the row array mapped into this process to write rows (in its RSS; the
+    /// array's memory itself is the kernel's, `rows_capacity` rows).
+    pub mapped_bytes: u64,
     /// Tables read from the disk cache instead of compiled.
     pub cache_hits: u64,
     /// Time spent compiling tables, ns.
@@ -120,11 +130,12 @@ impl LoaderStats {
 
 pub struct Loader {
     mode: UnwindMode,
-    rows: *mut UnwindRow,
+    /// The part of UNWIND_ROWS mapped here; declared before `_rows_map` so it is unmapped
+    /// before the map's fd closes.
+    rows: RowsView,
     space: RowSpace,
-    /// The mmap of UNWIND_ROWS, unmapped on drop (keeps the map's fd open too).
+    /// Keeps UNWIND_ROWS's fd open for `rows`.
     _rows_map: MapData,
-    map_len: usize,
     procs: BpfHashMap<MapData, u32, ProcMappings>,
     binaries: HashMap<BinaryKey, Binary>,
     /// What each loaded process's kernel entry holds, by binary (to rewrite it when one of
@@ -135,16 +146,6 @@ pub struct Loader {
     /// Compiled tables kept on disk between runs.
     cache: Option<super::cache::TableCache>,
     pub stats: LoaderStats,
-}
-
-// SAFETY: the raw pointer is an mmap owned by this value alone.
-unsafe impl Send for Loader {}
-
-impl Drop for Loader {
-    fn drop(&mut self) {
-        // SAFETY: the region mapped in `new`, not used after this.
-        unsafe { libc::munmap(self.rows.cast(), self.map_len) };
-    }
 }
 
 /// How long freed rows wait before they are written again: a kernel walk that looked up a
@@ -162,28 +163,16 @@ impl Loader {
         let Map::Array(rows) = rows else {
             return Err(std::io::Error::other("UNWIND_ROWS is not an array map"));
         };
-        let map_len = (capacity as usize * size_of::<UnwindRow>()).next_multiple_of(4096);
-        // SAFETY: mapping a BPF_F_MMAPABLE array map of exactly this size, shared.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&rows.fd().as_fd()),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
+        let view = RowsView::new(
+            std::os::fd::AsRawFd::as_raw_fd(&rows.fd().as_fd()),
+            capacity,
+        )?;
         let procs = BpfHashMap::try_from(procs).map_err(std::io::Error::other)?;
         Ok(Self {
             mode,
-            rows: ptr.cast(),
+            rows: view,
             space: RowSpace::new(capacity),
             _rows_map: rows,
-            map_len,
             procs,
             binaries: HashMap::new(),
             loaded: HashMap::new(),
@@ -425,15 +414,20 @@ impl Loader {
             binary.retry_at = Some(std::time::Instant::now() + RETRY_OVER_BUDGET);
             return Some(binary);
         };
-        // SAFETY: rows [start, start + len) lie inside the mapped array (RowSpace hands out
-        // only ranges below its capacity, the array's length), and no kernel walk reads
-        // them before a mapping points at them (evicted ones waited REUSE_GRACE).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                table.rows.as_ptr(),
-                self.rows.add(start as usize),
-                len as usize,
-            );
+        // Rows [start, start + len) lie inside the array (RowSpace hands out only ranges
+        // below its capacity, the array's length), and no kernel walk reads them before a
+        // mapping points at them (evicted ones waited REUSE_GRACE).
+        match self.rows.rows_mut(start, len) {
+            Ok(rows) => {
+                rows.copy_from_slice(&table.rows);
+                self.stats.mapped_bytes = self.rows.mapped_bytes();
+            }
+            Err(e) => {
+                log::debug!("{}: cannot map its unwind rows: {e}", path.display());
+                self.space.release(start, len);
+                self.stats.binaries_fp += 1;
+                return Some(binary);
+            }
         }
         binary.kind = mapping::TABLE;
         binary.table_start = start;
@@ -550,4 +544,29 @@ unsafe fn memmap(file: &std::fs::File, len: u64) -> Option<Mmap> {
         )
     };
     (ptr != libc::MAP_FAILED).then_some(Mmap { ptr, len })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The identity the collector read when it opened the file is used as it is: no stat
+    /// (here the path does not even exist).
+    #[test]
+    fn a_known_identity_needs_no_stat() {
+        let m = |key| MappingSpec {
+            start: 0x1000,
+            end: 0x2000,
+            file_offset: 0,
+            path: "/nonexistent/profiler-test/lib.so".into(),
+            file: None,
+            key,
+        };
+        assert_eq!(m(Some((7, 42))).key(), Some((7, 42)));
+        assert_eq!(
+            m(None).key(),
+            None,
+            "unknown: read from the path, which is missing"
+        );
+    }
 }

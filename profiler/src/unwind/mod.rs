@@ -7,6 +7,7 @@ pub mod cache;
 pub mod loader;
 pub mod procmaps;
 pub mod report;
+pub mod rows_view;
 pub mod table;
 pub mod vdso;
 

@@ -47,6 +47,7 @@ fn parse_maps(text: &str, root: &str) -> Vec<MappingSpec> {
             file_offset,
             path: PathBuf::from(format!("{root}{path}")),
             file: None,
+            key: None,
         });
     }
     out
@@ -75,6 +76,7 @@ mod tests {
                     file_offset: 0x1000,
                     path: "/proc/7/root/usr/bin/xz".into(),
                     file: None,
+                    key: None,
                 },
                 MappingSpec {
                     start: 0x7f00_0000_2000,
@@ -82,6 +84,7 @@ mod tests {
                     file_offset: 0x2000,
                     path: "/proc/7/root/opt/my lib.so".into(),
                     file: None,
+                    key: None,
                 },
             ]
         );

@@ -15,6 +15,7 @@ pub fn named_counters(s: &LoaderStats) -> Vec<(String, u64)> {
     [
         ("unwind_table_bytes", s.table_bytes()),
         ("unwind_table_capacity_bytes", s.rows_capacity * 8),
+        ("unwind_table_mapped_bytes", s.mapped_bytes),
         ("unwind_rows_loaded", s.rows),
         ("unwind_processes", s.processes),
         ("unwind_binaries_table", s.binaries_table),
@@ -65,6 +66,12 @@ pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7]) -> String {
         "Kernel memory reserved for unwind tables (--unwind-memory).",
         "gauge",
         &[(String::new(), s.rows_capacity * 8)],
+    );
+    metric(
+        "profiler_unwind_table_mapped_bytes",
+        "Bytes of the unwind-table array mapped into the profiler to write rows (in its RSS).",
+        "gauge",
+        &[(String::new(), s.mapped_bytes)],
     );
     metric(
         "profiler_unwind_evictions_total",

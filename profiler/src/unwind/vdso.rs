@@ -19,6 +19,7 @@ pub fn mapping(maps: &str) -> Option<MappingSpec> {
         file_offset: 0,
         path: image()?.clone(),
         file: None,
+        key: None,
     })
 }
 
