@@ -63,6 +63,8 @@ fn main() {
             compile_flags(&source, &output, NO_FP_CFLAGS, &[]);
         } else if name == "fx-edges" {
             edges(Path::new(&out_dir), &source, &output);
+        } else if name == "fx-big" {
+            big(Path::new(&out_dir), &source, &output);
         } else {
             compile(&source, &output);
         }
@@ -98,6 +100,27 @@ fn edges(out_dir: &Path, source: &Path, output: &Path) {
         &["-Ifixtures", tiny.to_str().unwrap()],
     );
     println!("cargo:rustc-env=FIXTURE_FX_STATIC={}", statik.display());
+}
+
+/// fx-big (the compile-pool test, tests/tests/unwind_pool.rs), without frame pointers,
+/// linked to libfx-big.so: fixtures/big/big.s assembled into a library with 8 MiB of
+/// .eh_frame, whose table takes seconds to compile.
+fn big(out_dir: &Path, source: &Path, output: &Path) {
+    let lib = out_dir.join("libfx-big.so");
+    compile_flags(
+        Path::new("fixtures/big/big.s"),
+        &lib,
+        &["-shared", "-nostdlib"],
+        &[],
+    );
+    let rpath = format!("-Wl,-rpath,{}", out_dir.display());
+    let link = format!("-L{}", out_dir.display());
+    compile_flags(
+        source,
+        output,
+        NO_FP_CFLAGS,
+        &["-Ifixtures", &link, &rpath, "-lfx-big"],
+    );
 }
 
 /// fx-rust-nofp (env FIXTURE_FX_RUST_NOFP): fixtures/fx-rust-nofp.rs built by rustc the way

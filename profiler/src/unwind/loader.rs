@@ -44,7 +44,7 @@ impl PartialEq for MappingSpec {
 impl Eq for MappingSpec {}
 
 impl MappingSpec {
-    fn open(&self) -> Option<File> {
+    pub(super) fn open(&self) -> Option<File> {
         match &self.file {
             Some(f) => f.try_clone().ok(),
             None => File::open(&self.path).ok(),
@@ -52,7 +52,7 @@ impl MappingSpec {
     }
 
     /// (device, inode) of the file, without opening it when it is open already.
-    fn key(&self) -> Option<(u64, u64)> {
+    pub(super) fn key(&self) -> Option<(u64, u64)> {
         let meta = match &self.file {
             Some(f) => f.metadata().ok()?,
             None => std::fs::metadata(&self.path).ok()?,
@@ -61,7 +61,8 @@ impl MappingSpec {
     }
 }
 
-type BinaryKey = (u64, u64);
+/// A binary's identity: (device, inode).
+pub type BinaryKey = (u64, u64);
 
 /// One binary known to the loader: where its table sits in UNWIND_ROWS, or that it is walked
 /// by frame pointer.
@@ -134,6 +135,8 @@ pub struct Loader {
     clock: u64,
     /// Compiled tables kept on disk between runs.
     cache: Option<super::cache::TableCache>,
+    /// Tables compiled elsewhere (the `pool`), taken by the first process that maps them.
+    ready: HashMap<BinaryKey, Compiled>,
     pub stats: LoaderStats,
 }
 
@@ -190,6 +193,7 @@ impl Loader {
             ever_loaded: HashSet::new(),
             clock: 0,
             cache: None,
+            ready: HashMap::new(),
             stats: LoaderStats {
                 rows_capacity: u64::from(capacity),
                 ..LoaderStats::default()
@@ -200,6 +204,17 @@ impl Loader {
     /// Reads tables from `cache` before compiling them, and keeps those it compiles there.
     pub fn set_cache(&mut self, cache: super::cache::TableCache) {
         self.cache = Some(cache);
+    }
+
+    /// The disk cache, for compilers running beside the loader (`pool`).
+    pub fn cache(&self) -> Option<&super::cache::TableCache> {
+        self.cache.as_ref()
+    }
+
+    /// Hands over a table compiled elsewhere (`pool`): the next process that maps binary
+    /// `key` loads it without compiling.
+    pub fn add_compiled(&mut self, key: BinaryKey, compiled: Compiled) {
+        self.ready.insert(key, compiled);
     }
 
     /// Loads the executable mappings of `pid` (and the tables of binaries not loaded yet)
@@ -263,9 +278,21 @@ impl Loader {
     /// Whether every binary of `mappings` has been compiled already (loading them is then
     /// a few syscalls, no table to build).
     pub fn knows_all(&self, mappings: &[MappingSpec]) -> bool {
-        mappings.iter().all(|m| {
-            m.key()
-                .is_some_and(|k| self.binaries.get(&k).is_some_and(Binary::settled))
+        self.missing(mappings).next().is_none()
+    }
+
+    /// The mappings of `mappings` whose binary's table would be compiled by loading them
+    /// (neither loaded nor handed over by `add_compiled`), with the binary's key.
+    pub fn missing<'a>(
+        &'a self,
+        mappings: &'a [MappingSpec],
+    ) -> impl Iterator<Item = (BinaryKey, &'a MappingSpec)> + 'a {
+        // A file that cannot be read is left out by `load_process` too.
+        mappings.iter().filter_map(|m| {
+            let key = m.key()?;
+            let known = self.ready.contains_key(&key)
+                || self.binaries.get(&key).is_some_and(Binary::settled);
+            (!known).then_some((key, m))
         })
     }
 
@@ -371,28 +398,13 @@ impl Loader {
             last_used: self.clock,
             retry_at: None,
         };
-        let started = std::time::Instant::now();
-        let compiled = match &self.cache {
-            Some(cache) => {
-                let cache_key = super::cache::key(data);
-                match cache.get(&cache_key) {
-                    Some(t) => {
-                        self.stats.cache_hits += 1;
-                        Ok(t)
-                    }
-                    None => {
-                        let compiled = table::compile(data);
-                        if let Ok(t) = &compiled {
-                            cache.put(&cache_key, t);
-                        }
-                        compiled
-                    }
-                }
-            }
-            None => table::compile(data),
-        };
-        self.stats.compile_ns += started.elapsed().as_nanos() as u64;
-        let table = match compiled {
+        let compiled = self
+            .ready
+            .remove(&key)
+            .unwrap_or_else(|| Compiled::new(data, self.cache.as_ref()));
+        self.stats.compile_ns += compiled.ns;
+        self.stats.cache_hits += u64::from(compiled.cache_hit);
+        let table = match compiled.table {
             Ok(t) => t,
             Err(e) => {
                 log::debug!(
@@ -513,8 +525,44 @@ impl Loader {
     }
 }
 
+/// A binary's table as compiled (or read from the disk cache), before it is loaded.
+#[derive(Debug)]
+pub struct Compiled {
+    pub table: Result<table::Table, table::TableError>,
+    /// Read from the disk cache rather than compiled.
+    pub cache_hit: bool,
+    /// Time taken, ns.
+    pub ns: u64,
+}
+
+impl Compiled {
+    /// Compiles the table of ELF image `data`, or reads it from `cache` (and keeps what it
+    /// compiles there).
+    pub fn new(data: &[u8], cache: Option<&super::cache::TableCache>) -> Self {
+        let started = std::time::Instant::now();
+        let cache_key = cache.map(|_| super::cache::key(data));
+        let cached = cache.zip(cache_key.as_deref()).and_then(|(c, k)| c.get(k));
+        let cache_hit = cached.is_some();
+        let table = match cached {
+            Some(t) => Ok(t),
+            None => {
+                let compiled = table::compile(data);
+                if let (Some(c), Some(k), Ok(t)) = (cache, &cache_key, &compiled) {
+                    c.put(k, t);
+                }
+                compiled
+            }
+        };
+        Self {
+            table,
+            cache_hit,
+            ns: started.elapsed().as_nanos() as u64,
+        }
+    }
+}
+
 /// A read-only view of a file's bytes.
-struct Mmap {
+pub(super) struct Mmap {
     ptr: *mut libc::c_void,
     len: usize,
 }
@@ -536,7 +584,7 @@ impl Drop for Mmap {
 
 /// # Safety
 /// The file must not be truncated while the view lives.
-unsafe fn memmap(file: &std::fs::File, len: u64) -> Option<Mmap> {
+pub(super) unsafe fn memmap(file: &std::fs::File, len: u64) -> Option<Mmap> {
     let len = usize::try_from(len).ok().filter(|l| *l > 0)?;
     // SAFETY: a private read-only mapping of an open file.
     let ptr = unsafe {

@@ -46,6 +46,8 @@ pub enum TableError {
     Elf(#[from] object::Error),
     #[error("malformed .eh_frame")]
     EhFrame(#[from] gimli::Error),
+    #[error("cannot read the file")]
+    Unreadable,
     #[error("code above 4 GiB (vaddr {0:#x}): tables hold 32-bit addresses")]
     TooHigh(u64),
 }
