@@ -83,14 +83,7 @@ fn edges(out_dir: &Path, source: &Path, output: &Path) {
     let tiny = Path::new("fixtures/edges/tiny.c");
     let lib = out_dir.join("libfx-tiny.so");
     compile_flags(tiny, &lib, NO_FP_CFLAGS, &["-shared", "-fPIC"]);
-    let rpath = format!("-Wl,-rpath,{}", out_dir.display());
-    let link = format!("-L{}", out_dir.display());
-    compile_flags(
-        source,
-        output,
-        NO_FP_CFLAGS,
-        &["-Ifixtures", &link, &rpath, "-lfx-tiny"],
-    );
+    no_fp_linked_to(out_dir, source, output, "fx-tiny");
     let statik = out_dir.join("fx-static");
     let flags: Vec<&str> = NO_FP_CFLAGS.iter().copied().chain(["-static"]).collect();
     compile_flags(
@@ -102,7 +95,21 @@ fn edges(out_dir: &Path, source: &Path, output: &Path) {
     println!("cargo:rustc-env=FIXTURE_FX_STATIC={}", statik.display());
 }
 
-/// fx-big (the compile-pool test, tests/tests/unwind_pool.rs), without frame pointers,
+/// `source` built without frame pointers into `output`, linked to OUT_DIR's lib`lib`.so
+/// (found through its rpath).
+fn no_fp_linked_to(out_dir: &Path, source: &Path, output: &Path, lib: &str) {
+    let rpath = format!("-Wl,-rpath,{}", out_dir.display());
+    let link = format!("-L{}", out_dir.display());
+    let lib = format!("-l{lib}");
+    compile_flags(
+        source,
+        output,
+        NO_FP_CFLAGS,
+        &["-Ifixtures", &link, &rpath, &lib],
+    );
+}
+
+/// fx-big (the compile-pool test in tests/tests/unwind_budget.rs), without frame pointers,
 /// linked to libfx-big.so: fixtures/big/big.s assembled into a library with 8 MiB of
 /// .eh_frame, whose table takes seconds to compile.
 fn big(out_dir: &Path, source: &Path, output: &Path) {
@@ -113,14 +120,7 @@ fn big(out_dir: &Path, source: &Path, output: &Path) {
         &["-shared", "-nostdlib"],
         &[],
     );
-    let rpath = format!("-Wl,-rpath,{}", out_dir.display());
-    let link = format!("-L{}", out_dir.display());
-    compile_flags(
-        source,
-        output,
-        NO_FP_CFLAGS,
-        &["-Ifixtures", &link, &rpath, "-lfx-big"],
-    );
+    no_fp_linked_to(out_dir, source, output, "fx-big");
 }
 
 /// fx-rust-nofp (env FIXTURE_FX_RUST_NOFP): fixtures/fx-rust-nofp.rs built by rustc the way
