@@ -3,14 +3,16 @@
 //! vDSO, a static binary, and Rust built without frame pointers. Each asserts that >= 95% of
 //! the fixture's samples have the whole chain from `_start`, and that the same assertion
 //! fails with `--unwind fp` (the negative control: the fixture really needs the tables).
+//! The vDSO case runs twice: a process seeded from /proc (`-p`), and one started after the
+//! recording began, whose mappings (`[vdso]` among them) come from the kernel's MMAP2 records.
 //! Deep recursion, dlopen and Go are in unwind.rs; agreement with perf in unwind_perf.rs.
 
 use std::path::Path;
 use std::process::Command;
 
 use profiler_tests::{
-    Stack, TempDir, exclusive, expect_success, has_chain, head, read_folded, record, require_bpf,
-    samples, spawn_fixture_args,
+    Running, Stack, TempDir, exclusive, expect_success, has_chain, head, is_kernel, read_folded,
+    record, require_bpf, samples, spawn_fixture_args,
 };
 
 const FX_EDGES: &str = env!("FIXTURE_FX_EDGES");
@@ -45,6 +47,44 @@ fn record_fixture(fixture: &str, args: &[&str], unwind: &str, secs: u32) -> Run 
         text,
         stacks: stacks.into_iter().filter(|(f, _)| f[0] == comm).collect(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// One recording of a fixture started after sampling began (`--comm`): its mappings come
+/// from the kernel's MMAP2 records, not /proc. Its stacks are picked by pid (`--group-by
+/// pid`): other tests' fixtures of the same name may be running on the machine.
+fn record_new_fixture(fixture: &str, args: &[&str], unwind: &str, secs: u32) -> Run {
+    let name = Path::new(fixture).file_name().unwrap().to_string_lossy();
+    let comm: String = name.chars().take(15).collect();
+    let dir = TempDir::new(&format!("unwind-edges-new-{name}-{unwind}"));
+    let out = dir.file("out.folded");
+    let duration = format!("{secs}s");
+    let ours = [
+        "record",
+        "-F",
+        "999",
+        "-d",
+        &duration,
+        "--unwind",
+        unwind,
+        "--comm",
+        &comm,
+        "--group-by",
+        "pid",
+        "-o",
+        &out,
+    ];
+    let mut rec = Running::start(&ours);
+    rec.wait_for("sampling ");
+    let process = spawn_fixture_args(Path::new(fixture), args);
+    let root = format!("{comm} [{}]", process.pid());
+    let (status, stderr) = rec.finish();
+    assert!(status.success(), "profiler {ours:?} failed:\n{stderr}");
+    let (text, stacks) = read_folded(Path::new(&out));
+    Run {
+        text,
+        stacks: stacks.into_iter().filter(|(f, _)| f[0] == root).collect(),
+        stderr,
     }
 }
 
@@ -226,6 +266,44 @@ fn leaf_in_the_vdso_reaches_main() {
         head(&run.text, 20)
     );
     assert_fp_fails(FX_EDGES, &args, &chain, "vdso");
+}
+
+/// The vDSO leaf in a process started after the recording began: its mappings, `[vdso]`
+/// among them, come from the kernel's MMAP2 records. Samples from before its tables were
+/// loaded (`[truncated: not loaded]`, walked by frame pointer) are left out; every other
+/// sample is whole (those with the leaf in the vDSO too) and none is cut short for another
+/// reason.
+#[test]
+fn leaf_in_the_vdso_of_a_new_process_reaches_main() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let args = ["4", "vdso"];
+    let chain = ["main", "a", "b", "vdso_loop"];
+    let run = record_new_fixture(FX_EDGES, &args, "dwarf", 5);
+    let loaded = |f: &[String]| f.get(1).is_none_or(|r| r != "[truncated: not loaded]");
+    assert_whole(&run, &chain, loaded, 100, "vdso, new process");
+    // Named here: the collector names the vDSO from its own copy of the image (`/proc`
+    // seeding leaves it `[unknown]`), so the leaf is the vDSO's clock_gettime under libc's.
+    let in_vdso = |f: &[String]| {
+        let user: Vec<&String> = f.iter().filter(|x| !is_kernel(x)).collect();
+        loaded(f) && user.ends_with(&[&"clock_gettime".to_owned(), &"clock_gettime".to_owned()])
+    };
+    assert_whole(&run, &chain, in_vdso, 20, "vdso leaf, new process");
+    let (total, vdso) = (samples(&run.stacks, loaded), samples(&run.stacks, in_vdso));
+    assert!(
+        vdso * 100 >= total * 20,
+        "only {vdso} of {total} samples in the vDSO; {}",
+        head(&run.text, 20)
+    );
+    assert_eq!(
+        samples(&run.stacks, |f| loaded(f)
+            && f.iter().any(|x| x.starts_with("[truncated"))),
+        0,
+        "stacks cut short; {}",
+        head(&run.text, 20)
+    );
 }
 
 /// A static binary (its own libc inside, no frame pointers): one table from its .eh_frame.
