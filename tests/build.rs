@@ -63,6 +63,8 @@ fn main() {
             compile_flags(&source, &output, NO_FP_CFLAGS, &[]);
         } else if name == "fx-edges" {
             edges(Path::new(&out_dir), &source, &output);
+        } else if name == "fx-debug-frame" {
+            debug_frame(Path::new(&out_dir), &source, &output);
         } else if name == "fx-big" {
             big(Path::new(&out_dir), &source, &output);
         } else {
@@ -93,6 +95,35 @@ fn edges(out_dir: &Path, source: &Path, output: &Path) {
         &["-Ifixtures", tiny.to_str().unwrap()],
     );
     println!("cargo:rustc-env=FIXTURE_FX_STATIC={}", statik.display());
+}
+
+/// fx-debug-frame without frame pointers and with its CFI in .debug_frame only (gcc puts it
+/// there with -g when unwind tables are off); and fx-dframe-strip (env
+/// FIXTURE_FX_DFRAME_STRIP, FIXTURE_FX_DFRAME_STRIP_DEBUG), the same binary stripped, its
+/// .debug_frame and symbols in a separate debug file.
+fn debug_frame(out_dir: &Path, source: &Path, output: &Path) {
+    let flags: Vec<&str> = NO_FP_CFLAGS
+        .iter()
+        .copied()
+        .filter(|f| *f != "-fasynchronous-unwind-tables")
+        .chain([
+            "-fno-asynchronous-unwind-tables",
+            "-fno-unwind-tables",
+            "-Wl,--build-id",
+        ])
+        .collect();
+    compile_flags(source, output, &flags, &["-Ifixtures"]);
+    let (bin, debug) = (
+        out_dir.join("fx-dframe-strip"),
+        out_dir.join("fx-dframe-strip.debug"),
+    );
+    compile_flags(source, &bin, &flags, &["-Ifixtures"]);
+    split_debug(&bin, &debug);
+    println!("cargo:rustc-env=FIXTURE_FX_DFRAME_STRIP={}", bin.display());
+    println!(
+        "cargo:rustc-env=FIXTURE_FX_DFRAME_STRIP_DEBUG={}",
+        debug.display()
+    );
 }
 
 /// `source` built without frame pointers into `output`, linked to OUT_DIR's lib`lib`.so
@@ -163,6 +194,17 @@ fn stripped(out_dir: &Path) {
         out_dir.join("fx-stripped.debug"),
     );
     compile_with(Path::new("fixtures/fx-chain.c"), &bin, &["-Wl,--build-id"]);
+    split_debug(&bin, &debug);
+    println!("cargo:rustc-env=FIXTURE_FX_STRIPPED={}", bin.display());
+    println!(
+        "cargo:rustc-env=FIXTURE_FX_STRIPPED_DEBUG={}",
+        debug.display()
+    );
+}
+
+/// Moves `bin`'s symbols and debug sections to `debug` (`objcopy --only-keep-debug`), and
+/// strips `bin` of every symbol. No .gnu_debuglink is added: found by build id alone.
+fn split_debug(bin: &Path, debug: &Path) {
     let objcopy = |args: &[&std::ffi::OsStr]| {
         let status = Command::new("objcopy")
             .args(args)
@@ -172,11 +214,6 @@ fn stripped(out_dir: &Path) {
     };
     objcopy(&["--only-keep-debug".as_ref(), bin.as_ref(), debug.as_ref()]);
     objcopy(&["--strip-all".as_ref(), bin.as_ref()]);
-    println!("cargo:rustc-env=FIXTURE_FX_STRIPPED={}", bin.display());
-    println!(
-        "cargo:rustc-env=FIXTURE_FX_STRIPPED_DEBUG={}",
-        debug.display()
-    );
 }
 
 fn compile(source: &Path, output: &Path) {

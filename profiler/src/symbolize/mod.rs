@@ -7,7 +7,7 @@ mod user;
 
 use std::collections::HashMap;
 
-pub use debuginfo::file_build_id;
+pub use debuginfo::{file_build_id, find_debug_file};
 pub use kernel::{KernelSym, KernelSymbols};
 pub use user::UserSymbolizer;
 

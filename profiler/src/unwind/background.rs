@@ -15,8 +15,8 @@ use std::{
 
 use super::{
     Loader, LoaderStats, MappingSpec, ProcessEvent,
-    loader::{BinaryKey, Compiled},
-    pool::{self, CompilePool},
+    loader::BinaryKey,
+    pool::{self, CompilePool, Compiled},
     proc_mappings,
 };
 

@@ -18,7 +18,7 @@ use profiler_common::unwind::{
     MAX_MAPPINGS, ProcMappings, SEARCH_STEPS, UnwindMapping, UnwindRow, mapping,
 };
 
-use super::{UnwindMode, budget::RowSpace, table};
+use super::{UnwindMode, budget::RowSpace, pool::Compiled, table};
 
 /// One executable file mapping of a process.
 #[derive(Clone, Debug)]
@@ -401,7 +401,7 @@ impl Loader {
         let compiled = self
             .ready
             .remove(&key)
-            .unwrap_or_else(|| Compiled::new(data, self.cache.as_ref()));
+            .unwrap_or_else(|| Compiled::new(path, data, self.cache.as_ref()));
         self.stats.compile_ns += compiled.ns;
         self.stats.cache_hits += u64::from(compiled.cache_hit);
         let table = match compiled.table {
@@ -521,42 +521,6 @@ impl Loader {
             if let Err(e) = self.write_entry(pid) {
                 log::debug!("pid {pid}: cannot rewrite its unwind mappings: {e}");
             }
-        }
-    }
-}
-
-/// A binary's table as compiled (or read from the disk cache), before it is loaded.
-#[derive(Debug)]
-pub struct Compiled {
-    pub table: Result<table::Table, table::TableError>,
-    /// Read from the disk cache rather than compiled.
-    pub cache_hit: bool,
-    /// Time taken, ns.
-    pub ns: u64,
-}
-
-impl Compiled {
-    /// Compiles the table of ELF image `data`, or reads it from `cache` (and keeps what it
-    /// compiles there).
-    pub fn new(data: &[u8], cache: Option<&super::cache::TableCache>) -> Self {
-        let started = std::time::Instant::now();
-        let cache_key = cache.map(|_| super::cache::key(data));
-        let cached = cache.zip(cache_key.as_deref()).and_then(|(c, k)| c.get(k));
-        let cache_hit = cached.is_some();
-        let table = match cached {
-            Some(t) => Ok(t),
-            None => {
-                let compiled = table::compile(data);
-                if let (Some(c), Some(k), Ok(t)) = (cache, &cache_key, &compiled) {
-                    c.put(k, t);
-                }
-                compiled
-            }
-        };
-        Self {
-            table,
-            cache_hit,
-            ns: started.elapsed().as_nanos() as u64,
         }
     }
 }

@@ -9,13 +9,13 @@
 use std::{
     collections::{HashSet, VecDeque},
     fs::File,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Condvar, Mutex},
 };
 
 use super::{
     cache::TableCache,
-    loader::{BinaryKey, Compiled, MappingSpec, memmap},
+    loader::{BinaryKey, MappingSpec, memmap},
     table::TableError,
 };
 
@@ -156,6 +156,51 @@ fn next(shared: &Shared, small_only: bool, large_first: bool) -> Option<Task> {
     }
 }
 
+/// A binary's table as compiled (or read from the disk cache), before it is loaded.
+#[derive(Debug)]
+pub struct Compiled {
+    pub table: Result<super::table::Table, TableError>,
+    /// Read from the disk cache rather than compiled.
+    pub cache_hit: bool,
+    /// Time taken, ns.
+    pub ns: u64,
+}
+
+impl Compiled {
+    /// Compiles the table of ELF image `data` (read from `path`), or reads it from `cache`
+    /// (and keeps what it compiles there). A binary whose .eh_frame covers little has its
+    /// .debug_frame read too, from a separate debug file (by build id or .gnu_debuglink)
+    /// when it has none itself.
+    pub fn new(path: &Path, data: &[u8], cache: Option<&super::cache::TableCache>) -> Self {
+        let started = std::time::Instant::now();
+        let cache_key = cache.map(|_| super::cache::key(data));
+        let cached = cache.zip(cache_key.as_deref()).and_then(|(c, k)| c.get(k));
+        let cache_hit = cached.is_some();
+        let table = match cached {
+            Some(t) => Ok(t),
+            None => {
+                let compiled = super::table::compile_with_debug(data, |elf| {
+                    use object::Object as _;
+                    let id = elf.build_id().ok().flatten();
+                    let debug = crate::symbolize::find_debug_file(path, path, id)?;
+                    let len = debug.metadata().ok()?.len();
+                    // SAFETY: a read-only view, as for the binary itself (`mapping`).
+                    unsafe { memmap(&debug, len) }
+                });
+                if let (Some(c), Some(k), Ok(t)) = (cache, &cache_key, &compiled) {
+                    c.put(k, t);
+                }
+                compiled
+            }
+        };
+        Self {
+            table,
+            cache_hit,
+            ns: started.elapsed().as_nanos() as u64,
+        }
+    }
+}
+
 fn compile(task: &Task, cache: Option<&TableCache>) -> Compiled {
     let len = task.file.metadata().map_or(0, |m| m.len());
     // SAFETY: a read-only view; see `Loader::mapping` for a file changed under us.
@@ -166,7 +211,7 @@ fn compile(task: &Task, cache: Option<&TableCache>) -> Compiled {
             ns: 0,
         };
     };
-    let compiled = Compiled::new(&data, cache);
+    let compiled = Compiled::new(&task.path, &data, cache);
     log::debug!(
         "{}: unwind table {} in {} ms",
         task.path.display(),
