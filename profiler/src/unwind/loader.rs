@@ -421,6 +421,7 @@ impl Loader {
         let len = table.rows.len() as u32;
         if by_fp {
             self.stats.binaries_fp += 1;
+            self.add_stops(&mut binary, data, key, pinned);
             return Some(binary);
         }
         let start = if len > 1 << SEARCH_STEPS || len > self.space.capacity() {
@@ -454,6 +455,33 @@ impl Loader {
         self.stats.rows_now = u64::from(self.space.used());
         self.stats.binaries_table += 1;
         Some(binary)
+    }
+
+    /// Gives a binary walked by frame pointer its STOP rows (`table::go_stops`), when it has
+    /// any and they fit; it stays walked by frame pointer.
+    fn add_stops(
+        &mut self,
+        binary: &mut Binary,
+        data: &[u8],
+        key: BinaryKey,
+        pinned: &HashSet<BinaryKey>,
+    ) {
+        let rows = table::go_stops(data);
+        let len = rows.len() as u32;
+        if len == 0 || len > self.space.capacity() {
+            return;
+        }
+        let Some(start) = self.make_room(len, key, pinned) else {
+            return;
+        };
+        // SAFETY: as in `load_binary`: a range RowSpace handed out, read by no walk yet.
+        unsafe {
+            std::ptr::copy_nonoverlapping(rows.as_ptr(), self.rows.add(start as usize), rows.len());
+        }
+        binary.table_start = start;
+        binary.table_len = len;
+        self.stats.rows += u64::from(len);
+        self.stats.rows_now = u64::from(self.space.used());
     }
 
     /// Takes `len` rows, evicting least recently used binaries when needed: first those no

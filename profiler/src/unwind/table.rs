@@ -176,6 +176,58 @@ fn finish(mut table: Table, mut spans: Spans) -> Result<Table, TableError> {
     Ok(table)
 }
 
+/// Go's functions at the base of a stack its frame pointers can walk (without the `.abi0`
+/// suffix of assembly functions): a thread's entry (`TOPFRAME` in its runtime: mstart,
+/// goexit, rt0_go) and the switches to the scheduler's stack (mcall, systemstack,
+/// morestack, asmcgocall). What their frame pointer points at is no frame of this stack, so
+/// the walk ends at them (Go's own traceback jumps to the goroutine's stack; we cannot).
+pub const GO_STACK_BASES: &[&str] = &[
+    "runtime.mstart",
+    "runtime.goexit",
+    "runtime.rt0_go",
+    "runtime.mcall",
+    "runtime.systemstack",
+    "runtime.morestack",
+    "runtime.asmcgocall",
+];
+
+/// For a Go binary (one with `.gopclntab`, walked by frame pointer), rows that are STOP
+/// over its `GO_STACK_BASES` and NONE elsewhere (the kernel walk follows frame pointers
+/// there); empty for any other binary.
+pub fn go_stops(data: &[u8]) -> Vec<UnwindRow> {
+    use object::ObjectSymbol as _;
+    let Ok(file) = object::File::parse(data) else {
+        return Vec::new();
+    };
+    if file.section_by_name(".gopclntab").is_none() {
+        return Vec::new();
+    }
+    let mut ranges: Vec<(u64, u64)> = file
+        .symbols()
+        .filter(|s| {
+            s.size() > 0
+                && s.name()
+                    .is_ok_and(|n| GO_STACK_BASES.contains(&n.strip_suffix(".abi0").unwrap_or(n)))
+        })
+        .map(|s| (s.address(), s.address().saturating_add(s.size())))
+        .collect();
+    ranges.sort_unstable();
+    let mut rows: Vec<UnwindRow> = Vec::new();
+    for (start, end) in ranges {
+        let (Ok(start), Ok(end)) = (u32::try_from(start), u32::try_from(end)) else {
+            continue;
+        };
+        let row = |pc, kind| UnwindRow {
+            pc,
+            kind,
+            ..UnwindRow::default()
+        };
+        push_merged(&mut rows, row(start, kind::STOP));
+        push_merged(&mut rows, row(end, kind::NONE));
+    }
+    rows
+}
+
 /// The bias of the mapping of `data` at file offset `file_offset` loaded at `start`: the
 /// number to subtract from an address in it to get the file vaddr the table uses.
 ///
