@@ -8,7 +8,7 @@
 //! process once the last of them is compiled. Until then, the kernel walks a process by
 //! frame pointer.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
 };
@@ -16,7 +16,7 @@ use std::{
 use super::{
     Loader, LoaderStats, MappingSpec, ProcessEvent,
     loader::BinaryKey,
-    pool::{self, CompilePool, Compiled},
+    pool::{self, CompilePool, Compiled, Submitted},
     proc_mappings,
 };
 
@@ -62,13 +62,22 @@ fn mirror(loader: &Loader, stats: &Mutex<LoaderStats>) {
     }
 }
 
+/// A process waiting for the tables of some of its binaries.
+struct Waiting {
+    /// Its latest mappings.
+    mappings: Vec<MappingSpec>,
+    /// The binaries whose tables it waits for (keys taken once, not a file stat per check).
+    missing: HashSet<BinaryKey>,
+    /// Whether the pool refused one of them (a full lane): asked again at each table done.
+    refused: bool,
+}
+
 /// The loader thread's state: processes waiting for tables the pool compiles.
 struct Thread {
     loader: Arc<Mutex<Loader>>,
     stats: Arc<Mutex<LoaderStats>>,
     pool: CompilePool,
-    /// Each waiting process's latest mappings.
-    waiting: HashMap<u32, Vec<MappingSpec>>,
+    waiting: HashMap<u32, Waiting>,
 }
 
 impl Thread {
@@ -83,8 +92,15 @@ impl Thread {
                     self.waiting.remove(&pid);
                     load(&mut loader, &self.stats, pid, &mappings);
                 } else if self.waiting.len() < MAX_WAITING || self.waiting.contains_key(&pid) {
-                    request(&self.pool, &loader, &mappings);
-                    self.waiting.insert(pid, mappings);
+                    let (missing, refused) = request(&self.pool, &loader, &mappings);
+                    self.waiting.insert(
+                        pid,
+                        Waiting {
+                            mappings,
+                            missing,
+                            refused,
+                        },
+                    );
                 } else {
                     log::debug!("pid {pid}: {MAX_WAITING} processes wait for tables already");
                 }
@@ -97,20 +113,21 @@ impl Thread {
             Job::Compiled(key, compiled) => {
                 loader.add_compiled(key, compiled);
                 self.pool.finished(key);
-                let done: Vec<u32> = self
-                    .waiting
-                    .iter()
-                    .filter(|(_, m)| loader.knows_all(m))
-                    .map(|(pid, _)| *pid)
-                    .collect();
-                for pid in done {
-                    if let Some(mappings) = self.waiting.remove(&pid) {
-                        load(&mut loader, &self.stats, pid, &mappings);
+                let mut done = Vec::new();
+                for (pid, w) in &mut self.waiting {
+                    w.missing.remove(&key);
+                    if w.refused {
+                        // Asked again: the lane may have room now.
+                        (w.missing, w.refused) = request(&self.pool, &loader, &w.mappings);
+                    }
+                    if w.missing.is_empty() {
+                        done.push(*pid);
                     }
                 }
-                // Tables the pool refused (a full lane) are asked for again.
-                for mappings in self.waiting.values() {
-                    request(&self.pool, &loader, mappings);
+                for pid in done {
+                    if let Some(w) = self.waiting.remove(&pid) {
+                        load(&mut loader, &self.stats, pid, &w.mappings);
+                    }
                 }
             }
             Job::Stop => return false,
@@ -119,13 +136,28 @@ impl Thread {
     }
 }
 
-/// Asks the pool for the tables `mappings` lack (each binary is queued once).
-fn request(pool: &CompilePool, loader: &Loader, mappings: &[MappingSpec]) {
-    for (key, m) in loader.missing(mappings) {
-        if !pool.submit(key, m) {
-            log::debug!("{}: not queued for a table yet", m.path.display());
-        }
-    }
+/// Asks the pool for the tables `mappings` lack (each binary is queued once); returns
+/// the binaries to wait for, and whether the pool refused one.
+fn request(
+    pool: &CompilePool,
+    loader: &Loader,
+    mappings: &[MappingSpec],
+) -> (HashSet<BinaryKey>, bool) {
+    let mut refused = false;
+    let missing = loader
+        .missing(mappings)
+        .filter_map(|(key, m)| match pool.submit(key, m) {
+            Submitted::Queued => Some(key),
+            Submitted::Full => {
+                log::debug!("{}: not queued for a table yet", m.path.display());
+                refused = true;
+                Some(key)
+            }
+            // Loading the process will leave it out.
+            Submitted::Unreadable => None,
+        })
+        .collect();
+    (missing, refused)
 }
 
 impl BackgroundLoader {

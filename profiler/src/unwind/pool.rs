@@ -30,6 +30,17 @@ pub const SMALL_BYTES: u64 = 8 << 20;
 /// when the next table is done (the process waits, walked by frame pointer).
 const MAX_QUEUED: usize = 512;
 
+/// What `CompilePool::submit` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Submitted {
+    /// Queued now or before: its result comes to `done`.
+    Queued,
+    /// Its lane is full: ask again later.
+    Full,
+    /// The file cannot be opened: no result will come.
+    Unreadable,
+}
+
 /// Called on a compile thread with each binary's result.
 pub type Done = Box<dyn Fn(BinaryKey, Compiled) + Send + Sync>;
 
@@ -82,17 +93,16 @@ impl CompilePool {
         Ok(Self { shared })
     }
 
-    /// Queues the table of `m`'s binary `key` unless it is queued already. False when its
-    /// lane is full or the file cannot be opened.
-    pub fn submit(&self, key: BinaryKey, m: &MappingSpec) -> bool {
+    /// Queues the table of `m`'s binary `key` unless it is queued already.
+    pub fn submit(&self, key: BinaryKey, m: &MappingSpec) -> Submitted {
         let Ok(mut lanes) = self.shared.lanes.lock() else {
-            return false;
+            return Submitted::Full;
         };
         if lanes.busy.contains(&key) {
-            return true;
+            return Submitted::Queued;
         }
         let Some(file) = m.open() else {
-            return false;
+            return Submitted::Unreadable;
         };
         let len = file.metadata().map_or(0, |meta| meta.len());
         let lane = if len < SMALL_BYTES {
@@ -101,7 +111,7 @@ impl CompilePool {
             &mut lanes.large
         };
         if lane.len() >= MAX_QUEUED {
-            return false;
+            return Submitted::Full;
         }
         lane.push_back(Task {
             key,
@@ -110,7 +120,7 @@ impl CompilePool {
         });
         lanes.busy.insert(key);
         self.shared.wake.notify_all();
-        true
+        Submitted::Queued
     }
 
     /// The loader took binary `key`'s result: asked for again (an evicted table, say), it
