@@ -63,6 +63,10 @@ fn main() {
             compile_flags(&source, &output, NO_FP_CFLAGS, &[]);
         } else if name == "fx-edges" {
             edges(Path::new(&out_dir), &source, &output);
+        } else if name == "fx-debug-frame" {
+            debug_frame(Path::new(&out_dir), &source, &output);
+        } else if name == "fx-big" {
+            big(Path::new(&out_dir), &source, &output);
         } else {
             compile(&source, &output);
         }
@@ -81,14 +85,7 @@ fn edges(out_dir: &Path, source: &Path, output: &Path) {
     let tiny = Path::new("fixtures/edges/tiny.c");
     let lib = out_dir.join("libfx-tiny.so");
     compile_flags(tiny, &lib, NO_FP_CFLAGS, &["-shared", "-fPIC"]);
-    let rpath = format!("-Wl,-rpath,{}", out_dir.display());
-    let link = format!("-L{}", out_dir.display());
-    compile_flags(
-        source,
-        output,
-        NO_FP_CFLAGS,
-        &["-Ifixtures", &link, &rpath, "-lfx-tiny"],
-    );
+    no_fp_linked_to(out_dir, source, output, "fx-tiny");
     let statik = out_dir.join("fx-static");
     let flags: Vec<&str> = NO_FP_CFLAGS.iter().copied().chain(["-static"]).collect();
     compile_flags(
@@ -98,6 +95,63 @@ fn edges(out_dir: &Path, source: &Path, output: &Path) {
         &["-Ifixtures", tiny.to_str().unwrap()],
     );
     println!("cargo:rustc-env=FIXTURE_FX_STATIC={}", statik.display());
+}
+
+/// fx-debug-frame without frame pointers and with its CFI in .debug_frame only (gcc puts it
+/// there with -g when unwind tables are off); and fx-dframe-strip (env
+/// FIXTURE_FX_DFRAME_STRIP, FIXTURE_FX_DFRAME_STRIP_DEBUG), the same binary stripped, its
+/// .debug_frame and symbols in a separate debug file.
+fn debug_frame(out_dir: &Path, source: &Path, output: &Path) {
+    let flags: Vec<&str> = NO_FP_CFLAGS
+        .iter()
+        .copied()
+        .filter(|f| *f != "-fasynchronous-unwind-tables")
+        .chain([
+            "-fno-asynchronous-unwind-tables",
+            "-fno-unwind-tables",
+            "-Wl,--build-id",
+        ])
+        .collect();
+    compile_flags(source, output, &flags, &["-Ifixtures"]);
+    let (bin, debug) = (
+        out_dir.join("fx-dframe-strip"),
+        out_dir.join("fx-dframe-strip.debug"),
+    );
+    compile_flags(source, &bin, &flags, &["-Ifixtures"]);
+    split_debug(&bin, &debug);
+    println!("cargo:rustc-env=FIXTURE_FX_DFRAME_STRIP={}", bin.display());
+    println!(
+        "cargo:rustc-env=FIXTURE_FX_DFRAME_STRIP_DEBUG={}",
+        debug.display()
+    );
+}
+
+/// `source` built without frame pointers into `output`, linked to OUT_DIR's lib`lib`.so
+/// (found through its rpath).
+fn no_fp_linked_to(out_dir: &Path, source: &Path, output: &Path, lib: &str) {
+    let rpath = format!("-Wl,-rpath,{}", out_dir.display());
+    let link = format!("-L{}", out_dir.display());
+    let lib = format!("-l{lib}");
+    compile_flags(
+        source,
+        output,
+        NO_FP_CFLAGS,
+        &["-Ifixtures", &link, &rpath, &lib],
+    );
+}
+
+/// fx-big (the compile-pool test in tests/tests/unwind_budget.rs), without frame pointers,
+/// linked to libfx-big.so: fixtures/big/big.s assembled into a library with 8 MiB of
+/// .eh_frame, whose table takes seconds to compile.
+fn big(out_dir: &Path, source: &Path, output: &Path) {
+    let lib = out_dir.join("libfx-big.so");
+    compile_flags(
+        Path::new("fixtures/big/big.s"),
+        &lib,
+        &["-shared", "-nostdlib"],
+        &[],
+    );
+    no_fp_linked_to(out_dir, source, output, "fx-big");
 }
 
 /// fx-rust-nofp (env FIXTURE_FX_RUST_NOFP): fixtures/fx-rust-nofp.rs built by rustc the way
@@ -140,6 +194,17 @@ fn stripped(out_dir: &Path) {
         out_dir.join("fx-stripped.debug"),
     );
     compile_with(Path::new("fixtures/fx-chain.c"), &bin, &["-Wl,--build-id"]);
+    split_debug(&bin, &debug);
+    println!("cargo:rustc-env=FIXTURE_FX_STRIPPED={}", bin.display());
+    println!(
+        "cargo:rustc-env=FIXTURE_FX_STRIPPED_DEBUG={}",
+        debug.display()
+    );
+}
+
+/// Moves `bin`'s symbols and debug sections to `debug` (`objcopy --only-keep-debug`), and
+/// strips `bin` of every symbol. No .gnu_debuglink is added: found by build id alone.
+fn split_debug(bin: &Path, debug: &Path) {
     let objcopy = |args: &[&std::ffi::OsStr]| {
         let status = Command::new("objcopy")
             .args(args)
@@ -149,11 +214,6 @@ fn stripped(out_dir: &Path) {
     };
     objcopy(&["--only-keep-debug".as_ref(), bin.as_ref(), debug.as_ref()]);
     objcopy(&["--strip-all".as_ref(), bin.as_ref()]);
-    println!("cargo:rustc-env=FIXTURE_FX_STRIPPED={}", bin.display());
-    println!(
-        "cargo:rustc-env=FIXTURE_FX_STRIPPED_DEBUG={}",
-        debug.display()
-    );
 }
 
 fn compile(source: &Path, output: &Path) {

@@ -307,7 +307,9 @@ pub mod unwind {
 
     /// `UnwindMapping::kind` values.
     pub mod mapping {
-        /// Walk this binary's frames by frame pointer (it keeps them, or has no table).
+        /// Walk this binary's frames by frame pointer (it keeps them, or has no table). Its
+        /// rows, if it has any, are only `kind::STOP` ranges (Go's thread entries): the walk
+        /// ends there.
         pub const FRAME_POINTER: u32 = 0;
         /// Walk by the rows at `table_start..table_start + table_len`.
         pub const TABLE: u32 = 1;

@@ -2,7 +2,7 @@
 //! bpf_get_stack for processes whose mappings userspace loaded (profiler::unwind::loader).
 //! Each step finds the mapping of the current address (binary search of the process's
 //! sorted executable mappings), then either follows the frame pointer (binaries that keep
-//! them) or the binary's row for that address (binary search of its slice of UNWIND_ROWS),
+//! them; it stops at their STOP rows, e.g. Go's thread entries) or the binary's row for that address (binary search of its slice of UNWIND_ROWS),
 //! reads the return address at CFA - 8 and, when the row says so, the caller's RBP.
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
@@ -185,6 +185,13 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let found = find_mapping(unsafe { &*w.procs }, pc);
     let m = found.unwrap_or_default();
     let (cfa, saved_bp) = if found.is_none() || m.kind == mapping::FRAME_POINTER {
+        // A frame-pointer binary may have STOP rows at its threads' entries (Go's
+        // runtime.mstart: what its frame pointer points at is no frame of the thread).
+        if m.table_len != 0
+            && find_row(&m, pc.wrapping_sub(m.bias)).is_some_and(|r| r.kind == kind::STOP)
+        {
+            return stop(w, reason::NONE);
+        }
         if w.bp == 0 {
             // The end of the frame-pointer chain; in unmapped code, the walk cannot go on.
             let why = if found.is_none() {

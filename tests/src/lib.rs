@@ -8,6 +8,7 @@
 
 mod agent;
 mod cpu;
+mod debugfile;
 mod folded;
 mod image;
 pub mod lab;
@@ -18,6 +19,7 @@ mod tools;
 
 pub use agent::{Agent, free_port, get};
 pub use cpu::{CpuUsage, cpu_seconds};
+pub use debugfile::{InstalledDebugFile, build_id};
 pub use folded::{Stack, has_chain, head, is_kernel, parse_folded, read_folded, samples};
 pub use image::{PngSummary, png_summary, svg_frames, svg_titles};
 pub use privilege::{missing_privilege, require_bpf};

@@ -5,60 +5,17 @@
 //! in a `.gnu_debuglink` section. The capture is read through the profiler library, as
 //! `report` would.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use profiler::profile::{FrameKind, Profile, read_file};
-use profiler_tests::{TempDir, exclusive, expect_success, record, require_bpf, spawn_fixture};
+use profiler_tests::{
+    InstalledDebugFile, TempDir, build_id, exclusive, expect_success, record, require_bpf,
+    spawn_fixture,
+};
 
 const BIN: &str = env!("FIXTURE_FX_STRIPPED");
 const DEBUG: &str = env!("FIXTURE_FX_STRIPPED_DEBUG");
-
-/// The GNU build id of `path` as `readelf -n` prints it (lowercase hex).
-fn build_id(path: &str) -> String {
-    let out = Command::new("readelf")
-        .args(["-n", path])
-        .output()
-        .expect("running readelf (binutils)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix("Build ID: "))
-        .unwrap_or_else(|| panic!("readelf -n {path} shows no build id:\n{text}"))
-        .to_owned()
-}
-
-/// The debug file installed where debuggers look it up by build id; removed on drop (also
-/// when the test fails), with the directory if we made it.
-struct Installed {
-    file: PathBuf,
-    made_dir: bool,
-}
-
-impl Installed {
-    fn path(build_id: &str) -> PathBuf {
-        Path::new("/usr/lib/debug/.build-id")
-            .join(&build_id[..2])
-            .join(format!("{}.debug", &build_id[2..]))
-    }
-
-    fn new(build_id: &str) -> Self {
-        let file = Self::path(build_id);
-        let dir = file.parent().unwrap();
-        let made_dir = !dir.exists();
-        std::fs::create_dir_all(dir).expect("creating the .build-id directory");
-        std::fs::copy(DEBUG, &file).expect("installing the debug file");
-        Installed { file, made_dir }
-    }
-}
-
-impl Drop for Installed {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.file);
-        if self.made_dir {
-            let _ = std::fs::remove_dir(self.file.parent().unwrap());
-        }
-    }
-}
 
 /// Records the stripped fixture (or a copy at `bin`) into a capture and reads it back.
 fn record_capture(dir: &TempDir, bin: &Path, name: &str) -> Profile {
@@ -100,7 +57,7 @@ fn stripped_frames_keep_build_id_and_resolve_with_debug_file() {
     let id = build_id(BIN);
     assert_eq!(id, build_id(DEBUG), "the debug file belongs to the binary");
     // A debug file left behind by an interrupted run would name the frames in the first half.
-    let _ = std::fs::remove_file(Installed::path(&id));
+    let _ = std::fs::remove_file(InstalledDebugFile::path(&id));
     let dir = TempDir::new("stripped");
 
     let bare = fixture_frames(
@@ -133,7 +90,7 @@ fn stripped_frames_keep_build_id_and_resolve_with_debug_file() {
         frames.iter().take(5).collect::<Vec<_>>()
     );
 
-    let _installed = Installed::new(&id);
+    let _installed = InstalledDebugFile::new(&id, DEBUG);
     let named = fixture_frames(
         &record_capture(&dir, Path::new(BIN), "debug.capture"),
         "fx-stripped",
@@ -149,7 +106,7 @@ fn debuglink_next_to_the_binary_names_frames() {
         return;
     }
     let _serial = exclusive();
-    let _ = std::fs::remove_file(Installed::path(&build_id(BIN)));
+    let _ = std::fs::remove_file(InstalledDebugFile::path(&build_id(BIN)));
     let dir = TempDir::new("debuglink");
     let (linked, debug) = (dir.file("fx-linked"), dir.file("fx-linked.debug"));
     std::fs::copy(DEBUG, &debug).expect("copying the debug file");

@@ -207,18 +207,8 @@ fn deep_recursion_is_marked_truncated_with_its_reason() {
     );
 }
 
-/// A Go program keeps frame pointers and has no .eh_frame: `auto` walks it by frame pointer
-/// and its stacks stay whole from `runtime.main` down.
-#[test]
-fn go_binary_is_walked_by_frame_pointer_under_auto() {
-    if !require_bpf() {
-        return;
-    }
-    let Some(go) = tool("go", "golang-go") else {
-        return;
-    };
-    let _serial = exclusive();
-    let dir = TempDir::new("unwind-go");
+/// fixtures/fx-go built with `go build` into `dir`.
+fn build_go_fixture(go: &Path, dir: &TempDir) -> String {
     let bin = dir.file("fx-go");
     let source = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/fx-go");
     let built = Command::new(go)
@@ -231,6 +221,22 @@ fn go_binary_is_walked_by_frame_pointer_under_auto() {
         "go build failed: {}",
         String::from_utf8_lossy(&built.stderr)
     );
+    bin
+}
+
+/// A Go program keeps frame pointers and has no .eh_frame: `auto` walks it by frame pointer
+/// and its stacks stay whole from `runtime.main` down.
+#[test]
+fn go_binary_is_walked_by_frame_pointer_under_auto() {
+    if !require_bpf() {
+        return;
+    }
+    let Some(go) = tool("go", "golang-go") else {
+        return;
+    };
+    let _serial = exclusive();
+    let dir = TempDir::new("unwind-go");
+    let bin = build_go_fixture(&go, &dir);
     let fixture = spawn_fixture_args(Path::new(&bin), &["20"]);
     let out = dir.file("go.folded");
     let pid = fixture.pid().to_string();
@@ -260,6 +266,72 @@ fn go_binary_is_walked_by_frame_pointer_under_auto() {
         "only {whole} of {total} Go samples have runtime.main -> main.main -> main.outer -> \
          main.middle; {}",
         head(&text, 20)
+    );
+}
+
+/// Go's other threads and the scheduler's stacks: their base is runtime.mstart, goexit,
+/// or a switch to the scheduler's stack (mcall, systemstack), whose frame pointer leads to no
+/// frame of that stack. The walk stops there (the loader gives Go binaries STOP rows over
+/// those functions), so those stacks have it as their root: no `[unknown]` beyond it, not
+/// cut short. Before, such stacks ended in `[unknown]` and "no mapping".
+#[test]
+fn go_thread_stacks_end_at_their_entry() {
+    if !require_bpf() {
+        return;
+    }
+    let Some(go) = tool("go", "golang-go") else {
+        return;
+    };
+    let _serial = exclusive();
+    let dir = TempDir::new("unwind-go-threads");
+    let bin = build_go_fixture(&go, &dir);
+    let fixture = spawn_fixture_args(Path::new(&bin), &["20", "threads"]);
+    let out = dir.file("go.folded");
+    let pid = fixture.pid().to_string();
+    let args = ["-p", &pid, "-F", "999", "-d", "3s", "-o", &out];
+    let output = record(&args);
+    expect_success(&output, &format!("profiler record {args:?}"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (text, stacks) = read_folded(Path::new(&out));
+    let entry = |x: &String| {
+        let name = x.strip_suffix(".abi0").unwrap_or(x);
+        profiler::unwind::table::GO_STACK_BASES.contains(&name)
+    };
+    let total = samples(&stacks, |f| f[0] == "fx-go");
+    let on_threads = samples(&stacks, |f| f[0] == "fx-go" && f.iter().any(entry));
+    let rooted = samples(&stacks, |f| f[0] == "fx-go" && f.get(1).is_some_and(entry));
+    let cut = samples(&stacks, |f| {
+        f[0] == "fx-go" && f.iter().any(|x| x.starts_with("[truncated"))
+    });
+    // Cut short through a stack base: the walk went on past it.
+    let cut_through = samples(&stacks, |f| {
+        f[0] == "fx-go" && f.iter().any(|x| x.starts_with("[truncated")) && f.iter().any(entry)
+    });
+    eprintln!(
+        "go threads: {rooted} of {on_threads} samples through a thread entry end there; \
+         {cut} of {total} cut short\n{stderr}"
+    );
+    assert!(
+        on_threads >= 10,
+        "only {on_threads} of {total} samples on the runtime's own stacks: the fixture does \
+         not test them; {}",
+        head(&text, 20)
+    );
+    assert_eq!(
+        rooted,
+        on_threads,
+        "stacks go on beyond the thread entry; {}",
+        head(&text, 30)
+    );
+    // A sample at a function's first instructions (before `push %rbp`) loses its caller to
+    // any frame-pointer walk; when that caller is a stack base, the walk goes on from a frame
+    // pointer that is not this stack's and is cut short ("no mapping"). Those are counted
+    // above, not asserted: only the walks through a stack base must end there.
+    assert_eq!(
+        cut_through,
+        0,
+        "Go stacks cut short past a stack base; {}",
+        head(&text, 30)
     );
 }
 

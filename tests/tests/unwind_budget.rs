@@ -2,7 +2,9 @@
 //! python3's table or libc's but not both, a python3 process sampled next to fx-unwind (whose
 //! stacks cross libc) makes the loader evict tables; once python3 has exited, fx-unwind's
 //! stacks are whole again (its libc table re-loaded), and the capture says how many tables
-//! were evicted and how much kernel memory the tables took.
+//! were evicted and how much kernel memory the tables took. And the compile pool: a small
+//! program started next to one mapping a huge library is walked by table while the huge
+//! library's table is still being compiled.
 
 use std::path::Path;
 use std::process::Command;
@@ -14,6 +16,7 @@ use profiler_tests::{
 };
 
 const FIXTURE: &str = env!("FIXTURE_FX_UNWIND");
+const FX_BIG: &str = env!("FIXTURE_FX_BIG");
 
 /// Rows of the table the profiler compiles for the binary at `path`.
 fn rows(path: &Path) -> u64 {
@@ -48,9 +51,10 @@ fn mapped(pid: u32, prefix: &str) -> String {
     }
 }
 
-/// One sample of `report -o x.perf.txt`: comm, time (s), frames leaf first.
+/// One sample of `report -o x.perf.txt`: comm, pid, time (s), frame names leaf first.
 struct Sample {
     comm: String,
+    pid: u32,
     time: f64,
     frames: Vec<String>,
 }
@@ -61,11 +65,20 @@ fn perf_samples(text: &str) -> Vec<Sample> {
             let mut lines = block.lines().filter(|l| !l.is_empty());
             let head: Vec<&str> = lines.next()?.split_whitespace().collect();
             let time = head.get(3)?.trim_end_matches(':').parse().ok()?;
+            // "\tADDR NAME (MODULE)": names may hold spaces (`[truncated: not loaded]`).
             let frames = lines
-                .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+                .filter_map(|l| {
+                    let (_, rest) = l.trim().split_once(' ')?;
+                    Some(
+                        rest.rsplit_once(" (")
+                            .map_or(rest, |(name, _)| name)
+                            .to_owned(),
+                    )
+                })
                 .collect();
             Some(Sample {
                 comm: head[0].to_owned(),
+                pid: head.get(1)?.split_once('/')?.0.parse().ok()?,
                 time,
                 frames,
             })
@@ -218,6 +231,100 @@ fn tables_evicted_for_another_process_come_back_whole() {
          stack\n{}\n{stderr}",
         late.len(),
         broken.join("\n")
+    );
+}
+
+/// The compile pool: fx-big maps a library with 8 MiB of .eh_frame (seconds to compile) and
+/// is sampled first, then fx-unwind starts. One thread compiling tables in turn loaded
+/// fx-unwind only after fx-big's library; the pool's small lane compiles fx-unwind's
+/// tables beside it, so fx-unwind's first whole stack comes while fx-big is still walked
+/// without its tables ("not loaded"). The assertion is on the order of samples in the
+/// recording, not on how long anything took.
+#[test]
+fn small_program_is_not_held_up_by_a_huge_table() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("unwind-pool");
+    let capture = dir.file("pool.capture");
+    // No disk cache: a table cached by an earlier run would load at once.
+    let mut rec = Running::start(&[
+        "record",
+        "-v",
+        "-F",
+        "999",
+        "-d",
+        "8s",
+        "--unwind",
+        "dwarf",
+        "--unwind-cache",
+        "off",
+        "--comm",
+        "fx-big",
+        "--comm",
+        "fx-unwind",
+        "-o",
+        &capture,
+    ]);
+    rec.wait_for("sampling ");
+    let big = spawn_fixture_args(Path::new(FX_BIG), &["30"]);
+    let big_pid = big.pid();
+    // fx-big spins at once: its first samples (and its tables' compiles) come first.
+    std::thread::sleep(Duration::from_millis(500));
+    let small = spawn_fixture_args(Path::new(FIXTURE), &["30", "qsort"]);
+    let small_pid = small.pid();
+    let (status, stderr) = rec.finish();
+    assert!(status.success(), "record failed:\n{stderr}");
+    drop((big, small));
+
+    let text = dir.file("pool.perf.txt");
+    let out = report(&[&capture, "-o", &text]);
+    expect_success(&out, "report -o perf.txt");
+    let samples = perf_samples(&std::fs::read_to_string(&text).expect("reading perf.txt"));
+    let not_loaded = |s: &Sample| {
+        s.frames
+            .last()
+            .is_some_and(|f| f == "[truncated: not loaded]")
+    };
+    // By pid: other tests' fixtures of the same name may run on the machine.
+    let of = |pid: u32| samples.iter().filter(move |s| s.pid == pid);
+    let big_waited = of(big_pid)
+        .filter(|s| not_loaded(s))
+        .map(|s| s.time)
+        .fold(f64::NAN, f64::max);
+    let small_whole: Vec<f64> = of(small_pid)
+        .filter(|s| whole(&s.frames))
+        .map(|s| s.time)
+        .collect();
+    let start = samples.iter().map(|s| s.time).fold(f64::NAN, f64::min);
+    let (small_total, small_waited) = (
+        of(small_pid).count(),
+        of(small_pid).filter(|s| not_loaded(s)).count(),
+    );
+    let first_whole = small_whole.iter().copied().fold(f64::NAN, f64::min);
+    eprintln!(
+        "fx-unwind: {} of {small_total} samples whole, {small_waited} not loaded, first whole \
+         at +{:.3} s; fx-big last not loaded at +{:.3} s\n{stderr}",
+        small_whole.len(),
+        first_whole - start,
+        big_waited - start
+    );
+    assert!(
+        big_waited.is_finite(),
+        "fx-big never waited for its table: the test needs a table that takes long\n{stderr}"
+    );
+    assert!(
+        small_whole.len() >= 50,
+        "only {} of fx-unwind's {small_total} samples whole\n{stderr}",
+        small_whole.len()
+    );
+    assert!(
+        first_whole < big_waited,
+        "fx-unwind was first walked whole at +{:.3} s, after fx-big's huge table was loaded \
+         (its last sample without tables at +{:.3} s): the small program waited behind it",
+        first_whole - start,
+        big_waited - start
     );
 }
 

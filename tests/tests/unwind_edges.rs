@@ -3,19 +3,25 @@
 //! vDSO, a static binary, and Rust built without frame pointers. Each asserts that >= 95% of
 //! the fixture's samples have the whole chain from `_start`, and that the same assertion
 //! fails with `--unwind fp` (the negative control: the fixture really needs the tables).
+//! The vDSO case runs twice: a process seeded from /proc (`-p`), and one started after the
+//! recording began, whose mappings (`[vdso]` among them) come from the kernel's MMAP2 records.
+//! A binary whose CFI is in .debug_frame only, its own or its separate debug file's.
 //! Deep recursion, dlopen and Go are in unwind.rs; agreement with perf in unwind_perf.rs.
 
 use std::path::Path;
 use std::process::Command;
 
 use profiler_tests::{
-    Stack, TempDir, exclusive, expect_success, has_chain, head, read_folded, record, require_bpf,
-    samples, spawn_fixture_args,
+    InstalledDebugFile, Running, Stack, TempDir, build_id, exclusive, expect_success, has_chain,
+    head, is_kernel, read_folded, record, require_bpf, samples, spawn_fixture_args,
 };
 
 const FX_EDGES: &str = env!("FIXTURE_FX_EDGES");
 const FX_STATIC: &str = env!("FIXTURE_FX_STATIC");
 const FX_RUST_NOFP: &str = env!("FIXTURE_FX_RUST_NOFP");
+const FX_DEBUG_FRAME: &str = env!("FIXTURE_FX_DEBUG_FRAME");
+const FX_DFRAME_STRIP: &str = env!("FIXTURE_FX_DFRAME_STRIP");
+const FX_DFRAME_STRIP_DEBUG: &str = env!("FIXTURE_FX_DFRAME_STRIP_DEBUG");
 
 /// One recording of a fixture run by `--pid` (its tables load before sampling starts).
 struct Run {
@@ -34,8 +40,21 @@ fn record_fixture(fixture: &str, args: &[&str], unwind: &str, secs: u32) -> Run 
     let duration = format!("{secs}s");
     // 999 Hz: cpu-clock counts only the fixture's running time, and on a loaded machine
     // (load 24 on 2 CPUs) 3 s at 499 Hz gave fewer than 100 samples.
+    // No disk cache: each run compiles its tables (a table cached before a debug file was
+    // installed would hide it).
     let ours = [
-        "-p", &pid, "-F", "999", "-d", &duration, "--unwind", unwind, "-o", &out,
+        "-p",
+        &pid,
+        "-F",
+        "999",
+        "-d",
+        &duration,
+        "--unwind",
+        unwind,
+        "--unwind-cache",
+        "off",
+        "-o",
+        &out,
     ];
     let output = record(&ours);
     expect_success(&output, &format!("profiler record {ours:?}"));
@@ -45,6 +64,44 @@ fn record_fixture(fixture: &str, args: &[&str], unwind: &str, secs: u32) -> Run 
         text,
         stacks: stacks.into_iter().filter(|(f, _)| f[0] == comm).collect(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// One recording of a fixture started after sampling began (`--comm`): its mappings come
+/// from the kernel's MMAP2 records, not /proc. Its stacks are picked by pid (`--group-by
+/// pid`): other tests' fixtures of the same name may be running on the machine.
+fn record_new_fixture(fixture: &str, args: &[&str], unwind: &str, secs: u32) -> Run {
+    let name = Path::new(fixture).file_name().unwrap().to_string_lossy();
+    let comm: String = name.chars().take(15).collect();
+    let dir = TempDir::new(&format!("unwind-edges-new-{name}-{unwind}"));
+    let out = dir.file("out.folded");
+    let duration = format!("{secs}s");
+    let ours = [
+        "record",
+        "-F",
+        "999",
+        "-d",
+        &duration,
+        "--unwind",
+        unwind,
+        "--comm",
+        &comm,
+        "--group-by",
+        "pid",
+        "-o",
+        &out,
+    ];
+    let mut rec = Running::start(&ours);
+    rec.wait_for("sampling ");
+    let process = spawn_fixture_args(Path::new(fixture), args);
+    let root = format!("{comm} [{}]", process.pid());
+    let (status, stderr) = rec.finish();
+    assert!(status.success(), "profiler {ours:?} failed:\n{stderr}");
+    let (text, stacks) = read_folded(Path::new(&out));
+    Run {
+        text,
+        stacks: stacks.into_iter().filter(|(f, _)| f[0] == root).collect(),
+        stderr,
     }
 }
 
@@ -128,6 +185,7 @@ fn fixtures_have_no_frame_pointer_prologue() {
     ];
     assert_no_frame_pointer_prologue(FX_EDGES, &c);
     assert_no_frame_pointer_prologue(FX_STATIC, &c);
+    assert_no_frame_pointer_prologue(FX_DEBUG_FRAME, &["main", "a", "b", "spin"]);
     let rust = ["rust_outer", "rust_middle", "rust_inner"].map(|f| format!("fx_rust_nofp::{f}"));
     assert_no_frame_pointer_prologue(FX_RUST_NOFP, &rust.each_ref().map(String::as_str));
 }
@@ -228,6 +286,56 @@ fn leaf_in_the_vdso_reaches_main() {
     assert_fp_fails(FX_EDGES, &args, &chain, "vdso");
 }
 
+/// The vDSO leaf in a process started after the recording began: its mappings, `[vdso]`
+/// among them, come from the kernel's MMAP2 records. Samples from before its tables were
+/// loaded (`[truncated: not loaded]`, walked by frame pointer) are left out; every other
+/// sample is whole (those with the leaf in the vDSO too) and none from `main` on is cut
+/// short for another reason.
+#[test]
+fn leaf_in_the_vdso_of_a_new_process_reaches_main() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let args = ["4", "vdso"];
+    let chain = ["main", "a", "b", "vdso_loop"];
+    let run = record_new_fixture(FX_EDGES, &args, "dwarf", 5);
+    let loaded = |f: &[String]| f.get(1).is_none_or(|r| r != "[truncated: not loaded]");
+    assert_whole(&run, &chain, loaded, 100, "vdso, new process");
+    // Named here: the collector names the vDSO from its own copy of the image (`/proc`
+    // seeding leaves it `[unknown]`), so the leaf is the vDSO's clock_gettime under libc's.
+    let in_vdso = |f: &[String]| {
+        let user: Vec<&String> = f.iter().filter(|x| !is_kernel(x)).collect();
+        loaded(f) && user.ends_with(&[&"clock_gettime".to_owned(), &"clock_gettime".to_owned()])
+    };
+    assert_whole(&run, &chain, in_vdso, 20, "vdso leaf, new process");
+    let (total, vdso) = (samples(&run.stacks, loaded), samples(&run.stacks, in_vdso));
+    assert!(
+        vdso * 100 >= total * 20,
+        "only {vdso} of {total} samples in the vDSO; {}",
+        head(&run.text, 20)
+    );
+    // In its loop: the process's start-up (ld.so mapping libc, whose table may still be
+    // compiling) has a window of its own, not the vDSO's.
+    let cut = |f: &[String]| {
+        loaded(f) && f.iter().any(|x| x == "main") && f.iter().any(|x| x.starts_with("[truncated"))
+    };
+    let cut_stacks: Vec<String> = run
+        .stacks
+        .iter()
+        .filter(|(f, _)| cut(f))
+        .take(5)
+        .map(|(f, n)| format!("{} {n}", f.join(";")))
+        .collect();
+    assert_eq!(
+        samples(&run.stacks, cut),
+        0,
+        "stacks cut short:\n{}\n{}",
+        cut_stacks.join("\n"),
+        head(&run.text, 20)
+    );
+}
+
 /// A static binary (its own libc inside, no frame pointers): one table from its .eh_frame.
 #[test]
 fn static_binary_is_walked_by_its_own_table() {
@@ -267,4 +375,90 @@ fn rust_without_frame_pointers_is_whole() {
     let run = record_fixture(FX_RUST_NOFP, &args, "dwarf", 3);
     assert_whole(&run, &chain, |_| true, 100, "rust");
     assert_fp_fails(FX_RUST_NOFP, &args, &chain, "rust");
+}
+
+/// The address of function `name` in the symbol table of the ELF file at `path`.
+fn symbol(path: &str, name: &str) -> u64 {
+    let out = Command::new("nm")
+        .arg(path)
+        .output()
+        .expect("running nm (binutils)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| {
+            let mut w = l.split_whitespace();
+            let (addr, _, sym) = (w.next()?, w.next()?, w.next()?);
+            (sym == name).then(|| u64::from_str_radix(addr, 16).ok())?
+        })
+        .unwrap_or_else(|| panic!("nm {path} shows no {name}"))
+}
+
+/// The premise of the .debug_frame tests, without root: the stripped fx-dframe-strip's
+/// .eh_frame does not describe `b`; the table compiled with its debug file's .debug_frame
+/// does (CFA from RSP), and so does fx-debug-frame's own.
+#[test]
+fn debug_frame_covers_what_eh_frame_leaves_out() {
+    use profiler::unwind::table::compile_with_debug;
+    use profiler_common::unwind::kind;
+    let b = symbol(FX_DFRAME_STRIP_DEBUG, "b");
+    let stripped = std::fs::read(FX_DFRAME_STRIP).unwrap();
+    let debug = std::fs::read(FX_DFRAME_STRIP_DEBUG).unwrap();
+    let kind_at = |table: &profiler::unwind::table::Table| table.lookup(b).map(|r| r.kind);
+    let alone = compile_with_debug(&stripped, |_| None::<&[u8]>).unwrap();
+    assert!(
+        matches!(kind_at(&alone), None | Some(kind::NONE)),
+        ".eh_frame describes b: {:?}",
+        alone.lookup(b)
+    );
+    let with_debug = compile_with_debug(&stripped, |_| Some(&debug[..])).unwrap();
+    assert_eq!(kind_at(&with_debug), Some(kind::CFA_RSP), "{with_debug:?}");
+    let own = std::fs::read(FX_DEBUG_FRAME).unwrap();
+    let own_table = profiler::unwind::table::compile(&own).unwrap();
+    assert_eq!(
+        own_table
+            .lookup(symbol(FX_DEBUG_FRAME, "b"))
+            .map(|r| r.kind),
+        Some(kind::CFA_RSP)
+    );
+}
+
+/// A binary whose own functions are described by .debug_frame only (built with
+/// -fno-asynchronous-unwind-tables -fno-unwind-tables -g): whole by table, not by frame
+/// pointer.
+#[test]
+fn debug_frame_only_binary_is_whole() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let args = ["20"];
+    let chain = ["main", "a", "b", "spin"];
+    let run = record_fixture(FX_DEBUG_FRAME, &args, "dwarf", 3);
+    assert_whole(&run, &chain, |_| true, 100, "debug_frame");
+    assert_fp_fails(FX_DEBUG_FRAME, &args, &chain, "debug_frame");
+}
+
+/// The same binary stripped: its .debug_frame (and names) are in a separate debug file,
+/// found by build id under /usr/lib/debug/.build-id.
+#[test]
+fn debug_frame_from_a_debug_file_found_by_build_id() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let id = build_id(FX_DFRAME_STRIP);
+    assert_eq!(
+        id,
+        build_id(FX_DFRAME_STRIP_DEBUG),
+        "the debug file is the binary's"
+    );
+    let _installed = InstalledDebugFile::new(&id, FX_DFRAME_STRIP_DEBUG);
+    let run = record_fixture(FX_DFRAME_STRIP, &["20"], "dwarf", 3);
+    assert_whole(
+        &run,
+        &["main", "a", "b", "spin"],
+        |_| true,
+        100,
+        "debug file",
+    );
 }

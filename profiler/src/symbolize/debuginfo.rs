@@ -52,7 +52,7 @@ fn gnu_build_id(notes: &[u8]) -> Option<Vec<u8>> {
 /// binary's directory. A candidate with a build id must carry the binary's. Candidates are
 /// opened as files of the process (`untrusted`): the binary and the directory it names are
 /// the process's, and a link name is only a file name (a `../` one is ignored).
-pub(super) fn find_debug_file(
+pub(crate) fn find_debug_file(
     path: &Path,
     original: &Path,
     build_id: Option<&[u8]>,

@@ -1,25 +1,31 @@
-//! Runs the `Loader` on a thread of its own: compiling a large binary's table takes from
-//! milliseconds to seconds, and the reader that drains the ring buffer must never wait for
-//! it. The reader reads each new process's mappings at once (while the process still lives)
-//! and loads them itself when every binary's table is already in (a few syscalls: a new
-//! process of a known program is walked by table from its next samples); otherwise it queues
-//! them for the thread. Until its tables are in, the kernel walks a process by frame pointer.
+//! Runs the `Loader` on a thread of its own, and the table compiles on a small `pool`:
+//! compiling a large binary's table takes from milliseconds to seconds, and the reader that
+//! drains the ring buffer must never wait for it, nor a small program's tables for a huge
+//! one's. The reader reads each new process's mappings at once (while the process still
+//! lives) and loads them itself when every binary's table is already in (a few syscalls: a
+//! new process of a known program is walked by table from its next samples); otherwise it
+//! queues them for the thread, which asks the pool for the missing tables and loads the
+//! process once the last of them is compiled. Until then, the kernel walks a process by
+//! frame pointer.
 use std::{
-    collections::HashMap,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-        mpsc,
-    },
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
 };
 
-use super::{Loader, LoaderStats, MappingSpec, ProcessEvent, proc_mappings};
+use super::{
+    Loader, LoaderStats, MappingSpec, ProcessEvent,
+    loader::BinaryKey,
+    pool::{self, CompilePool, Compiled, Submitted},
+    proc_mappings,
+};
 
-/// Work for the loader thread, in the order the collector saw it.
+/// Work for the loader thread, in the order the collector (or the pool) sent it.
 enum Job {
     Load(u32, Vec<MappingSpec>),
     Forget(u32),
+    Compiled(BinaryKey, Compiled),
+    Stop,
 }
 
 pub struct BackgroundLoader {
@@ -27,7 +33,6 @@ pub struct BackgroundLoader {
     loader: Arc<Mutex<Loader>>,
     /// A copy of the loader's stats, readable while the thread holds the loader.
     stats: Arc<Mutex<LoaderStats>>,
-    stop: Arc<AtomicBool>,
     /// When each sampled pid's mappings were last read: a process is read again at most
     /// every RELOAD_INTERVAL (its walks may keep leaving the mappings, e.g. in JIT code).
     /// Its keys are the processes that were sampled and have not exited.
@@ -35,6 +40,10 @@ pub struct BackgroundLoader {
 }
 
 const RELOAD_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Processes waiting for tables at most; beyond, a new one is left to frame pointers until
+/// the collector asks for it again (a walk that leaves its mappings).
+const MAX_WAITING: usize = 4096;
 
 /// Loads one process and mirrors the loader's stats.
 fn load(loader: &mut Loader, stats: &Mutex<LoaderStats>, pid: u32, mappings: &[MappingSpec]) {
@@ -44,47 +53,142 @@ fn load(loader: &mut Loader, stats: &Mutex<LoaderStats>, pid: u32, mappings: &[M
             crate::util::chain(&e)
         );
     }
+    mirror(loader, stats);
+}
+
+fn mirror(loader: &Loader, stats: &Mutex<LoaderStats>) {
     if let Ok(mut s) = stats.lock() {
         *s = loader.stats;
     }
 }
 
+/// A process waiting for the tables of some of its binaries.
+struct Waiting {
+    /// Its latest mappings.
+    mappings: Vec<MappingSpec>,
+    /// The binaries whose tables it waits for (keys taken once, not a file stat per check).
+    missing: HashSet<BinaryKey>,
+    /// Whether the pool refused one of them (a full lane): asked again at each table done.
+    refused: bool,
+}
+
+/// The loader thread's state: processes waiting for tables the pool compiles.
+struct Thread {
+    loader: Arc<Mutex<Loader>>,
+    stats: Arc<Mutex<LoaderStats>>,
+    pool: CompilePool,
+    waiting: HashMap<u32, Waiting>,
+}
+
+impl Thread {
+    /// Does `job`; false to stop.
+    fn run(&mut self, job: Job) -> bool {
+        let Ok(mut loader) = self.loader.lock() else {
+            return false;
+        };
+        match job {
+            Job::Load(pid, mappings) => {
+                if loader.knows_all(&mappings) {
+                    self.waiting.remove(&pid);
+                    load(&mut loader, &self.stats, pid, &mappings);
+                } else if self.waiting.len() < MAX_WAITING || self.waiting.contains_key(&pid) {
+                    let (missing, refused) = request(&self.pool, &loader, &mappings);
+                    self.waiting.insert(
+                        pid,
+                        Waiting {
+                            mappings,
+                            missing,
+                            refused,
+                        },
+                    );
+                } else {
+                    log::debug!("pid {pid}: {MAX_WAITING} processes wait for tables already");
+                }
+            }
+            Job::Forget(pid) => {
+                self.waiting.remove(&pid);
+                loader.forget_process(pid);
+                mirror(&loader, &self.stats);
+            }
+            Job::Compiled(key, compiled) => {
+                loader.add_compiled(key, compiled);
+                self.pool.finished(key);
+                let mut done = Vec::new();
+                for (pid, w) in &mut self.waiting {
+                    w.missing.remove(&key);
+                    if w.refused {
+                        // Asked again: the lane may have room now.
+                        (w.missing, w.refused) = request(&self.pool, &loader, &w.mappings);
+                    }
+                    if w.missing.is_empty() {
+                        done.push(*pid);
+                    }
+                }
+                for pid in done {
+                    if let Some(w) = self.waiting.remove(&pid) {
+                        load(&mut loader, &self.stats, pid, &w.mappings);
+                    }
+                }
+            }
+            Job::Stop => return false,
+        }
+        true
+    }
+}
+
+/// Asks the pool for the tables `mappings` lack (each binary is queued once); returns
+/// the binaries to wait for, and whether the pool refused one.
+fn request(
+    pool: &CompilePool,
+    loader: &Loader,
+    mappings: &[MappingSpec],
+) -> (HashSet<BinaryKey>, bool) {
+    let mut refused = false;
+    let missing = loader
+        .missing(mappings)
+        .filter_map(|(key, m)| match pool.submit(key, m) {
+            Submitted::Queued => Some(key),
+            Submitted::Full => {
+                log::debug!("{}: not queued for a table yet", m.path.display());
+                refused = true;
+                Some(key)
+            }
+            // Loading the process will leave it out.
+            Submitted::Unreadable => None,
+        })
+        .collect();
+    (missing, refused)
+}
+
 impl BackgroundLoader {
+    /// Starts the loader thread and `pool::DEFAULT_THREADS` compile threads.
     pub fn spawn(loader: Loader) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<Job>();
         let stats = Arc::new(Mutex::new(loader.stats));
+        let to_loader = Mutex::new(tx.clone());
+        let pool = CompilePool::spawn(
+            pool::DEFAULT_THREADS,
+            loader.cache().cloned(),
+            Box::new(move |key, compiled| {
+                if let Ok(tx) = to_loader.lock() {
+                    let _ = tx.send(Job::Compiled(key, compiled));
+                }
+            }),
+        )?;
         let loader = Arc::new(Mutex::new(loader));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (thread_loader, thread_stats, thread_stop) =
-            (Arc::clone(&loader), Arc::clone(&stats), Arc::clone(&stop));
+        let mut thread = Thread {
+            loader: Arc::clone(&loader),
+            stats: Arc::clone(&stats),
+            pool,
+            waiting: HashMap::new(),
+        };
         std::thread::Builder::new()
             .name("unwind-loader".into())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    if thread_stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let Ok(mut loader) = thread_loader.lock() else {
-                        break;
-                    };
-                    match job {
-                        Job::Load(pid, mappings) => {
-                            load(&mut loader, &thread_stats, pid, &mappings);
-                        }
-                        Job::Forget(pid) => {
-                            loader.forget_process(pid);
-                            if let Ok(mut s) = thread_stats.lock() {
-                                *s = loader.stats;
-                            }
-                        }
-                    }
-                }
-            })?;
+            .spawn(move || while rx.recv().is_ok_and(|job| thread.run(job)) {})?;
         Ok(Self {
             tx: Some(tx),
             loader,
             stats,
-            stop,
             last_read: Mutex::new(HashMap::new()),
         })
     }
@@ -172,10 +276,11 @@ impl BackgroundLoader {
 }
 
 impl Drop for BackgroundLoader {
-    /// Abandons what is still queued. The thread is not joined: it may be in the middle of
-    /// a large binary, and it ends by itself after that one.
+    /// Abandons what is still queued. The threads are not joined: a compile thread may be
+    /// in the middle of a large binary, and it ends by itself after that one.
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.tx = None;
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(Job::Stop);
+        }
     }
 }

@@ -18,7 +18,7 @@ use profiler_common::unwind::{
     MAX_MAPPINGS, ProcMappings, SEARCH_STEPS, UnwindMapping, UnwindRow, mapping,
 };
 
-use super::{UnwindMode, budget::RowSpace, rows_view::RowsView, table};
+use super::{UnwindMode, budget::RowSpace, pool::Compiled, rows_view::RowsView, table};
 
 /// One executable file mapping of a process.
 #[derive(Clone, Debug)]
@@ -46,7 +46,7 @@ impl PartialEq for MappingSpec {
 impl Eq for MappingSpec {}
 
 impl MappingSpec {
-    fn open(&self) -> Option<File> {
+    pub(super) fn open(&self) -> Option<File> {
         match &self.file {
             Some(f) => f.try_clone().ok(),
             None => File::open(&self.path).ok(),
@@ -56,7 +56,7 @@ impl MappingSpec {
     /// (device, inode) of the file, without opening it when it is open already, and without
     /// a syscall when the collector read it when it opened the file (a process's mappings
     /// are looked up at each load: an fstat each was 4% of the agent's CPU under churn).
-    fn key(&self) -> Option<(u64, u64)> {
+    pub(super) fn key(&self) -> Option<(u64, u64)> {
         if let Some(k) = self.key {
             return Some(k);
         }
@@ -68,7 +68,8 @@ impl MappingSpec {
     }
 }
 
-type BinaryKey = (u64, u64);
+/// A binary's identity: (device, inode).
+pub type BinaryKey = (u64, u64);
 
 /// One binary known to the loader: where its table sits in UNWIND_ROWS, or that it is walked
 /// by frame pointer.
@@ -145,6 +146,8 @@ pub struct Loader {
     clock: u64,
     /// Compiled tables kept on disk between runs.
     cache: Option<super::cache::TableCache>,
+    /// Tables compiled elsewhere (the `pool`), taken by the first process that maps them.
+    ready: HashMap<BinaryKey, Compiled>,
     pub stats: LoaderStats,
 }
 
@@ -179,6 +182,7 @@ impl Loader {
             ever_loaded: HashSet::new(),
             clock: 0,
             cache: None,
+            ready: HashMap::new(),
             stats: LoaderStats {
                 rows_capacity: u64::from(capacity),
                 ..LoaderStats::default()
@@ -189,6 +193,17 @@ impl Loader {
     /// Reads tables from `cache` before compiling them, and keeps those it compiles there.
     pub fn set_cache(&mut self, cache: super::cache::TableCache) {
         self.cache = Some(cache);
+    }
+
+    /// The disk cache, for compilers running beside the loader (`pool`).
+    pub fn cache(&self) -> Option<&super::cache::TableCache> {
+        self.cache.as_ref()
+    }
+
+    /// Hands over a table compiled elsewhere (`pool`): the next process that maps binary
+    /// `key` loads it without compiling.
+    pub fn add_compiled(&mut self, key: BinaryKey, compiled: Compiled) {
+        self.ready.insert(key, compiled);
     }
 
     /// Loads the executable mappings of `pid` (and the tables of binaries not loaded yet)
@@ -252,9 +267,21 @@ impl Loader {
     /// Whether every binary of `mappings` has been compiled already (loading them is then
     /// a few syscalls, no table to build).
     pub fn knows_all(&self, mappings: &[MappingSpec]) -> bool {
-        mappings.iter().all(|m| {
-            m.key()
-                .is_some_and(|k| self.binaries.get(&k).is_some_and(Binary::settled))
+        self.missing(mappings).next().is_none()
+    }
+
+    /// The mappings of `mappings` whose binary's table would be compiled by loading them
+    /// (neither loaded nor handed over by `add_compiled`), with the binary's key.
+    pub fn missing<'a>(
+        &'a self,
+        mappings: &'a [MappingSpec],
+    ) -> impl Iterator<Item = (BinaryKey, &'a MappingSpec)> + 'a {
+        // A file that cannot be read is left out by `load_process` too.
+        mappings.iter().filter_map(|m| {
+            let key = m.key()?;
+            let known = self.ready.contains_key(&key)
+                || self.binaries.get(&key).is_some_and(Binary::settled);
+            (!known).then_some((key, m))
         })
     }
 
@@ -360,28 +387,13 @@ impl Loader {
             last_used: self.clock,
             retry_at: None,
         };
-        let started = std::time::Instant::now();
-        let compiled = match &self.cache {
-            Some(cache) => {
-                let cache_key = super::cache::key(data);
-                match cache.get(&cache_key) {
-                    Some(t) => {
-                        self.stats.cache_hits += 1;
-                        Ok(t)
-                    }
-                    None => {
-                        let compiled = table::compile(data);
-                        if let Ok(t) = &compiled {
-                            cache.put(&cache_key, t);
-                        }
-                        compiled
-                    }
-                }
-            }
-            None => table::compile(data),
-        };
-        self.stats.compile_ns += started.elapsed().as_nanos() as u64;
-        let table = match compiled {
+        let compiled = self
+            .ready
+            .remove(&key)
+            .unwrap_or_else(|| Compiled::new(path, data, self.cache.as_ref()));
+        self.stats.compile_ns += compiled.ns;
+        self.stats.cache_hits += u64::from(compiled.cache_hit);
+        let table = match compiled.table {
             Ok(t) => t,
             Err(e) => {
                 log::debug!(
@@ -398,6 +410,7 @@ impl Loader {
         let len = table.rows.len() as u32;
         if by_fp {
             self.stats.binaries_fp += 1;
+            self.add_stops(&mut binary, data, key, pinned);
             return Some(binary);
         }
         let start = if len > 1 << SEARCH_STEPS || len > self.space.capacity() {
@@ -436,6 +449,41 @@ impl Loader {
         self.stats.rows_now = u64::from(self.space.used());
         self.stats.binaries_table += 1;
         Some(binary)
+    }
+
+    /// Gives a binary walked by frame pointer its STOP rows (`table::go_stops`), when it has
+    /// any and they fit; it stays walked by frame pointer.
+    fn add_stops(
+        &mut self,
+        binary: &mut Binary,
+        data: &[u8],
+        key: BinaryKey,
+        pinned: &HashSet<BinaryKey>,
+    ) {
+        let rows = table::go_stops(data);
+        let len = rows.len() as u32;
+        if len == 0 || len > self.space.capacity() {
+            return;
+        }
+        let Some(start) = self.make_room(len, key, pinned) else {
+            return;
+        };
+        // As in `load_binary`: a range RowSpace handed out, read by no walk yet.
+        match self.rows.rows_mut(start, len) {
+            Ok(dst) => {
+                dst.copy_from_slice(&rows);
+                self.stats.mapped_bytes = self.rows.mapped_bytes();
+            }
+            Err(e) => {
+                log::debug!("cannot map the Go stack-base rows: {e}");
+                self.space.release(start, len);
+                return;
+            }
+        }
+        binary.table_start = start;
+        binary.table_len = len;
+        self.stats.rows += u64::from(len);
+        self.stats.rows_now = u64::from(self.space.used());
     }
 
     /// Takes `len` rows, evicting least recently used binaries when needed: first those no
@@ -508,7 +556,7 @@ impl Loader {
 }
 
 /// A read-only view of a file's bytes.
-struct Mmap {
+pub(super) struct Mmap {
     ptr: *mut libc::c_void,
     len: usize,
 }
@@ -530,7 +578,7 @@ impl Drop for Mmap {
 
 /// # Safety
 /// The file must not be truncated while the view lives.
-unsafe fn memmap(file: &std::fs::File, len: u64) -> Option<Mmap> {
+pub(super) unsafe fn memmap(file: &std::fs::File, len: u64) -> Option<Mmap> {
     let len = usize::try_from(len).ok().filter(|l| *l > 0)?;
     // SAFETY: a private read-only mapping of an open file.
     let ptr = unsafe {

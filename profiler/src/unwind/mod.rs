@@ -1,10 +1,12 @@
 //! Unwinding without frame pointers (`--unwind dwarf|auto`), beside `bpf`: `table` compiles a
-//! binary's .eh_frame into rows, `loader` puts the rows and each process's mappings into the
-//! kernel maps that the sampler's table walk (profiler-ebpf `unwind`) reads.
+//! binary's .eh_frame into rows (on the `pool`'s threads), `loader` puts the rows and each
+//! process's mappings into the kernel maps that the sampler's table walk (profiler-ebpf
+//! `unwind`) reads.
 pub mod background;
 pub mod budget;
 pub mod cache;
 pub mod loader;
+pub mod pool;
 pub mod procmaps;
 pub mod report;
 pub mod rows_view;

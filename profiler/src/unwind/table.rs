@@ -1,12 +1,12 @@
-//! Unwind-table compiler, first step of table unwinding: a binary's `.eh_frame` becomes one
-//! sorted list of compact rows (`UnwindRow`, 8 bytes) that the kernel walk
+//! Unwind-table compiler, first step of table unwinding: a binary's `.eh_frame` (and its
+//! `.debug_frame` where `.eh_frame` covers little of the code) becomes one sorted list of compact rows (`UnwindRow`, 8 bytes) that the kernel walk
 //! (profiler-ebpf `unwind`) can binary-search: per address range, where the caller's stack
 //! pointer (the CFA) is and where RBP was saved. The return address is at CFA - 8 on x86_64.
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, ReaderOffset, Register, RegisterRule,
-    UnwindContext, UnwindSection,
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, ReaderOffset,
+    Register, RegisterRule, UnwindContext, UnwindSection,
 };
-use object::{Object, ObjectSection, ObjectSegment};
+use object::{Object, ObjectSection, ObjectSegment, SectionKind};
 use profiler_common::unwind::{UnwindRow, kind};
 
 /// DWARF register numbers on x86_64.
@@ -44,52 +44,119 @@ impl Table {
 pub enum TableError {
     #[error("not an ELF file we can read")]
     Elf(#[from] object::Error),
-    #[error("malformed .eh_frame")]
+    #[error("malformed .eh_frame or .debug_frame")]
     EhFrame(#[from] gimli::Error),
+    #[error("cannot read the file")]
+    Unreadable,
     #[error("code above 4 GiB (vaddr {0:#x}): tables hold 32-bit addresses")]
     TooHigh(u64),
 }
 
 /// Compiles the `.eh_frame` of the ELF image `data`. A binary without one gets an empty table.
 pub fn compile(data: &[u8]) -> Result<Table, TableError> {
+    compile_with_debug(data, |_| None::<&[u8]>)
+}
+
+/// (start, end, row) of every CFI row of a binary, in the order read.
+type Spans = Vec<(u64, u64, UnwindRow)>;
+
+/// `compile`, and where `.eh_frame` covers less than half of the code (built with
+/// `-fno-asynchronous-unwind-tables`, whose CFI gcc puts in `.debug_frame` alone), the
+/// functions it leaves out from `.debug_frame`: the binary's own, else that of its separate
+/// debug file, which `debug_file` is asked for only then (given the parsed binary).
+pub fn compile_with_debug<D: std::ops::Deref<Target = [u8]>>(
+    data: &[u8],
+    debug_file: impl FnOnce(&object::File<'_>) -> Option<D>,
+) -> Result<Table, TableError> {
     let file = object::File::parse(data)?;
-    let Some(section) = file.section_by_name(".eh_frame") else {
-        return Ok(Table::default());
-    };
-    let bytes = section.data()?;
-    let eh_frame = EhFrame::new(bytes, LittleEndian);
-    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+    let mut table = Table::default();
+    let mut spans: Spans = Vec::new();
+    let mut bases = BaseAddresses::default();
     if let Some(text) = file.section_by_name(".text") {
         bases = bases.set_text(text.address());
     }
     if let Some(got) = file.section_by_name(".got") {
         bases = bases.set_got(got.address());
     }
+    if let Some(section) = file.section_by_name(".eh_frame") {
+        let eh_frame = EhFrame::new(section.data()?, LittleEndian);
+        let bases = bases.clone().set_eh_frame(section.address());
+        read_section(&eh_frame, &bases, &mut table, &mut spans)?;
+    }
+    let code: u64 = file
+        .sections()
+        .filter(|s| s.kind() == SectionKind::Text)
+        .fold(0u64, |sum, s| sum.saturating_add(s.size()));
+    // Saturating: the sizes and ranges are the file's word, and it may lie.
+    let covered = spans.iter().fold(0u64, |sum, (a, b, _)| {
+        sum.saturating_add(b.saturating_sub(*a))
+    });
+    // Go binaries keep frame pointers and have no .eh_frame: their .debug_frame is not
+    // wanted (they are walked by frame pointer).
+    if covered.saturating_mul(2) >= code || file.section_by_name(".gopclntab").is_some() {
+        return finish(table, spans);
+    }
+    // Debug sections may be compressed (SHF_COMPRESSED): read them inflated.
+    let debug_frame_of = |f: &object::File<'_>| {
+        f.section_by_name(".debug_frame")?
+            .uncompressed_data()
+            .ok()
+            .map(std::borrow::Cow::into_owned)
+    };
+    let bytes = debug_frame_of(&file).or_else(|| {
+        let other = debug_file(&file)?;
+        debug_frame_of(&object::File::parse(&*other).ok()?)
+    });
+    if let Some(bytes) = bytes.as_deref() {
+        // FDEs of functions .eh_frame describes already are skipped (crt code has both).
+        let mut eh_ranges: Vec<(u64, u64)> = spans.iter().map(|(a, b, _)| (*a, *b)).collect();
+        eh_ranges.sort_unstable();
+        let mut debug_spans = Spans::new();
+        let mut debug_frame = DebugFrame::new(bytes, LittleEndian);
+        debug_frame.set_address_size(8);
+        read_section(&debug_frame, &bases, &mut table, &mut debug_spans)?;
+        spans.extend(debug_spans.into_iter().filter(|(start, _, _)| {
+            let i = eh_ranges.partition_point(|r| r.0 <= *start);
+            i == 0 || eh_ranges[i - 1].1 <= *start
+        }));
+    }
+    finish(table, spans)
+}
+
+/// Reads every FDE of `section` (`.eh_frame` or `.debug_frame`) into `spans`.
+fn read_section<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
+    section: &S,
+    bases: &BaseAddresses,
+    table: &mut Table,
+    spans: &mut Spans,
+) -> Result<(), gimli::Error> {
     let mut ctx = Box::new(UnwindContext::new());
-    // (start, end, row) of every FDE row, sorted afterwards: FDEs come in any order.
-    let mut spans: Vec<(u64, u64, UnwindRow)> = Vec::new();
-    let mut table = Table::default();
-    let mut entries = eh_frame.entries(&bases);
+    let mut entries = section.entries(bases);
     while let Some(entry) = entries.next()? {
         let CieOrFde::Fde(partial) = entry else {
             continue;
         };
-        let fde = partial.parse(EhFrame::cie_from_offset)?;
+        let fde = partial.parse(S::cie_from_offset)?;
         table.fdes += 1;
         let mut uses_rbp = false;
         let signal = fde.is_signal_trampoline();
-        let mut rows = fde.rows(&eh_frame, &bases, &mut ctx)?;
+        let mut rows = fde.rows(section, bases, &mut ctx)?;
         while let Some(r) = rows.next_row()? {
             let row = if signal {
-                signal_frame(r, &eh_frame)
+                signal_frame(r, section)
             } else {
-                convert(r, &eh_frame)
+                convert(r, section)
             };
             uses_rbp |= row.kind == kind::CFA_RBP;
             spans.push((r.start_address(), r.end_address(), row));
         }
         table.rbp_fdes += usize::from(uses_rbp);
     }
+    Ok(())
+}
+
+/// Sorts `spans` into `table.rows`, with a gap row wherever no FDE covers the code.
+fn finish(mut table: Table, mut spans: Spans) -> Result<Table, TableError> {
     spans.sort_by_key(|s| s.0);
     let mut end = 0u64;
     for (start, stop, row) in spans {
@@ -107,6 +174,58 @@ pub fn compile(data: &[u8]) -> Result<Table, TableError> {
         push_merged(&mut table.rows, gap(end)?);
     }
     Ok(table)
+}
+
+/// Go's functions at the base of a stack its frame pointers can walk (without the `.abi0`
+/// suffix of assembly functions): a thread's entry (`TOPFRAME` in its runtime: mstart,
+/// goexit, rt0_go) and the switches to the scheduler's stack (mcall, systemstack,
+/// morestack, asmcgocall). What their frame pointer points at is no frame of this stack, so
+/// the walk ends at them (Go's own traceback jumps to the goroutine's stack; we cannot).
+pub const GO_STACK_BASES: &[&str] = &[
+    "runtime.mstart",
+    "runtime.goexit",
+    "runtime.rt0_go",
+    "runtime.mcall",
+    "runtime.systemstack",
+    "runtime.morestack",
+    "runtime.asmcgocall",
+];
+
+/// For a Go binary (one with `.gopclntab`, walked by frame pointer), rows that are STOP
+/// over its `GO_STACK_BASES` and NONE elsewhere (the kernel walk follows frame pointers
+/// there); empty for any other binary.
+pub fn go_stops(data: &[u8]) -> Vec<UnwindRow> {
+    use object::ObjectSymbol as _;
+    let Ok(file) = object::File::parse(data) else {
+        return Vec::new();
+    };
+    if file.section_by_name(".gopclntab").is_none() {
+        return Vec::new();
+    }
+    let mut ranges: Vec<(u64, u64)> = file
+        .symbols()
+        .filter(|s| {
+            s.size() > 0
+                && s.name()
+                    .is_ok_and(|n| GO_STACK_BASES.contains(&n.strip_suffix(".abi0").unwrap_or(n)))
+        })
+        .map(|s| (s.address(), s.address().saturating_add(s.size())))
+        .collect();
+    ranges.sort_unstable();
+    let mut rows: Vec<UnwindRow> = Vec::new();
+    for (start, end) in ranges {
+        let (Ok(start), Ok(end)) = (u32::try_from(start), u32::try_from(end)) else {
+            continue;
+        };
+        let row = |pc, kind| UnwindRow {
+            pc,
+            kind,
+            ..UnwindRow::default()
+        };
+        push_merged(&mut rows, row(start, kind::STOP));
+        push_merged(&mut rows, row(end, kind::NONE));
+    }
+    rows
 }
 
 /// The bias of the mapping of `data` at file offset `file_offset` loaded at `start`: the
@@ -182,9 +301,9 @@ fn unsupported() -> UnwindRow {
 /// `ucontext` on the stack, and glibc's CFI says so with expressions: CFA = `*(rsp + N)`
 /// (the saved RSP), RIP saved at `rsp + N + 8`, RBP at `rsp + N + 8 x k`. That becomes one
 /// `kind::SIGNAL` row (cfa_off = N, rbp_off = k); any other trampoline is unsupported.
-fn signal_frame<R: gimli::Reader>(
+fn signal_frame<R: gimli::Reader, S: UnwindSection<R>>(
     r: &gimli::UnwindTableRow<R::Offset>,
-    eh_frame: &EhFrame<R>,
+    eh_frame: &S,
 ) -> UnwindRow {
     let at_rsp = |e: &gimli::UnwindExpression<R::Offset>, deref: bool| {
         let mut expr = e.get(eh_frame).ok()?.0;
@@ -224,9 +343,9 @@ const DW_OP_BREG7: u8 = 0x77;
 const DW_OP_DEREF: u8 = 0x06;
 
 /// One gimli row to our rule (pc filled in by the caller).
-fn convert<R: gimli::Reader>(
+fn convert<R: gimli::Reader, S: UnwindSection<R>>(
     r: &gimli::UnwindTableRow<R::Offset>,
-    eh_frame: &EhFrame<R>,
+    eh_frame: &S,
 ) -> UnwindRow {
     match r.register(RA) {
         Some(RegisterRule::Undefined) => {

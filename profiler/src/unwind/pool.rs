@@ -1,0 +1,236 @@
+//! The threads that compile unwind tables for the `background` loader: a binary's table
+//! takes from milliseconds (a small program, libc) to many seconds (librustc_driver's 6 MiB
+//! of .eh_frame), and one thread compiling them in turn made every new process wait behind
+//! the biggest. Here a few threads take binaries from two lanes: files under
+//! `SMALL_BYTES` and the rest. Thread 0 takes small ones only, so a huge binary never holds
+//! up a small program's tables; the others take large ones first, then small ones. Each
+//! binary (by device and inode) is queued once however many processes map it; what a thread
+//! compiles goes back to the loader through `done`, which loads the processes waiting for it.
+use std::{
+    collections::{HashSet, VecDeque},
+    fs::File,
+    path::{Path, PathBuf},
+    sync::{Arc, Condvar, Mutex},
+};
+
+use super::{
+    cache::TableCache,
+    loader::{BinaryKey, MappingSpec, memmap},
+    table::TableError,
+};
+
+/// Threads by default: one for each lane.
+pub const DEFAULT_THREADS: usize = 2;
+
+/// Files below this size go to the small lane (libc is 2 MiB, python3.11 7 MiB, rustc's
+/// librustc_driver 150 MiB).
+pub const SMALL_BYTES: u64 = 8 << 20;
+
+/// Binaries queued in each lane at most: beyond, `submit` refuses and the loader asks again
+/// when the next table is done (the process waits, walked by frame pointer).
+const MAX_QUEUED: usize = 512;
+
+/// What `CompilePool::submit` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Submitted {
+    /// Queued now or before: its result comes to `done`.
+    Queued,
+    /// Its lane is full: ask again later.
+    Full,
+    /// The file cannot be opened: no result will come.
+    Unreadable,
+}
+
+/// Called on a compile thread with each binary's result.
+pub type Done = Box<dyn Fn(BinaryKey, Compiled) + Send + Sync>;
+
+struct Task {
+    key: BinaryKey,
+    file: File,
+    path: PathBuf,
+}
+
+#[derive(Default)]
+struct Lanes {
+    small: VecDeque<Task>,
+    large: VecDeque<Task>,
+    /// Binaries queued, being compiled, or compiled and not yet taken by the loader
+    /// (`finished`): asked for again, they are not compiled twice.
+    busy: HashSet<BinaryKey>,
+    stop: bool,
+}
+
+struct Shared {
+    lanes: Mutex<Lanes>,
+    wake: Condvar,
+}
+
+pub struct CompilePool {
+    shared: Arc<Shared>,
+}
+
+impl CompilePool {
+    /// Starts `threads` compile threads (at least one), reading and writing `cache`.
+    pub fn spawn(threads: usize, cache: Option<TableCache>, done: Done) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            lanes: Mutex::new(Lanes::default()),
+            wake: Condvar::new(),
+        });
+        let done = Arc::new(done);
+        for index in 0..threads.max(1) {
+            let (shared, cache, done) = (Arc::clone(&shared), cache.clone(), Arc::clone(&done));
+            // With one thread it takes both lanes, small first.
+            let small_only = index == 0 && threads > 1;
+            std::thread::Builder::new()
+                .name(format!("unwind-compile-{index}"))
+                .spawn(move || {
+                    while let Some(task) = next(&shared, small_only, index > 0) {
+                        let compiled = compile(&task, cache.as_ref());
+                        done(task.key, compiled);
+                    }
+                })?;
+        }
+        Ok(Self { shared })
+    }
+
+    /// Queues the table of `m`'s binary `key` unless it is queued already.
+    pub fn submit(&self, key: BinaryKey, m: &MappingSpec) -> Submitted {
+        let Ok(mut lanes) = self.shared.lanes.lock() else {
+            return Submitted::Full;
+        };
+        if lanes.busy.contains(&key) {
+            return Submitted::Queued;
+        }
+        let Some(file) = m.open() else {
+            return Submitted::Unreadable;
+        };
+        let len = file.metadata().map_or(0, |meta| meta.len());
+        let lane = if len < SMALL_BYTES {
+            &mut lanes.small
+        } else {
+            &mut lanes.large
+        };
+        if lane.len() >= MAX_QUEUED {
+            return Submitted::Full;
+        }
+        lane.push_back(Task {
+            key,
+            file,
+            path: m.path.clone(),
+        });
+        lanes.busy.insert(key);
+        self.shared.wake.notify_all();
+        Submitted::Queued
+    }
+
+    /// The loader took binary `key`'s result: asked for again (an evicted table, say), it
+    /// is compiled again.
+    pub fn finished(&self, key: BinaryKey) {
+        if let Ok(mut lanes) = self.shared.lanes.lock() {
+            lanes.busy.remove(&key);
+        }
+    }
+}
+
+impl Drop for CompilePool {
+    /// Abandons what is queued; a thread in the middle of a binary ends after it.
+    fn drop(&mut self) {
+        if let Ok(mut lanes) = self.shared.lanes.lock() {
+            lanes.stop = true;
+            lanes.small.clear();
+            lanes.large.clear();
+        }
+        self.shared.wake.notify_all();
+    }
+}
+
+/// The next task of a thread (None: the pool stopped): from the small lane only, or from
+/// both with the large one first (`large_first`) or last.
+fn next(shared: &Shared, small_only: bool, large_first: bool) -> Option<Task> {
+    let mut lanes = shared.lanes.lock().ok()?;
+    loop {
+        if lanes.stop {
+            return None;
+        }
+        let task = if small_only {
+            lanes.small.pop_front()
+        } else if large_first {
+            lanes.large.pop_front().or_else(|| lanes.small.pop_front())
+        } else {
+            lanes.small.pop_front().or_else(|| lanes.large.pop_front())
+        };
+        if task.is_some() {
+            return task;
+        }
+        lanes = shared.wake.wait(lanes).ok()?;
+    }
+}
+
+/// A binary's table as compiled (or read from the disk cache), before it is loaded.
+#[derive(Debug)]
+pub struct Compiled {
+    pub table: Result<super::table::Table, TableError>,
+    /// Read from the disk cache rather than compiled.
+    pub cache_hit: bool,
+    /// Time taken, ns.
+    pub ns: u64,
+}
+
+impl Compiled {
+    /// Compiles the table of ELF image `data` (read from `path`), or reads it from `cache`
+    /// (and keeps what it compiles there). A binary whose .eh_frame covers little has its
+    /// .debug_frame read too, from a separate debug file (by build id or .gnu_debuglink)
+    /// when it has none itself.
+    pub fn new(path: &Path, data: &[u8], cache: Option<&super::cache::TableCache>) -> Self {
+        let started = std::time::Instant::now();
+        let cache_key = cache.map(|_| super::cache::key(data));
+        let cached = cache.zip(cache_key.as_deref()).and_then(|(c, k)| c.get(k));
+        let cache_hit = cached.is_some();
+        let table = match cached {
+            Some(t) => Ok(t),
+            None => {
+                let compiled = super::table::compile_with_debug(data, |elf| {
+                    use object::Object as _;
+                    let id = elf.build_id().ok().flatten();
+                    let debug = crate::symbolize::find_debug_file(path, path, id)?;
+                    let len = debug.metadata().ok()?.len();
+                    // SAFETY: a read-only view, as for the binary itself (`mapping`).
+                    unsafe { memmap(&debug, len) }
+                });
+                if let (Some(c), Some(k), Ok(t)) = (cache, &cache_key, &compiled) {
+                    c.put(k, t);
+                }
+                compiled
+            }
+        };
+        Self {
+            table,
+            cache_hit,
+            ns: started.elapsed().as_nanos() as u64,
+        }
+    }
+}
+
+fn compile(task: &Task, cache: Option<&TableCache>) -> Compiled {
+    let len = task.file.metadata().map_or(0, |m| m.len());
+    // SAFETY: a read-only view; see `Loader::mapping` for a file changed under us.
+    let Some(data) = (unsafe { memmap(&task.file, len) }) else {
+        return Compiled {
+            table: Err(TableError::Unreadable),
+            cache_hit: false,
+            ns: 0,
+        };
+    };
+    let compiled = Compiled::new(&task.path, &data, cache);
+    log::debug!(
+        "{}: unwind table {} in {} ms",
+        task.path.display(),
+        if compiled.cache_hit {
+            "read from the cache"
+        } else {
+            "compiled"
+        },
+        compiled.ns / 1_000_000
+    );
+    compiled
+}
