@@ -18,7 +18,16 @@ use profiler_common::unwind::{
     MAX_MAPPINGS, ProcMappings, SEARCH_STEPS, UnwindMapping, UnwindRow, mapping,
 };
 
-use super::{UnwindMode, budget::RowSpace, pool::Compiled, rows_view::RowsView, table};
+use super::{
+    UnwindMode,
+    budget::RowSpace,
+    pool::{Compiled, Ready},
+    rows_view::RowsView,
+    table,
+};
+
+/// Tables compiled and not yet taken by a process, at most (see `pool::Ready`).
+const MAX_READY_TABLES: usize = 4096;
 
 /// One executable file mapping of a process.
 #[derive(Clone, Debug)]
@@ -147,7 +156,7 @@ pub struct Loader {
     /// Compiled tables kept on disk between runs.
     cache: Option<super::cache::TableCache>,
     /// Tables compiled elsewhere (the `pool`), taken by the first process that maps them.
-    ready: HashMap<BinaryKey, Compiled>,
+    ready: Ready,
     pub stats: LoaderStats,
 }
 
@@ -182,7 +191,7 @@ impl Loader {
             ever_loaded: HashSet::new(),
             clock: 0,
             cache: None,
-            ready: HashMap::new(),
+            ready: Ready::new(u64::from(capacity), MAX_READY_TABLES),
             stats: LoaderStats {
                 rows_capacity: u64::from(capacity),
                 ..LoaderStats::default()
@@ -279,8 +288,8 @@ impl Loader {
         // A file that cannot be read is left out by `load_process` too.
         mappings.iter().filter_map(|m| {
             let key = m.key()?;
-            let known = self.ready.contains_key(&key)
-                || self.binaries.get(&key).is_some_and(Binary::settled);
+            let known =
+                self.ready.contains(key) || self.binaries.get(&key).is_some_and(Binary::settled);
             (!known).then_some((key, m))
         })
     }
@@ -389,7 +398,7 @@ impl Loader {
         };
         let compiled = self
             .ready
-            .remove(&key)
+            .take(key)
             .unwrap_or_else(|| Compiled::new(path, data, self.cache.as_ref()));
         self.stats.compile_ns += compiled.ns;
         self.stats.cache_hits += u64::from(compiled.cache_hit);

@@ -7,7 +7,7 @@
 //! binary (by device and inode) is queued once however many processes map it; what a thread
 //! compiles goes back to the loader through `done`, which loads the processes waiting for it.
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     fs::File,
     path::{Path, PathBuf},
     sync::{Arc, Condvar, Mutex},
@@ -233,4 +233,113 @@ fn compile(task: &Task, cache: Option<&TableCache>) -> Compiled {
         compiled.ns / 1_000_000
     );
     compiled
+}
+
+/// Tables compiled by the pool and not taken yet by a process, bounded: a table waits here
+/// until a process that maps its binary is loaded, and one whose processes all exited first
+/// would wait for ever. Any user can run many distinct binaries briefly, so without a bound
+/// this held the tables of every binary ever seen. Beyond `max_rows` rows (the row array's
+/// capacity: more could never be loaded at once) or `max_tables` tables, the oldest go; a
+/// process that still wants one has it compiled again.
+pub struct Ready {
+    tables: HashMap<BinaryKey, Compiled>,
+    /// Keys oldest first; may hold keys taken since (skipped when met).
+    order: VecDeque<BinaryKey>,
+    rows: u64,
+    max_rows: u64,
+    max_tables: usize,
+}
+
+impl Ready {
+    pub fn new(max_rows: u64, max_tables: usize) -> Self {
+        Self {
+            tables: HashMap::new(),
+            order: VecDeque::new(),
+            rows: 0,
+            max_rows,
+            max_tables,
+        }
+    }
+
+    fn rows_of(c: &Compiled) -> u64 {
+        c.table.as_ref().map_or(0, |t| t.rows.len() as u64)
+    }
+
+    pub fn insert(&mut self, key: BinaryKey, compiled: Compiled) {
+        self.rows += Self::rows_of(&compiled);
+        if let Some(old) = self.tables.insert(key, compiled) {
+            self.rows -= Self::rows_of(&old);
+        }
+        self.order.push_back(key);
+        while self.rows > self.max_rows || self.tables.len() > self.max_tables {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            // A key queued twice (taken and handed over again) is dropped at its first
+            // entry: early, never wrongly (it is compiled again if wanted).
+            self.take(oldest);
+        }
+        if self.order.len() > 2 * self.max_tables.max(1) {
+            let tables = &self.tables;
+            self.order.retain(|k| tables.contains_key(k));
+        }
+    }
+
+    pub fn take(&mut self, key: BinaryKey) -> Option<Compiled> {
+        let c = self.tables.remove(&key)?;
+        self.rows -= Self::rows_of(&c);
+        Some(c)
+    }
+
+    pub fn contains(&self, key: BinaryKey) -> bool {
+        self.tables.contains_key(&key)
+    }
+
+    /// Rows held, for tests and stats.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+}
+
+#[cfg(test)]
+mod ready_tests {
+    use super::*;
+    use crate::unwind::table::Table;
+
+    fn compiled(rows: usize) -> Compiled {
+        Compiled {
+            table: Ok(Table {
+                rows: vec![profiler_common::unwind::UnwindRow::default(); rows],
+                fdes: 0,
+                rbp_fdes: 0,
+            }),
+            cache_hit: false,
+            ns: 0,
+        }
+    }
+
+    #[test]
+    fn oldest_tables_go_beyond_the_row_bound() {
+        let mut r = Ready::new(100, 10);
+        r.insert((1, 1), compiled(60));
+        r.insert((1, 2), compiled(30));
+        assert_eq!(r.rows(), 90);
+        r.insert((1, 3), compiled(20)); // 110 rows: the oldest goes
+        assert!(!r.contains((1, 1)) && r.contains((1, 2)) && r.contains((1, 3)));
+        assert_eq!(r.rows(), 50);
+        assert!(r.take((1, 2)).is_some());
+        assert_eq!(r.rows(), 20);
+        assert!(r.take((1, 2)).is_none());
+    }
+
+    #[test]
+    fn tables_without_rows_are_bounded_by_count() {
+        let mut r = Ready::new(u64::MAX, 3);
+        for i in 0..1000 {
+            r.insert((2, i), compiled(0));
+        }
+        assert_eq!(r.tables.len(), 3);
+        assert!(r.order.len() <= 6, "{}", r.order.len());
+        assert!(r.contains((2, 999)) && !r.contains((2, 0)));
+    }
 }
