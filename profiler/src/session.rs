@@ -46,6 +46,9 @@ pub(crate) struct SessionConfig {
     /// Bytes of ring per CPU for the kernel's process records: enough for the process
     /// churn between two drains.
     pub kernel_record_bytes: usize,
+    /// Test hook: a pause after a cut's last drain, as a busy machine makes (the agent's
+    /// `PROFILER_TEST_SETTLE_DELAY_MS`); None everywhere else.
+    pub settle_delay: Option<Duration>,
 }
 
 /// What a session tells its front end while it starts; the front end decides how to show it.
@@ -129,6 +132,8 @@ pub(crate) struct Session {
     hostname: String,
     kernel_release: String,
     table_generation: u64,
+    /// `SessionConfig::settle_delay`.
+    settle_delay: Option<Duration>,
 }
 
 impl Session {
@@ -211,6 +216,7 @@ impl Session {
             hostname: read_trimmed("/proc/sys/kernel/hostname"),
             kernel_release: read_trimmed("/proc/sys/kernel/osrelease"),
             table_generation: 0,
+            settle_delay: config.settle_delay,
         })
     }
 
@@ -257,8 +263,8 @@ impl Session {
     /// for the next window; those of exited processes go (Python names of ended generations
     /// too), so memory follows the number of live processes, not the pid churn.
     pub(crate) async fn cut(&mut self) -> Result<Window, RecordError> {
-        self.settle().await?;
-        let (meta, _) = self.meta()?;
+        let drained = self.settle().await?;
+        let (meta, _) = self.meta(drained)?;
         let collection = self.collection.cut();
         let live = &mut self.collection;
         // After the cut: the window took the Python names its samples need.
@@ -275,14 +281,14 @@ impl Session {
     /// The samples since `since_mono_ns` as a window of their own, leaving the current
     /// window as it is: a profile of part of it, from the running sampler.
     pub(crate) async fn copy_since(&mut self, since_mono_ns: u64) -> Result<Window, RecordError> {
-        self.settle().await?;
+        // Up to the last drain, as a cut (see `meta`).
+        let drained = self.settle().await?;
         let collection = self.collection.copy_since(since_mono_ns);
-        let now_mono = util::monotonic_ns();
         let since = since_mono_ns.max(self.start_mono_ns);
         let meta = Meta {
-            start_unix_ns: unix_now_ns().saturating_sub(now_mono.saturating_sub(since)),
+            start_unix_ns: unix_at(since),
             start_mono_ns: since,
-            duration_ns: now_mono.saturating_sub(since),
+            duration_ns: drained.saturating_sub(since),
             frequency_hz: self.frequency_hz,
             event: self.event.name().to_owned(),
             hostname: self.hostname.clone(),
@@ -306,8 +312,8 @@ impl Session {
     /// whole recording), with how the unwinder and the Python walk did.
     pub(crate) async fn finish(mut self) -> Result<(Window, SessionReport), RecordError> {
         self.sampler.detach();
-        self.settle().await?;
-        let (meta, _) = self.meta()?;
+        let drained = self.settle().await?;
+        let (meta, _) = self.meta(drained)?;
         let c = &self.collection;
         let python = match &c.python {
             Some(t) => Some(PythonReport {
@@ -336,19 +342,30 @@ impl Session {
         Ok((window, report))
     }
 
-    /// Reads what is left in the ring and resolves every address and cgroup seen so far.
-    async fn settle(&mut self) -> Result<(), RecordError> {
+    /// Reads what is left in the ring and resolves every address and cgroup seen so far;
+    /// returns when the ring was last read (monotonic ns): the samples collected are those
+    /// taken before it, and any taken since are still in the ring.
+    async fn settle(&mut self) -> Result<u64, RecordError> {
         self.collection.drain(self.ring.get_mut());
+        let drained = self.collection.drained_at_ns();
+        if let Some(d) = self.settle_delay {
+            tokio::time::sleep(d).await;
+        }
         self.collection.processes.resolve_pending();
         self.collection.resolve_python();
         // Perf maps are the processes' own files: read on a blocking thread.
         self.collection.processes.name_jit_code().await?;
         self.collection.resolve_cgroups();
-        Ok(())
+        Ok(drained)
     }
 
-    /// The current window's metadata and counters; starts the next window's clock.
-    fn meta(&mut self) -> Result<(Meta, KernelCounters), RecordError> {
+    /// The current window's metadata and counters; ends it and starts the next at
+    /// `end_mono_ns`, when the ring was last read. Not at the clock after resolving what was
+    /// read: that can take a while on a busy machine (100 ms seen), and the samples taken
+    /// meanwhile, drained into the next window, had times before its start (stored at its
+    /// start, several at one time, issue 11) and lost their symbols (their process gone by
+    /// then). A sample still in flight at the read lies at most its program's run before it.
+    fn meta(&mut self, end_mono_ns: u64) -> Result<(Meta, KernelCounters), RecordError> {
         let k = self.sampler.counters()?;
         let prev = std::mem::replace(&mut self.last_counters, k);
         let c = &self.collection;
@@ -359,11 +376,10 @@ impl Session {
             kstack_failed: c.kstack_failed,
             ustack_failed: c.ustack_failed,
         };
-        let now_mono = util::monotonic_ns();
         let meta = Meta {
             start_unix_ns: self.start_unix_ns,
             start_mono_ns: self.start_mono_ns,
-            duration_ns: now_mono.saturating_sub(self.start_mono_ns),
+            duration_ns: end_mono_ns.saturating_sub(self.start_mono_ns),
             frequency_hz: self.frequency_hz,
             event: self.event.name().to_owned(),
             hostname: self.hostname.clone(),
@@ -377,10 +393,15 @@ impl Session {
                 .map(|l| crate::unwind::report::named_counters(&l.stats()))
                 .unwrap_or_default(),
         };
-        self.start_unix_ns = unix_now_ns();
-        self.start_mono_ns = now_mono;
+        self.start_unix_ns = unix_at(end_mono_ns);
+        self.start_mono_ns = end_mono_ns;
         Ok((meta, k))
     }
+}
+
+/// The wall clock at the monotonic `mono_ns` of the recent past.
+fn unix_at(mono_ns: u64) -> u64 {
+    unix_now_ns().saturating_sub(util::monotonic_ns().saturating_sub(mono_ns))
 }
 
 /// The kernel's process records on every online CPU; None (with a notice) when they cannot

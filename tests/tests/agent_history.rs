@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use profiler::profile::{Profile, read_file};
@@ -225,4 +225,65 @@ fn stored_history_has_the_real_times_and_cpus() {
     expect_success(&cpus, "report --cpus");
     let text = String::from_utf8_lossy(&cpus.stdout);
     assert!(text.contains("no exact times"), "{text}");
+}
+
+/// A cut that is slow after its last read of the ring (a busy machine made one 100 ms slow)
+/// keeps every sample at its own time: the samples taken meanwhile go to the next window with
+/// their times. Before, a window ended at the clock read after that work, so they fell before
+/// the next window's start and were stored at that start, several at one time (issue 11:
+/// "samples while no fixture ran", three at one ns). The agent's test hook pauses 300 ms
+/// after each cut's last read; the fixture burns a CPU through several cuts.
+#[test]
+fn a_slow_cut_keeps_every_sample_at_its_time() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("agent-slow-cut");
+    let data = dir.file("data");
+    let comm = format!("fxc-{}", std::process::id());
+    let fx = dir.path().join(&comm);
+    std::fs::copy(env!("FIXTURE_FX_BURN"), &fx).expect("copying fx-burn");
+
+    let mut agent = Agent::start_env(
+        &data,
+        &["--window", "1s", "-F", HZ],
+        &[("PROFILER_TEST_SETTLE_DELAY_MS", "300")],
+        Stdio::inherit(),
+    );
+    let start = unix_ns();
+    // At the agent's priority, not above: the cuts must happen while the fixture runs (a
+    // fixture at -20 on a busy machine starved the agent until it had exited).
+    let status = Command::new(&fx)
+        .arg("6")
+        .status()
+        .expect("running the fixture");
+    assert!(status.success(), "fixture: {status}");
+    let end = unix_ns();
+    assert!(agent.stop().success());
+
+    let q = query(&data, &comm, &dir.file("q.capture"));
+    assert!(q.meta.untimed.is_empty(), "{:?}", q.meta.untimed);
+    let s = fixture_samples(&q, &comm);
+    // 6 s at 99 Hz: ~600 on an idle CPU; at least a tenth on a busy machine.
+    assert!(s.len() >= 60, "only {} fixture samples stored", s.len());
+    // One thread is sampled at one time at most once: a shared time is a made-up one.
+    let mut per_time: BTreeMap<u64, usize> = BTreeMap::new();
+    for &(t, _) in &s {
+        *per_time.entry(t).or_default() += 1;
+    }
+    per_time.retain(|_, n| *n > 1);
+    assert!(
+        per_time.is_empty(),
+        "samples sharing one time (time: how many): {per_time:?}"
+    );
+    let slack = 2_000_000;
+    let outside: Vec<_> = s
+        .iter()
+        .filter(|t| !(start - slack..end + slack).contains(&t.0))
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "samples while the fixture did not run ({start}..{end}): {outside:?}"
+    );
 }

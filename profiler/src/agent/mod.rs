@@ -138,7 +138,8 @@ pub(crate) fn run(
             );
         }
     }
-    let delay = store_delay()?;
+    let delay = test_delay(pipeline::STORE_DELAY_ENV)?;
+    let settle_delay = test_delay(sampler::SETTLE_DELAY_ENV)?;
     let kernel = KernelSymbols::load().map_err(RecordError::Kallsyms)?;
     if kernel.hidden() {
         log::warn!(
@@ -177,6 +178,7 @@ pub(crate) fn run(
             // Tables compiled once survive restarts, next to the store (docs/unwinding.md).
             unwind_cache: Some(config.data_dir.join("unwind-tables")),
             kernel_record_bytes: sampler::KERNEL_RECORD_BYTES,
+            settle_delay,
         },
         window: config.window,
         jobs: jobs.clone(),
@@ -279,17 +281,17 @@ pub(crate) fn run(
     })
 }
 
-/// `pipeline::STORE_DELAY_ENV`, the slow-store test hook.
-fn store_delay() -> Result<Option<Duration>, AgentError> {
-    match std::env::var(pipeline::STORE_DELAY_ENV) {
+/// A test hook's delay: `pipeline::STORE_DELAY_ENV` (a slow store) or
+/// `sampler::SETTLE_DELAY_ENV` (a slow cut).
+fn test_delay(env: &str) -> Result<Option<Duration>, AgentError> {
+    match std::env::var(env) {
         Err(_) => Ok(None),
         Ok(v) => v
             .parse::<u64>()
             .map(|ms| Some(Duration::from_millis(ms)))
             .map_err(|_| {
                 AgentError::Exposure(format!(
-                    "{} must be a whole number of milliseconds, got `{v}`",
-                    pipeline::STORE_DELAY_ENV
+                    "{env} must be a whole number of milliseconds, got `{v}`"
                 ))
             }),
     }

@@ -277,23 +277,16 @@ impl StoreStage {
     pub(super) fn run(mut self) -> usize {
         let mut pending: VecDeque<Arc<Profile>> = VecDeque::new();
         let mut failing = false;
-        let mut retention_failing = false;
+        // At start too: an agent restarted with a shorter --keep-times or --max-age applies
+        // it before its first window is stored (and counted as stored), not a window later.
+        let mut retention_failing = self.retain(false);
         while let Ok(profile) = self.windows.recv() {
             if let Some(d) = self.delay {
                 std::thread::sleep(d);
             }
             pending.push_back(profile);
             failing = self.store_pending(&mut pending, failing);
-            let retained = self.store.retain(unix_now_ns(), self.retention);
-            // Once per failing spell, like writes: on a full disk it fails every window.
-            match retained {
-                Err(e) if !retention_failing => {
-                    log::error!("store retention failed: {e}");
-                    retention_failing = true;
-                }
-                Err(_) => {}
-                Ok(_) => retention_failing = false,
-            }
+            retention_failing = self.retain(retention_failing);
         }
         let lost = pending.len();
         let mut m = self.shared.metrics();
@@ -302,6 +295,19 @@ impl StoreStage {
                 .settle(p.meta.counters.recorded, |q| &mut q.dropped_store_failing);
         }
         lost
+    }
+
+    /// Applies the retention now; returns whether it failed, logged once per failing spell
+    /// like writes (on a full disk it fails every window).
+    fn retain(&mut self, failing: bool) -> bool {
+        match self.store.retain(unix_now_ns(), self.retention) {
+            Err(e) if !failing => {
+                log::error!("store retention failed: {e}");
+                true
+            }
+            Err(_) => true,
+            Ok(_) => false,
+        }
     }
 
     /// Writes the pending windows, oldest first; on failure keeps them (bounded) for the next
@@ -468,5 +474,46 @@ mod tests {
             (q.cut, q.in_flight, q.stored, q.dropped_store_queue),
             (10, 0, 4, 6)
         );
+    }
+
+    /// The store thread applies the retention when it starts, before any window: an agent
+    /// restarted with a shorter --keep-times drops the old times before it counts its first
+    /// window stored (agent_history read the heat map right after that count and, on a
+    /// slow store, found the old windows still timed). Before, it waited for a window.
+    #[test]
+    fn retention_is_applied_at_start() {
+        let dir = std::env::temp_dir().join(format!("pipeline-test-{}-retain", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut store = Store::open(&dir).unwrap();
+        store.write_window(&one("old", 0, 500)).unwrap();
+        let (tx, windows) = mpsc::channel();
+        drop(tx); // no window comes
+        let stage = StoreStage {
+            store,
+            windows,
+            retention: crate::store::Retention {
+                max_age_ns: u64::MAX,
+                keep_times_ns: 1_000_000_000,
+                max_bytes: u64::MAX,
+            },
+            shared: Arc::new(crate::agent::Shared {
+                metrics: std::sync::Mutex::new(crate::agent::metrics::Metrics::default()),
+                store_problem: std::sync::Mutex::new(None),
+            }),
+            delay: None,
+        };
+        assert_eq!(stage.run(), 0);
+        let p = Store::open_read(&dir).unwrap().read(&crate::store::Query {
+            until_unix_ns: u64::MAX / 2,
+            ..Default::default()
+        });
+        let p = p.unwrap();
+        assert_eq!(p.samples.len(), 1);
+        assert_eq!(
+            p.meta.untimed,
+            vec![(0, 1_000)],
+            "the old window kept its times"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

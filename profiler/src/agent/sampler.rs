@@ -31,6 +31,9 @@ pub(crate) const KERNEL_RECORD_BYTES: usize = 256 << 10;
 /// KiB, and every wake-up costs the agent CPU; new processes and a quarter-full buffer still
 /// wake it at once (see profiler-ebpf).
 const DRAIN_EVERY: Duration = Duration::from_secs(1);
+/// Test hook: milliseconds of pause after each cut's last drain of the ring, as a busy
+/// machine makes (`SessionConfig::settle_delay`).
+pub(crate) const SETTLE_DELAY_ENV: &str = "PROFILER_TEST_SETTLE_DELAY_MS";
 /// /debug/pprof/profile requests sampling at once, at most (more wait in the channel).
 pub(crate) const MAX_TAPS: usize = 8;
 

@@ -146,6 +146,7 @@ pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
             },
             python: args.python == OnOff::On,
             kernel_record_bytes: KERNEL_RECORD_BYTES,
+            settle_delay: None,
         },
         duration: args.duration,
         inline: args.inline,

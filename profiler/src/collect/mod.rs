@@ -332,6 +332,11 @@ impl Collection {
         v
     }
 
+    /// When `drain` last finished reading the ring (CLOCK_MONOTONIC ns).
+    pub(crate) fn drained_at_ns(&self) -> u64 {
+        self.records_read_ns
+    }
+
     /// Reads everything in the ring buffer now. Samples are read first, then the kernel's
     /// process records, then the samples are added: every record a sample depends on (the
     /// mapping its code is in, its process's exec) was written before the sample, so it has

@@ -60,14 +60,39 @@ impl Store {
     /// Like `read`, refusing (with a message saying which bound) a range whose matching
     /// samples or stacks pass `limits`: the work is bounded by what is read, not by the span.
     pub fn read_bounded(&self, q: &Query, limits: ReadLimits) -> Result<Profile, StoreError> {
-        self.read_inner(q, limits).map_err(|e| match e {
+        self.read_snapshot(q, limits, &mut || {})
+    }
+
+    /// `read_bounded` in one read transaction: the windows and then their counts are read in
+    /// many statements, and the agent commits meanwhile (a window, or `--keep-times` setting
+    /// a window's times to NULL and its `has_times` to 0 together). Each statement on its own
+    /// would see the store of its moment: a window read as timed, then its counts read
+    /// without their times ("the store is damaged"), or counts of windows since deleted.
+    /// `between` runs after the windows are read (the tests commit there).
+    pub(super) fn read_snapshot(
+        &self,
+        q: &Query,
+        limits: ReadLimits,
+        between: &mut dyn FnMut(),
+    ) -> Result<Profile, StoreError> {
+        // Deferred: the snapshot is taken by the first read; rolled back (nothing to undo)
+        // when dropped.
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
+        let read = self.read_inner(q, limits, between);
+        drop(tx);
+        read.map_err(|e| match e {
             ReadError::Sql(e) => self.err(e),
             ReadError::Range(m) => StoreError::Range(m),
             ReadError::Corrupt(m) => StoreError::Corrupt(m),
         })
     }
 
-    fn read_inner(&self, q: &Query, limits: ReadLimits) -> Result<Profile, ReadError> {
+    fn read_inner(
+        &self,
+        q: &Query,
+        limits: ReadLimits,
+        between: &mut dyn FnMut(),
+    ) -> Result<Profile, ReadError> {
         // A store of an older agent, opened read-only, has no time columns: counts only.
         let (has_times, times) = if times::has_columns(&self.conn)? {
             ("has_times", "c.times")
@@ -110,6 +135,7 @@ impl Store {
             };
             windows.push(w);
         }
+        between();
         let too_many = |what: &str, max: u64| {
             ReadError::Range(format!(
                 "the range holds more than the {max} {what} one read may rebuild; ask for a \

@@ -466,3 +466,43 @@ fn a_store_with_unique_indexes_and_text_stacks_is_migrated() {
     assert_eq!(p.samples.len(), 40);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A read while the agent drops times (`--keep-times`) and stores windows sees the store as
+/// it was when the read began: before, the windows were read as timed and their counts,
+/// read after the commit, had no times ("5 samples cannot fit in 0 bytes of times; the store
+/// is damaged" from /api/heatmap, issue 11), and a window stored meanwhile went unread
+/// while its samples were sized in.
+#[test]
+fn a_read_sees_one_snapshot_while_the_agent_writes() {
+    let dir = scratch("snapshot");
+    let mut writer = Store::open(&dir).unwrap();
+    for k in 0..3 {
+        writer
+            .write_window(&window(1000 + 10 * k, "app", 30))
+            .unwrap();
+    }
+    let reader = Store::open_read(&dir).unwrap();
+    let r = Retention {
+        max_age_ns: 1000 * S,
+        keep_times_ns: 0,
+        max_bytes: 1 << 30,
+    };
+    let mut committed = false;
+    let p = reader
+        .read_snapshot(&all(&reader), ReadLimits::QUERY, &mut || {
+            // Between the read of the windows and that of their counts.
+            writer.write_window(&window(1030, "app", 30)).unwrap();
+            writer.retain(1100 * S, r).unwrap();
+            committed = true;
+        })
+        .unwrap();
+    assert!(committed);
+    assert_eq!(p.samples.len(), 90, "the three windows the read began with");
+    assert!(p.meta.untimed.is_empty(), "{:?}", p.meta.untimed);
+    assert!(p.samples.iter().all(Sample::has_time));
+    // The writer did commit: a new read sees four windows, all without times.
+    let p = reader.read(&all(&reader)).unwrap();
+    assert_eq!(p.samples.len(), 120);
+    assert_eq!(p.meta.untimed, vec![(0, 40 * S)]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
