@@ -170,6 +170,13 @@ fn otlp_export_decodes_with_the_official_classes() {
     }
     assert!(agent.stop().success());
     drop(fixture);
+    // At stop the agent sent what was spooled, its last window included.
+    let spool: Vec<_> = std::fs::read_dir(Path::new(&data).join("otlp"))
+        .expect("reading the OTLP spool")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(spool.is_empty(), "windows left unsent at stop: {spool:?}");
     // The refused first window was kept and retried, with the endpoint named in the log.
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
@@ -182,7 +189,10 @@ fn otlp_export_decodes_with_the_official_classes() {
     let requests = got.lock().unwrap().clone();
     let mut files = Vec::new();
     for (i, (line, kind, body)) in requests.iter().enumerate() {
-        assert_eq!(line, "POST /v1development/profiles HTTP/1.1");
+        assert_eq!(
+            line, "POST /v1development/profiles HTTP/1.1",
+            "request {i}: an empty line is a connection closed before its request"
+        );
         assert_eq!(kind, "application/x-protobuf");
         let f = dir.file(&format!("req{i}.pb"));
         std::fs::write(&f, body).unwrap();
