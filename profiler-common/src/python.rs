@@ -87,7 +87,10 @@ pub struct PyProc {
     /// The 8-aligned word of a code object folded into `PyFrame::instr`'s checksum bits
     /// (the one holding `co_firstlineno`); 0: none.
     pub code_check: u32,
-    pub reserved: u32,
+    /// The code object's `co_qualname` (`co_name` before 3.11): the hash its string caches
+    /// (`STR_HASH`) is folded in too, so code objects alike but for their names (generated
+    /// functions, exec'd strings) are told apart at a reused address; 0: none.
+    pub name_check: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<PyProc>() == 48);
@@ -112,12 +115,19 @@ pub struct PyFrame {
 /// Bit 0 of `PyFrame::instr`: this frame is the outermost of its eval-loop call.
 pub const ENTRY_BIT: u64 = 1;
 /// `PyFrame::instr` bits 48-63: a checksum of the code object as the sampler saw it
-/// (`check_of` of its `PyProc::code_check` word), so userspace names a code object only if
-/// the one at that address when it reads is the one sampled (code objects are freed and
-/// their addresses reused). User addresses and `f_lasti << 1` stay below bit 48.
+/// (`check_of` of its `PyProc::code_check` word XOR its name's hash, `PyProc::name_check`),
+/// so userspace names a code object only if the one at that address when it reads is the
+/// one sampled (code objects are freed and their addresses reused). Two code objects with
+/// the same first line, locals and name still pass for each other, and any two have a 1 in
+/// 65,536 chance of the same checksum. User addresses and `f_lasti << 1` stay below bit 48.
 pub const CHECK_SHIFT: u32 = 48;
 /// The instruction bits of `PyFrame::instr` (entry bit included).
 pub const INSTR_MASK: u64 = (1 << CHECK_SHIFT) - 1;
+
+/// `PyASCIIObject.hash` (every str starts so): after the object header and the length, in
+/// 3.8-3.14; -1 until the string is hashed, which names are when interned (the compiler
+/// interns identifiers), so the sampler and userspace read the same value.
+pub const STR_HASH: u64 = 24;
 
 /// The 16-bit checksum of one word, the same in the sampler and in userspace.
 #[inline(always)]

@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use profiler_common::python::{
     CHECK_SHIFT, ENTRY_BIT, FRAME_HEAD_BUF, FRAME_HEAD_BYTES, INSTR_MASK, MAX_PY_FRAMES,
-    MAX_PY_PROCS, OLD_FRAME_HEAD_BYTES, PyProc, check_of, counter, entry, flags,
+    MAX_PY_PROCS, OLD_FRAME_HEAD_BYTES, PyProc, STR_HASH, check_of, counter, entry, flags,
 };
 
 #[map(name = "PY_PROCS")]
@@ -46,6 +46,7 @@ struct Walk {
     entry_shift: u64,
     entry_mode: u64,
     code_check: u64,
+    name_check: u64,
 }
 
 /// Appends the Python frames of the current thread to `out` at u64 slot `base` (two slots
@@ -85,6 +86,7 @@ pub fn python_frames(pid: u32, out: *mut u64, base: usize, limit: usize) -> (u32
         entry_shift: u64::from(p.entry_byte.wrapping_sub(64) & 7) * 8,
         entry_mode: u64::from(p.entry_mode),
         code_check: u64::from(p.code_check),
+        name_check: u64::from(p.name_check),
     };
     // bpf_loop, not a loop: the verifier checks the step once instead of every iteration.
     // Shim frames take a turn too, so a stack of MAX_PY_FRAMES functions with shims between
@@ -205,10 +207,18 @@ extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     } else {
         instr & !ENTRY_BIT
     };
-    // One more read per frame, so a code object freed before userspace names it (and
-    // another put at its address) is not named as the new one; 0 when unreadable.
+    // Three more reads per frame, so a code object freed before userspace names it (and
+    // another put at its address) is not named as the new one; 0 when unreadable. The
+    // name's hash through its pointer: generated code objects often differ in nothing else.
     let check = if w.code_check != 0 {
-        user_u64(code.wrapping_add(w.code_check)).map_or(0, check_of)
+        let hash = if w.name_check != 0 {
+            user_u64(code.wrapping_add(w.name_check))
+                .and_then(|name| user_u64(name.wrapping_add(STR_HASH)))
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        user_u64(code.wrapping_add(w.code_check)).map_or(0, |word| check_of(word ^ hash))
     } else {
         0
     };

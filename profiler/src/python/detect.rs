@@ -219,6 +219,10 @@ pub(super) fn detect(
     };
     interp.proc_.code_check = u32::try_from(interp.code.firstlineno & !7)
         .map_err(|_| Refused::Layout("co_firstlineno out of range"))?;
+    interp.proc_.name_check = u32::try_from(interp.code.qualname)
+        .ok()
+        .filter(|at| at % 8 == 0)
+        .ok_or(Refused::Layout("co_qualname out of range"))?;
     // A key that is not set up, or a wild one, means the offsets do not fit this build.
     let initialized = mem
         .u32(interp.proc_.tss_key_addr - 4)
