@@ -18,7 +18,7 @@ pub const GLOBAL_FSBASE_OFFSET: &str = "PY_FSBASE_OFFSET";
 /// Bytes of a code object read at once from its `PyProc::code_check` word, which take in the
 /// `name_check` pointer too (80 bytes on: 3.8-3.10; 64 on 3.11), in one helper call.
 pub const CODE_SPAN: usize = 88;
-const _: () = assert!(CODE_SPAN <= FRAME_HEAD_BUF && CODE_SPAN % 8 == 0);
+const _: () = assert!(CODE_SPAN <= FRAME_HEAD_BUF && CODE_SPAN.is_multiple_of(8));
 
 /// Bytes of an interpreter frame read at once: every field the walk needs lies in the first
 /// 72 bytes on 3.11-3.13. Not more: a 3.11+ frame can end its data-stack chunk that soon.

@@ -225,7 +225,9 @@ pub(super) fn detect(
     interp.proc_.name_check = u32::try_from(interp.code.qualname)
         .ok()
         .filter(|&at| {
-            at % 8 == 0 && u64::from(at) > word && u64::from(at) + 8 - word <= CODE_SPAN as u64
+            at.is_multiple_of(8)
+                && u64::from(at) > word
+                && u64::from(at) + 8 - word <= CODE_SPAN as u64
         })
         .unwrap_or(0);
     // A key that is not set up, or a wild one, means the offsets do not fit this build.
