@@ -15,6 +15,11 @@ pub const MAP_PY_COUNTERS: &str = "PY_COUNTERS";
 /// BTF); 0 turns the Python walk off.
 pub const GLOBAL_FSBASE_OFFSET: &str = "PY_FSBASE_OFFSET";
 
+/// Bytes of a code object read at once from its `PyProc::code_check` word, which take in the
+/// `name_check` pointer too (80 bytes on: 3.8-3.10; 64 on 3.11), in one helper call.
+pub const CODE_SPAN: usize = 88;
+const _: () = assert!(CODE_SPAN <= FRAME_HEAD_BUF && CODE_SPAN.is_multiple_of(8));
+
 /// Bytes of an interpreter frame read at once: every field the walk needs lies in the first
 /// 72 bytes on 3.11-3.13. Not more: a 3.11+ frame can end its data-stack chunk that soon.
 pub const FRAME_HEAD_BYTES: usize = 72;
@@ -87,7 +92,11 @@ pub struct PyProc {
     /// The 8-aligned word of a code object folded into `PyFrame::instr`'s checksum bits
     /// (the one holding `co_firstlineno`); 0: none.
     pub code_check: u32,
-    pub reserved: u32,
+    /// The code object's `co_qualname` (`co_name` before 3.11), 8-aligned, within
+    /// `CODE_SPAN` bytes of `code_check`'s word: the hash its string caches (`STR_HASH`) is
+    /// folded in too, so code objects alike but for their names (generated functions,
+    /// exec'd strings) are told apart at a reused address; 0: none.
+    pub name_check: u32,
 }
 
 const _: () = assert!(core::mem::size_of::<PyProc>() == 48);
@@ -112,12 +121,19 @@ pub struct PyFrame {
 /// Bit 0 of `PyFrame::instr`: this frame is the outermost of its eval-loop call.
 pub const ENTRY_BIT: u64 = 1;
 /// `PyFrame::instr` bits 48-63: a checksum of the code object as the sampler saw it
-/// (`check_of` of its `PyProc::code_check` word), so userspace names a code object only if
-/// the one at that address when it reads is the one sampled (code objects are freed and
-/// their addresses reused). User addresses and `f_lasti << 1` stay below bit 48.
+/// (`check_of` of its `PyProc::code_check` word XOR its name's hash, `PyProc::name_check`),
+/// so userspace names a code object only if the one at that address when it reads is the
+/// one sampled (code objects are freed and their addresses reused). Two code objects with
+/// the same first line, locals and name still pass for each other, and any two have a 1 in
+/// 65,536 chance of the same checksum. User addresses and `f_lasti << 1` stay below bit 48.
 pub const CHECK_SHIFT: u32 = 48;
 /// The instruction bits of `PyFrame::instr` (entry bit included).
 pub const INSTR_MASK: u64 = (1 << CHECK_SHIFT) - 1;
+
+/// `PyASCIIObject.hash` (every str starts so): after the object header and the length, in
+/// 3.8-3.14; -1 until the string is hashed, which names are when interned (the compiler
+/// interns identifiers), so the sampler and userspace read the same value.
+pub const STR_HASH: u64 = 24;
 
 /// The 16-bit checksum of one word, the same in the sampler and in userspace.
 #[inline(always)]

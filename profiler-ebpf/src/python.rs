@@ -11,8 +11,8 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::python::{
-    CHECK_SHIFT, ENTRY_BIT, FRAME_HEAD_BUF, FRAME_HEAD_BYTES, INSTR_MASK, MAX_PY_FRAMES,
-    MAX_PY_PROCS, OLD_FRAME_HEAD_BYTES, PyProc, check_of, counter, entry, flags,
+    CHECK_SHIFT, CODE_SPAN, ENTRY_BIT, FRAME_HEAD_BUF, FRAME_HEAD_BYTES, INSTR_MASK, MAX_PY_FRAMES,
+    MAX_PY_PROCS, OLD_FRAME_HEAD_BYTES, PyProc, STR_HASH, check_of, counter, entry, flags,
 };
 
 #[map(name = "PY_PROCS")]
@@ -46,6 +46,8 @@ struct Walk {
     entry_shift: u64,
     entry_mode: u64,
     code_check: u64,
+    /// `PyProc::name_check`'s u64 index in the `CODE_SPAN` read; 0: none.
+    name_i: u64,
 }
 
 /// Appends the Python frames of the current thread to `out` at u64 slot `base` (two slots
@@ -85,6 +87,7 @@ pub fn python_frames(pid: u32, out: *mut u64, base: usize, limit: usize) -> (u32
         entry_shift: u64::from(p.entry_byte.wrapping_sub(64) & 7) * 8,
         entry_mode: u64::from(p.entry_mode),
         code_check: u64::from(p.code_check),
+        name_i: u64::from(p.name_check.saturating_sub(p.code_check) / 8),
     };
     // bpf_loop, not a loop: the verifier checks the step once instead of every iteration.
     // Shim frames take a turn too, so a stack of MAX_PY_FRAMES functions with shims between
@@ -205,10 +208,28 @@ extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     } else {
         instr & !ENTRY_BIT
     };
-    // One more read per frame, so a code object freed before userspace names it (and
-    // another put at its address) is not named as the new one; 0 when unreadable.
-    let check = if w.code_check != 0 {
-        user_u64(code.wrapping_add(w.code_check)).map_or(0, check_of)
+    // Two more reads per frame, so a code object freed before userspace names it (and
+    // another put at its address) is not named as the new one; 0 when unreadable. The
+    // word and the name pointer in one read into the head buffer (done with), then the
+    // name's hash: generated code objects often differ in nothing else.
+    // SAFETY: head is this CPU's FRAME_HEAD_BUF-long map value; CODE_SPAN fits in it.
+    let check = if w.code_check != 0
+        && unsafe {
+            bpf_probe_read_user(
+                head.cast(),
+                CODE_SPAN as u32,
+                code.wrapping_add(w.code_check) as *const core::ffi::c_void,
+            )
+        } == 0
+    {
+        // SAFETY: as above; the index is masked to the buffer.
+        let c = unsafe { &*head };
+        let hash = if w.name_i != 0 {
+            user_u64(c[(w.name_i & M) as usize].wrapping_add(STR_HASH)).unwrap_or(0)
+        } else {
+            0
+        };
+        check_of(c[0] ^ hash)
     } else {
         0
     };

@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,12 +26,14 @@ const CONTAINER_ID: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a
 type Request = (String, String, Vec<u8>);
 
 /// An OTLP/HTTP receiver on a free loopback port: answers the first request 503, the rest
-/// 200 with an empty `ExportProfilesServiceResponse`.
-fn receiver() -> (u16, Arc<Mutex<Vec<Request>>>) {
+/// 200 with an empty `ExportProfilesServiceResponse`, 300 ms late once `slow` is set.
+fn receiver() -> (u16, Arc<Mutex<Vec<Request>>>, Arc<AtomicBool>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let got: Arc<Mutex<Vec<Request>>> = Arc::default();
     let seen = got.clone();
+    let slow = Arc::new(AtomicBool::new(false));
+    let late = slow.clone();
     std::thread::spawn(move || {
         for (n, conn) in listener.incoming().enumerate() {
             let Ok(mut conn) = conn else { continue };
@@ -54,6 +57,9 @@ fn receiver() -> (u16, Arc<Mutex<Vec<Request>>>) {
             }
             let mut body = vec![0; length];
             r.read_exact(&mut body).unwrap();
+            if late.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(300));
+            }
             let status = if n == 0 {
                 "503 Service Unavailable"
             } else {
@@ -72,7 +78,7 @@ fn receiver() -> (u16, Arc<Mutex<Vec<Request>>>) {
             }
         }
     });
-    (port, got)
+    (port, got, slow)
 }
 
 /// cgroup2 dirs named like a containerd container in a Kubernetes pod, removed on drop.
@@ -150,7 +156,7 @@ fn otlp_export_decodes_with_the_official_classes() {
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    let (port, got) = receiver();
+    let (port, got, slow) = receiver();
     let data = dir.file("data");
     let log = dir.file("agent.log");
     let endpoint = format!("http://127.0.0.1:{port}");
@@ -168,8 +174,18 @@ fn otlp_export_decodes_with_the_official_classes() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // A server slow to answer: the agent's stop waits for its answers rather than cutting the
+    // requests (once, that left a connection closed before its request line).
+    slow.store(true, Ordering::SeqCst);
     assert!(agent.stop().success());
     drop(fixture);
+    // At stop the agent sent what was spooled, its last window included.
+    let spool: Vec<_> = std::fs::read_dir(Path::new(&data).join("otlp"))
+        .expect("reading the OTLP spool")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(spool.is_empty(), "windows left unsent at stop: {spool:?}");
     // The refused first window was kept and retried, with the endpoint named in the log.
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
@@ -182,7 +198,10 @@ fn otlp_export_decodes_with_the_official_classes() {
     let requests = got.lock().unwrap().clone();
     let mut files = Vec::new();
     for (i, (line, kind, body)) in requests.iter().enumerate() {
-        assert_eq!(line, "POST /v1development/profiles HTTP/1.1");
+        assert_eq!(
+            line, "POST /v1development/profiles HTTP/1.1",
+            "request {i}: an empty line is a connection closed before its request"
+        );
         assert_eq!(kind, "application/x-protobuf");
         let f = dir.file(&format!("req{i}.pb"));
         std::fs::write(&f, body).unwrap();

@@ -82,6 +82,15 @@ fn serve(s: std::net::TcpStream) -> Option<Pushed> {
     let mut r = BufReader::new(s);
     let mut line = String::new();
     r.read_line(&mut line).ok()?;
+    if line.is_empty() {
+        // Kept so the name check below fails: the agent must not open a connection it drops.
+        return Some(Pushed {
+            from: 0,
+            until: 0,
+            body: Arc::default(),
+            name: "a connection closed before its request line".to_owned(),
+        });
+    }
     let target = line.split(' ').nth(1)?.to_owned();
     let mut length = 0usize;
     loop {

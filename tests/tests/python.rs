@@ -386,15 +386,16 @@ fn code_objects_created_and_dropped_never_get_a_wrong_name() {
     }
     let _serial = exclusive();
     let dir = TempDir::new("python-churn");
-    // churn.py's slot: f_<k> runs only while CLOCK_MONOTONIC / SLOT_NS == k.
-    const SLOT_NS: u64 = 300_000_000;
-    // A sample taken just after a slot ends may still be in the old function's last loop.
-    const LATE_NS: u64 = 5_000_000;
     for python in interpreters() {
-        let fx = spawn_python(python, &script("churn.py"), &["30"], Stdio::null());
+        // churn.py prints when each f_<k> is called and when it returns (CLOCK_MONOTONIC,
+        // the sample times' clock): a sample can be in f_<k> only between the two.
+        let calls = dir.file("churn.calls");
+        let out = Stdio::from(std::fs::File::create(&calls).expect("creating churn.calls"));
+        let fx = spawn_python(python, &script("churn.py"), &["30"], out);
         let pid = fx.pid();
         let (p, stderr) = record_pid(&dir, pid, &[], "churn.capture");
         drop(fx);
+        let lives = call_times(&std::fs::read_to_string(&calls).expect("reading churn.calls"));
         let (mut named, mut wrong) = (0, Vec::new());
         let mut total = 0;
         for s in p.samples.iter().filter(|s| s.pid == pid) {
@@ -410,18 +411,27 @@ fn code_objects_created_and_dropped_never_get_a_wrong_name() {
                     continue;
                 };
                 named += 1;
-                let slot = t / SLOT_NS;
-                if k != slot && !(k + 1 == slot && t % SLOT_NS < LATE_NS) {
+                // The last call may not have returned when the fixture was killed.
+                let live = lives
+                    .get(&k)
+                    .is_some_and(|&(from, to)| from <= t && to.is_none_or(|to| t <= to));
+                if !live {
+                    let running = lives
+                        .iter()
+                        .find(|(_, (from, to))| *from <= t && to.is_none_or(|to| t <= to))
+                        .map_or("no generated function".to_owned(), |(k, _)| {
+                            format!("f_{k}")
+                        });
                     wrong.push(format!(
-                        "{name} at slot {slot} (+{} ms)",
-                        t % SLOT_NS / 1_000_000
+                        "{name} at {t} ns, while {running} ran (f_{k}: {:?})",
+                        lives.get(&k)
                     ));
                 }
             }
         }
         assert!(
             wrong.is_empty() && named * 2 >= total && total >= 50,
-            "{python}: {} of {named} frames of generated functions named for another slot \
+            "{python}: {} of {named} frames of generated functions named outside their call \
              (want 0; {total} samples, want half of them named); stderr:\n{stderr}\n{}",
             wrong.len(),
             wrong
@@ -432,6 +442,35 @@ fn code_objects_created_and_dropped_never_get_a_wrong_name() {
                 .join("\n")
         );
     }
+}
+
+/// churn.py's `call K T0` / `return K T1` lines: for each generated function, the time it
+/// was called and, once it returned, the time it returned.
+fn call_times(text: &str) -> std::collections::BTreeMap<u64, (u64, Option<u64>)> {
+    let mut lives = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let parsed = match line.split(' ').collect::<Vec<_>>()[..] {
+            [what, k, t] => k
+                .parse::<u64>()
+                .ok()
+                .zip(t.parse::<u64>().ok())
+                .map(|kt| (what, kt)),
+            _ => None,
+        };
+        match parsed {
+            Some(("call", (k, t))) => {
+                lives.insert(k, (t, None));
+            }
+            Some(("return", (k, t))) => {
+                let life: &mut (u64, Option<u64>) = lives
+                    .get_mut(&k)
+                    .unwrap_or_else(|| panic!("churn.py returned from f_{k} before calling it"));
+                life.1 = Some(t);
+            }
+            _ => panic!("churn.py printed `{line}`, not `call K NS` or `return K NS`"),
+        }
+    }
+    lives
 }
 
 #[test]

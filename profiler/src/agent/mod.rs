@@ -234,12 +234,15 @@ pub(crate) fn run(
             taps: taps_tx,
             heavy: std::cell::Cell::new(0),
         });
-        for p in &pushers {
-            tokio::task::spawn_local(p.clone().run());
-        }
+        let senders: Vec<_> = pushers
+            .iter()
+            .map(|p| tokio::task::spawn_local(p.clone().run()))
+            .collect();
+        let stoppers = pushers.clone();
+        let mut spooler = None;
         if !pushers.is_empty() {
             let shared = shared.clone();
-            tokio::task::spawn_local(async move {
+            spooler = Some(tokio::task::spawn_local(async move {
                 while let Some(profile) = push_rx.recv().await {
                     for p in &pushers {
                         p.enqueue(&profile, &profile.meta.hostname);
@@ -249,7 +252,7 @@ pub(crate) fn run(
                     m.push_sent = pushers.iter().map(|p| p.sent.get()).sum();
                     m.push_dropped = pushers.iter().map(|p| p.dropped.get()).sum();
                 }
-            });
+            }));
         }
         let api_state = state.clone();
         tokio::task::spawn_local(crate::http::serve(listener, token, move |req| {
@@ -273,6 +276,27 @@ pub(crate) fn run(
         })
         .await
         .unwrap_or((false, None));
+        // The symbolizer is gone, so the spooler ends once the last window is spooled; then
+        // each sender finishes its push and sends what is spooled. Dropped at the runtime's
+        // end instead, a sender cut its connection mid-request (a server saw one close before
+        // its request line) and left the last window for the next start.
+        let flush = async {
+            if let Some(spooler) = spooler {
+                let _ = spooler.await;
+            }
+            for p in &stoppers {
+                p.stop();
+            }
+            for s in senders {
+                let _ = s.await;
+            }
+        };
+        if tokio::time::timeout(push::STOP_GRACE, flush).await.is_err() {
+            log::error!(
+                "push: the last windows were not sent within {:?}; they stay spooled for the next start",
+                push::STOP_GRACE
+            );
+        }
         match joined {
             (true, Some(lost_windows)) => progress(Progress::Stopped { lost_windows }),
             _ => log::error!("agent: a stage panicked; see the messages above"),

@@ -4,7 +4,10 @@
 //! `output::encode_otlp`). Windows are spooled on disk first (`<data-dir>/push/` and
 //! `<data-dir>/otlp/`, at most `MAX_SPOOLED` files each) and sent oldest first; while the
 //! server is down the sender retries with exponential backoff. A window that overflows the
-//! spool is deleted and counted. Plain http:// only (a TLS proxy can front it).
+//! spool is deleted and counted. At stop the sender finishes the push in flight and makes one
+//! last pass over the spool (the agent's last window included) instead of being dropped
+//! mid-request, which left servers a connection that closed before its request line.
+//! Plain http:// only (a TLS proxy can front it).
 use std::{
     cell::Cell,
     path::{Path, PathBuf},
@@ -26,6 +29,9 @@ pub(crate) const MAX_SPOOLED: usize = 360;
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Time one push may take.
 pub(crate) const PUSH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time the agent's stop waits for the senders' last pass: short, as a supervisor's stop
+/// timeout is (Kubernetes gives 30 s in all); what is not sent by then stays spooled.
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// What a pusher speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +124,9 @@ pub(crate) struct Pusher {
     protocol: Protocol,
     dir: PathBuf,
     wake: Notify,
+    /// Set by `stop`; `halt` cuts the sender's waits short.
+    stopping: Cell<bool>,
+    halt: Notify,
     /// Windows sent, and windows deleted because the spool was full.
     pub sent: Cell<u64>,
     pub dropped: Cell<u64>,
@@ -137,6 +146,8 @@ impl Pusher {
             protocol,
             dir,
             wake: Notify::new(),
+            stopping: Cell::new(false),
+            halt: Notify::new(),
             sent: Cell::new(0),
             dropped: Cell::new(0),
         }))
@@ -185,37 +196,63 @@ impl Pusher {
         files
     }
 
-    /// Sends spooled windows forever, oldest first, backing off while the server fails.
+    /// Sends spooled windows oldest first, backing off while the server fails, until `stop`;
+    /// then one last pass without backoff, which a failure ends (the rest waits on disk for
+    /// the next start).
     pub(crate) async fn run(self: Rc<Self>) {
         let mut backoff = Duration::from_secs(1);
-        loop {
+        while !self.stopping.get() {
             let files = self.spooled();
             if files.is_empty() {
-                self.wake.notified().await;
+                tokio::select! {
+                    () = self.wake.notified() => {}
+                    () = self.halt.notified() => {}
+                }
                 continue;
             }
             for file in files {
-                match self.send(&file).await {
-                    Ok(()) => {
-                        let _ = std::fs::remove_file(&file);
-                        self.sent.set(self.sent.get() + 1);
-                        backoff = Duration::from_secs(1);
+                // Not cancelled by `stop`: a push is finished, not cut off mid-request.
+                if let Err(e) = self.send(&file).await {
+                    self.failed(&e, &format!("retrying in {backoff:?}"));
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = self.halt.notified() => {}
                     }
-                    Err(e) => {
-                        log::error!(
-                            "push to http://{}{}{} failed: {e}; {} windows kept on disk, retrying in {backoff:?}",
-                            self.url.authority,
-                            self.url.base,
-                            self.protocol.path(),
-                            self.spooled().len()
-                        );
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
-                        break;
-                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    break;
                 }
+                self.delivered(&file);
+                backoff = Duration::from_secs(1);
             }
         }
+        for file in self.spooled() {
+            if let Err(e) = self.send(&file).await {
+                self.failed(&e, "sent at the next start");
+                return;
+            }
+            self.delivered(&file);
+        }
+    }
+
+    /// Ends `run` after the push in flight and a last pass over the spool.
+    pub(crate) fn stop(&self) {
+        self.stopping.set(true);
+        self.halt.notify_one();
+    }
+
+    fn delivered(&self, file: &Path) {
+        let _ = std::fs::remove_file(file);
+        self.sent.set(self.sent.get() + 1);
+    }
+
+    fn failed(&self, e: &str, next: &str) {
+        log::error!(
+            "push to http://{}{}{} failed: {e}; {} windows kept on disk, {next}",
+            self.url.authority,
+            self.url.base,
+            self.protocol.path(),
+            self.spooled().len()
+        );
     }
 
     async fn send(&self, file: &Path) -> Result<(), String> {
@@ -297,6 +334,11 @@ fn sanitize(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    };
+
     use super::*;
 
     #[test]
@@ -333,6 +375,124 @@ mod tests {
             first.starts_with(&format!("{:020}", 1_050 * 1_000_000_000u64)),
             "{first}"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A loopback server reading whole requests (head, then `Content-Length` bytes of body):
+    /// answers 503 until `ok` is set, then 200. Each connection is recorded as its request
+    /// line and body length, or as `cut after N bytes` when it closed before the request
+    /// was whole.
+    fn server(ok: Arc<AtomicBool>) -> (PushUrl, Arc<Mutex<Vec<String>>>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = parse_push_url(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let got: Arc<Mutex<Vec<String>>> = Arc::default();
+        let seen = got.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let mut conn = conn.unwrap();
+                let mut bytes = Vec::new();
+                let mut buf = [0; 4096];
+                let whole = loop {
+                    let text = String::from_utf8_lossy(&bytes).into_owned();
+                    if let Some((head, _)) = text.split_once("\r\n\r\n") {
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("Content-Length: "))
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(0);
+                        if bytes.len() >= head.len() + 4 + length {
+                            break Some(format!(
+                                "{} ({length} bytes)",
+                                head.lines().next().unwrap()
+                            ));
+                        }
+                    }
+                    match std::io::Read::read(&mut conn, &mut buf) {
+                        Ok(0) | Err(_) => break None,
+                        Ok(n) => bytes.extend_from_slice(&buf[..n]),
+                    }
+                };
+                let Some(request) = whole else {
+                    seen.lock()
+                        .unwrap()
+                        .push(format!("cut after {} bytes", bytes.len()));
+                    continue;
+                };
+                let status = if ok.load(Ordering::SeqCst) {
+                    "200 OK"
+                } else {
+                    "503 Busy"
+                };
+                let _ = std::io::Write::write_all(
+                    &mut conn,
+                    format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes(),
+                );
+                seen.lock().unwrap().push(request);
+            }
+        });
+        (url, got)
+    }
+
+    #[test]
+    fn stop_sends_what_is_spooled_and_cuts_no_request() {
+        let dir = std::env::temp_dir().join(format!("push-stop-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ok = Arc::new(AtomicBool::new(false));
+        let (url, got) = server(ok.clone());
+        let pusher = Pusher::new(url, Protocol::Otlp, &dir).unwrap();
+        let mut p = Profile::default();
+        for k in 0..3 {
+            p.meta.start_unix_ns = (1_000 + k * 10) * 1_000_000_000;
+            p.meta.duration_ns = 10_000_000_000;
+            pusher.enqueue(&p, "host-1");
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&runtime, async {
+            let sender = tokio::task::spawn_local(pusher.clone().run());
+            // Refused once: the sender now waits out its backoff, which `stop` cuts short.
+            while got.lock().unwrap().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            ok.store(true, Ordering::SeqCst);
+            pusher.stop();
+            // Without the last pass the sender would go on forever: bounded, not timed.
+            tokio::time::timeout(Duration::from_secs(60), sender)
+                .await
+                .expect("the sender did not return after stop")
+                .unwrap();
+        });
+        let got = got.lock().unwrap().clone();
+        let line = "POST /v1development/profiles HTTP/1.1";
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert!(got.iter().all(|r| r.starts_with(line)), "{got:?}");
+        assert_eq!((pusher.spooled().len(), pusher.sent.get()), (0, 3));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_failure_ends_the_last_pass_and_keeps_the_windows() {
+        let dir = std::env::temp_dir().join(format!("push-stop-down-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (url, got) = server(Arc::new(AtomicBool::new(false)));
+        let pusher = Pusher::new(url, Protocol::Otlp, &dir).unwrap();
+        let mut p = Profile::default();
+        for k in 0..3 {
+            p.meta.start_unix_ns = (1_000 + k * 10) * 1_000_000_000;
+            pusher.enqueue(&p, "host-1");
+        }
+        pusher.stop();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        tokio::task::LocalSet::new().block_on(&runtime, pusher.clone().run());
+        // One attempt, refused: nothing sent, nothing lost.
+        assert_eq!(got.lock().unwrap().len(), 1);
+        assert_eq!((pusher.spooled().len(), pusher.sent.get()), (3, 0));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

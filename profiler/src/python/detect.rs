@@ -7,7 +7,7 @@
 use std::{collections::HashMap, io, path::Path};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
-use profiler_common::python::{PyProc, entry};
+use profiler_common::python::{CODE_SPAN, PyProc, entry};
 
 use super::mem::Mem;
 use crate::collect::untrusted::Root;
@@ -219,6 +219,17 @@ pub(super) fn detect(
     };
     interp.proc_.code_check = u32::try_from(interp.code.firstlineno & !7)
         .map_err(|_| Refused::Layout("co_firstlineno out of range"))?;
+    // The sampler reads the word and the name pointer in one CODE_SPAN read; a layout where
+    // they lie further apart goes without the name's hash (the churn test would show it).
+    let word = u64::from(interp.proc_.code_check);
+    interp.proc_.name_check = u32::try_from(interp.code.qualname)
+        .ok()
+        .filter(|&at| {
+            at.is_multiple_of(8)
+                && u64::from(at) > word
+                && u64::from(at) + 8 - word <= CODE_SPAN as u64
+        })
+        .unwrap_or(0);
     // A key that is not set up, or a wild one, means the offsets do not fit this build.
     let initialized = mem
         .u32(interp.proc_.tss_key_addr - 4)

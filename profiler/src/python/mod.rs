@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, mpsc};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profiler_common::python::{CHECK_SHIFT, INSTR_MASK, PyFrame, PyProc, check_of};
+use profiler_common::python::{CHECK_SHIFT, INSTR_MASK, PyFrame, PyProc, STR_HASH, check_of};
 
 use crate::collect::{SpaceId, space_id, space_pid};
 pub(crate) use detect::{CodeLayout, Lines};
@@ -222,7 +222,7 @@ impl Tracker {
     ) -> Naming {
         let pid = space_pid(space);
         let ended = self.gens.ended(space);
-        let (layout, check_at, mem) = {
+        let (layout, check_at, name_at, mem) = {
             let Ok(r) = self.registry.lock() else {
                 return Naming::Done(None);
             };
@@ -232,6 +232,7 @@ impl Tracker {
                 (Use::Read, Some(p)) => (
                     p.interp.code,
                     u64::from(p.interp.proc_.code_check),
+                    u64::from(p.interp.proc_.name_check),
                     p.mem.clone(),
                 ),
                 (Use::Later, _) => return Naming::Later,
@@ -244,7 +245,7 @@ impl Tracker {
             .gens
             .codes
             .entry((space, code, check))
-            .or_insert_with(|| read_code(&mem, &layout, code, check_at, check))
+            .or_insert_with(|| read_code(&mem, &layout, code, (check_at, name_at), check))
             .as_ref()
         else {
             return Naming::Done(None);
@@ -294,12 +295,30 @@ enum Naming {
 /// Reads a code object, checking its type and its checksum first: a frame pointing at
 /// anything else (a stale pointer, a 3.13 frame whose executable is not code, a code object
 /// freed since the sample and another put in its place) is left unnamed.
-fn read_code(mem: &Mem, l: &CodeLayout, code: u64, check_at: u64, check: u64) -> Option<Code> {
+/// `check_at` is `PyProc`'s (`code_check`, `name_check`).
+fn read_code(
+    mem: &Mem,
+    l: &CodeLayout,
+    code: u64,
+    check_at: (u64, u64),
+    check: u64,
+) -> Option<Code> {
     if mem.u64(code + 8).ok()? != l.code_type {
         return None;
     }
-    if check_at != 0 && check_of(mem.u64(code + check_at).ok()?) != check {
-        return None;
+    let (word_at, name_at) = check_at;
+    if word_at != 0 {
+        // As the sampler does: an unreadable name counts as hash 0.
+        let hash = if name_at == 0 {
+            0
+        } else {
+            mem.u64(code + name_at)
+                .and_then(|name| mem.u64(name.wrapping_add(STR_HASH)))
+                .unwrap_or(0)
+        };
+        if check_of(mem.u64(code + word_at).ok()? ^ hash) != check {
+            return None;
+        }
     }
     let s = |off: u64| {
         let obj = mem.u64(code + off).ok()?;
