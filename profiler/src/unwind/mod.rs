@@ -5,6 +5,7 @@
 pub mod background;
 pub mod budget;
 pub mod cache;
+pub mod files;
 pub mod loader;
 pub mod pool;
 pub mod procmaps;

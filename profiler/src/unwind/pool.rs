@@ -15,7 +15,7 @@ use std::{
 
 use super::{
     cache::TableCache,
-    loader::{BinaryKey, MappingSpec, memmap},
+    files::{BinaryKey, MappingSpec, memmap},
     table::TableError,
 };
 
