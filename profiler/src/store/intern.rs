@@ -210,23 +210,12 @@ pub(super) fn stack_frames(
     Ok(ids)
 }
 
-fn has_column(conn: &Connection, table: &str, column: &str) -> rusqlite::Result<bool> {
-    let mut stmt = conn.prepare(&format!("PRAGMA table_info({table})"))?;
-    let mut rows = stmt.query([])?;
-    while let Some(r) = rows.next()? {
-        if r.get::<_, String>(1)? == column {
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
 /// Rebuilds the tables of a store from before hashes (UNIQUE indexes, stacks as text) into
 /// this form, keeping every id; a store that has them, or has none of the tables, is left
 /// as it is. One transaction: a crash midway leaves the old form.
 pub(super) fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     let old = |t: &str| -> rusqlite::Result<bool> {
-        Ok(has_column(conn, t, "id")? && !has_column(conn, t, "hash")?)
+        Ok(super::times::has_column(conn, t, "id")? && !super::times::has_column(conn, t, "hash")?)
     };
     let (names, frames, stacks) = (old("names")?, old("frames")?, old("stacks")?);
     if !(names || frames || stacks) {

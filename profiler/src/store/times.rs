@@ -54,7 +54,8 @@ pub(super) fn has_columns(conn: &Connection) -> rusqlite::Result<bool> {
     Ok(true)
 }
 
-fn has_column(conn: &Connection, table: &str, column: &str) -> rusqlite::Result<bool> {
+/// Whether `table` has `column` (schema checks for migrations; shared with `intern`).
+pub(super) fn has_column(conn: &Connection, table: &str, column: &str) -> rusqlite::Result<bool> {
     let mut stmt = conn.prepare(&format!("PRAGMA table_info({table})"))?;
     let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
