@@ -19,7 +19,7 @@ use super::{
     kernel_records::{FileIdentity, KernelRecord},
     lifetimes::LifetimeLog,
     mappings::{Mapping, MappingTable},
-    perfmap::{self, PerfMap},
+    perfmap,
 };
 use crate::profile::Process;
 
@@ -50,54 +50,102 @@ pub(crate) enum UserLoc {
 }
 
 pub(crate) struct ProcessTable {
-    pub processes: BTreeMap<u32, Process>,
+    pub(super) processes: BTreeMap<u32, Process>,
     /// Shared with the windows cut from this table (`Collection::cut`), which symbolize
     /// on another thread while this one goes on.
-    pub files: Vec<std::sync::Arc<UserFile>>,
-    file_ids: FileIds,
+    pub(super) files: Vec<std::sync::Arc<UserFile>>,
+    pub(super) file_ids: FileIds,
     /// Executable mappings per process and exec, from the kernel's records.
-    pub mappings: MappingTable,
+    pub(super) mappings: MappingTable,
     /// Fork, exec and exit of every process, from the kernel.
-    pub lifetimes: LifetimeLog,
+    pub(super) lifetimes: LifetimeLog,
     /// Kernel records dropped because a ring was full: mappings may be missing.
-    pub lost_records: u64,
+    pub(super) lost_records: u64,
     /// Every (space, address) seen, resolved or not yet.
-    pub locs: HashMap<(SpaceId, u64), UserLoc>,
+    pub(super) locs: HashMap<(SpaceId, u64), UserLoc>,
     /// Addresses seen since the last `resolve_pending`, per space.
-    pending: HashMap<SpaceId, Vec<u64>>,
+    pub(super) pending: HashMap<SpaceId, Vec<u64>>,
     /// Addresses in anonymous memory that no perf map named yet, per space, with what is
     /// needed to read its map: JIT code whose map line may come later (a JVM's perf-map-agent
     /// dumps on request). Read by `JitWork`, off the drain thread.
-    unnamed_anon: HashMap<SpaceId, (perfmap::Source, Vec<u64>)>,
+    pub(super) unnamed_anon: HashMap<SpaceId, (perfmap::Source, Vec<u64>)>,
     /// JIT symbol names (`UserLoc::Named`), each once.
-    pub names: crate::util::Dense<String>,
-    normalizer: Normalizer,
+    pub(super) names: crate::util::Dense<String>,
+    pub(super) normalizer: Normalizer,
     /// Comms read from /proc of parents from before the recording (the kernel never told
     /// us theirs), so a shell or supervisor forking 60 times a second is read once, not at
     /// every fork; dropped at its exec or exit.
-    parent_comms: HashMap<u32, String>,
+    pub(super) parent_comms: HashMap<u32, String>,
 }
 
 impl ProcessTable {
-    /// What symbolizing a window needs of this table, on its own: the processes, the files
-    /// (shared), the JIT names, the locations of the window's addresses only, and the
-    /// given lifetimes.
-    pub(crate) fn window_view(
-        &mut self,
+    /// What symbolizing a window needs of this table: the processes, the files (shared),
+    /// the JIT names, and the locations of the window's addresses only.
+    pub(crate) fn window_facts(
+        &self,
         addrs: impl Iterator<Item = (SpaceId, u64)>,
-        lifetimes: LifetimeLog,
-    ) -> Self {
-        Self {
+    ) -> super::ProcessFacts {
+        super::ProcessFacts {
             processes: self.processes.clone(),
             files: self.files.clone(),
             locs: addrs
                 .filter_map(|k| self.locs.get(&k).map(|l| (k, *l)))
                 .collect(),
-            names: self.names.clone(),
-            lifetimes,
-            ..Self::default()
+            jit_names: self.names.clone(),
+            lifetimes: Vec::new(),
         }
     }
+
+    /// The lifetimes logged since the last take (those of live processes carry on).
+    pub(crate) fn take_lifetimes(&mut self) -> LifetimeLog {
+        self.lifetimes.take_window()
+    }
+
+    /// Forgets the processes `is_alive` says are gone; starts afresh (keeping the kernel's
+    /// lifetimes of live processes) when the table outgrows `bounds`, and then returns true.
+    pub(crate) fn prune(
+        &mut self,
+        is_alive: &mut dyn FnMut(u32) -> bool,
+        bounds: TableBounds,
+    ) -> bool {
+        self.processes.retain(|pid, _| is_alive(*pid));
+        self.locs
+            .retain(|(space, _), _| is_alive(space_pid(*space)));
+        let dead: Vec<u32> = self.mappings.pids().filter(|&p| !is_alive(p)).collect();
+        for pid in dead {
+            self.mappings.remove(pid);
+        }
+        let reset = self.files.len() > bounds.files
+            || self.locs.len() > bounds.locs
+            || self.names.len() > bounds.locs;
+        if reset {
+            log::info!(
+                "process table reset ({} files, {} addresses): live processes are read again",
+                self.files.len(),
+                self.locs.len()
+            );
+            let lifetimes = std::mem::take(&mut self.lifetimes);
+            *self = ProcessTable::default();
+            self.lifetimes = lifetimes;
+        }
+        reset
+    }
+
+    /// Whether `pid` has been seen (a sample, or /proc read for it).
+    pub(crate) fn knows(&self, pid: u32) -> bool {
+        self.processes.contains_key(&pid)
+    }
+}
+
+/// How much a process table remembers across windows at most; past it the table starts
+/// afresh (live processes are simply read again when next seen), which bounds open handles
+/// and memory.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TableBounds {
+    /// Mapped files.
+    pub files: usize,
+    /// Addresses (and JIT names).
+    pub locs: usize,
 }
 
 impl Default for ProcessTable {
@@ -419,89 +467,6 @@ impl ProcessTable {
         if !anon.is_empty() {
             self.queue_jit(space, anon);
         }
-    }
-
-    /// Notes anonymous-memory addresses of a space for its process's perf map. Only cheap
-    /// /proc reads here (this runs on the drain thread); the map itself is read by
-    /// `JitWork::read`.
-    fn queue_jit(&mut self, space: SpaceId, addrs: Vec<u64>) {
-        use std::collections::hash_map::Entry;
-        match self.unnamed_anon.entry(space) {
-            Entry::Occupied(mut e) => e.get_mut().1.extend(addrs),
-            Entry::Vacant(e) => {
-                // Gone already: nothing says whose map /tmp/perf-PID.map would be.
-                if let Some(src) = perfmap::Source::of(space_pid(space)) {
-                    e.insert((src, addrs));
-                }
-            }
-        }
-    }
-
-    /// Takes the addresses waiting for a perf map, to be read (`JitWork::read`, blocking file
-    /// work) where no samples are drained and no HTTP is served, then given back to
-    /// `apply_jit_names`.
-    fn jit_work(&mut self) -> JitWork {
-        JitWork(std::mem::take(&mut self.unnamed_anon).into_iter().collect())
-    }
-
-    /// Names the addresses `names` found; keeps the rest waiting for a later read while
-    /// their process lives (its map may grow).
-    fn apply_jit_names(&mut self, names: JitNames) {
-        for (space, src, mut addrs, map) in names.0 {
-            for &addr in &addrs {
-                if self.locs.get(&(space, addr)) != Some(&UserLoc::Unknown) {
-                    continue;
-                }
-                let Some(name) = map.lookup(addr) else {
-                    continue;
-                };
-                let id = self.names.intern_ref(name);
-                self.locs.insert((space, addr), UserLoc::Named(id));
-            }
-            addrs.retain(|a| self.locs.get(&(space, *a)) == Some(&UserLoc::Unknown));
-            let pid = space_pid(space);
-            if !addrs.is_empty() && std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                self.unnamed_anon
-                    .entry(space)
-                    .or_insert((src, Vec::new()))
-                    .1
-                    .extend(addrs);
-            }
-        }
-    }
-
-    /// Reads the perf maps of the processes with unnamed anonymous-memory addresses, on a
-    /// blocking thread (the caller's may drain samples or serve HTTP), and names them.
-    pub(crate) async fn name_jit_code(&mut self) -> std::io::Result<()> {
-        let work = self.jit_work();
-        let names = tokio::task::spawn_blocking(move || work.read())
-            .await
-            .map_err(std::io::Error::other)?;
-        self.apply_jit_names(names);
-        Ok(())
-    }
-}
-
-/// Perf maps to read: (space, source, addresses), sent to a blocking thread.
-struct JitWork(Vec<(SpaceId, (perfmap::Source, Vec<u64>))>);
-
-/// `JitWork` done: each process's map (empty when it has none or it was refused).
-struct JitNames(Vec<(SpaceId, perfmap::Source, Vec<u64>, PerfMap)>);
-
-impl JitWork {
-    /// Reads each process's map once. Blocking file work, bounded by the map caps.
-    fn read(self) -> JitNames {
-        JitNames(
-            self.0
-                .into_iter()
-                .map(|(space, (src, mut addrs))| {
-                    addrs.sort_unstable();
-                    addrs.dedup();
-                    let map = perfmap::read(space_pid(space), &src).unwrap_or_default();
-                    (space, src, addrs, map)
-                })
-                .collect(),
-        )
     }
 }
 
