@@ -114,6 +114,7 @@ pub(crate) fn run(
     config: AgentConfig,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<(), AgentError> {
+    one_malloc_arena();
     // Every check before loading BPF, so a bad data dir, port or token fails fast and clearly.
     config.check_exposure().map_err(AgentError::Exposure)?;
     let token = config
@@ -325,6 +326,21 @@ pub(crate) fn count_pushes(shared: &Shared, pushers: &[Rc<push::Pusher>]) -> (u6
     m.push_sent = sent;
     m.push_dropped = dropped;
     (sent, dropped)
+}
+
+/// Caps glibc's malloc at one arena, before the agent's threads start. By default each
+/// thread that allocates gets an arena of its own (up to 8 per core) and keeps what it freed
+/// there: the agent's eight threads allocate in bursts (a window symbolized, tables
+/// compiled, a process read) and idle between them, so the freed memory of each burst stayed
+/// resident per thread. Side by side under the same churn and builds (release, 19 Hz),
+/// anonymous memory was 71 MB with the default and 42 MB with one arena. The threads mostly
+/// wait (a drain a second, a window every 10 s), so one shared arena lock costs little.
+fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a malloc parameter; M_ARENA_MAX takes any positive count.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
 }
 
 /// A test hook's delay: `pipeline::STORE_DELAY_ENV` (a slow store) or
