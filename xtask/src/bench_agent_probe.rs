@@ -159,8 +159,13 @@ impl Probed {
         Ok(())
     }
 
+    /// Seconds `profiler query --since 1h -o x.html` took.
+    pub(crate) fn query_s(&self) -> f64 {
+        self.query.0
+    }
+
     /// Store bytes per hour at steady state: growth per stored window, times windows an hour.
-    fn store_mb_per_hour(&self) -> f64 {
+    pub(crate) fn store_mb_per_hour(&self) -> f64 {
         if self.windows == 0 {
             return 0.0;
         }
