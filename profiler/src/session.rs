@@ -4,7 +4,12 @@
 //! `Collection`, and cuts what it collected into `Window`s: one for a whole recording
 //! (`finish`), or one after another while sampling goes on (`cut`, the agent). A window
 //! holds everything symbolizing needs, so that can happen on another thread.
-use std::{collections::HashMap, future::Future, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    future::Future,
+    sync::Arc,
+    time::Duration,
+};
 
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
@@ -425,11 +430,18 @@ fn open_kernel_records(
 /// starts afresh when the table outgrows its bounds (then returns true: names cached by file
 /// id must go too).
 fn prune(live: &mut ProcessTable, python: Option<&mut crate::python::Tracker>) -> bool {
+    // One listing of /proc, not a stat of /proc/PID for each pid in the tables: under churn
+    // those are mostly processes gone since the last window (600 a window at 60 new
+    // processes a second), each stat of a missing path a failed lookup. The tables are keyed
+    // by process (thread-group) id, which is what /proc lists. No new pid can enter the
+    // tables meanwhile: this thread fills them.
+    let listed: Option<HashSet<u32>> = crate::util::proc_pids().ok().map(Iterator::collect);
     let mut alive: HashMap<u32, bool> = HashMap::new();
     let mut is_alive = |pid: u32| {
-        *alive
-            .entry(pid)
-            .or_insert_with(|| std::path::Path::new(&format!("/proc/{pid}")).exists())
+        *alive.entry(pid).or_insert_with(|| match &listed {
+            Some(listed) => listed.contains(&pid),
+            None => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        })
     };
     live.processes.retain(|pid, _| is_alive(*pid));
     live.locs
