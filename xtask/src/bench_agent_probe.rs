@@ -187,7 +187,7 @@ impl Probed {
             3600 / WINDOW.as_secs()
         );
         println!(
-            "{:<28} {:>12.1}   /proc/PID/io write_bytes over {:.0} s (WAL and checkpoints: what wears disks)",
+            "{:<28} {:>12.1}   /proc/PID/io write_bytes over {:.0} s (WAL, checkpoints, new unwind-table cache files: what wears disks)",
             "written to disk (MB per hour)",
             self.write_mb_per_hour(),
             self.span_s
