@@ -152,6 +152,11 @@ pub(crate) fn duration_ns(text: &str) -> Result<f64, String> {
     Ok(value * scale)
 }
 
+/// The processes /proc lists now (thread-group ids, not other threads).
+pub(crate) fn proc_pids() -> std::io::Result<impl Iterator<Item = u32>> {
+    Ok(std::fs::read_dir("/proc")?.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()))
+}
+
 /// CLOCK_MONOTONIC now, ns: the clock of `bpf_ktime_get_ns`, which stamps every sample.
 pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {

@@ -198,8 +198,22 @@ impl ProgStats {
     }
 
     pub(crate) fn of(proc: &Proc) -> Result<Self> {
+        let programs = Self::by_program(proc)?;
+        let total = programs.values().fold(Self::default(), |a, p| a.plus(*p));
+        if total.run_cnt == 0 {
+            bail!(
+                "`{}` has no BPF program that ran ({} loaded); see its messages above",
+                proc.name,
+                programs.len()
+            );
+        }
+        Ok(total)
+    }
+
+    /// Each program `proc` holds, by program id (a program held through several fds counts
+    /// once). Tail-called programs run inside their caller and show no runs of their own.
+    pub(crate) fn by_program(proc: &Proc) -> Result<BTreeMap<u64, Self>> {
         let pid = proc.child.id();
-        // Keyed by program id: a program held through several fds must count once.
         let mut programs = BTreeMap::new();
         let fds = fs::read_dir(format!("/proc/{pid}/fd"))
             .with_context(|| format!("`{}` is not running", proc.name))?;
@@ -226,18 +240,15 @@ impl ProgStats {
                 );
             }
         }
-        let total = programs.values().fold(Self::default(), |a, p| Self {
-            run_time_ns: a.run_time_ns + p.run_time_ns,
-            run_cnt: a.run_cnt + p.run_cnt,
-        });
-        if total.run_cnt == 0 {
-            bail!(
-                "`{}` has no BPF program that ran ({} loaded); see its messages above",
-                proc.name,
-                programs.len()
-            );
+        Ok(programs)
+    }
+
+    /// What ran between `earlier` and `self` (both of the same program).
+    pub(crate) fn since(self, earlier: Self) -> Self {
+        Self {
+            run_time_ns: self.run_time_ns.saturating_sub(earlier.run_time_ns),
+            run_cnt: self.run_cnt.saturating_sub(earlier.run_cnt),
         }
-        Ok(total)
     }
 
     pub(crate) fn ns_per_run(self) -> f64 {
@@ -273,4 +284,15 @@ pub(crate) fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
     fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+/// Names of loaded BPF programs by id (fdinfo has none), for per-program figures.
+pub(crate) fn program_names() -> BTreeMap<u64, String> {
+    aya::programs::loaded_programs()
+        .flatten()
+        .map(|p| {
+            let name = p.name_as_str().unwrap_or("?").to_owned();
+            (u64::from(p.id()), name)
+        })
+        .collect()
 }

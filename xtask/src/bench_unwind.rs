@@ -192,11 +192,7 @@ fn sampling_window(proc: &Proc, seconds: u64) -> Result<ProgStats> {
         sleep(Duration::from_millis(200))?;
     };
     sleep(Duration::from_secs(seconds.saturating_sub(READ_BEFORE_END)))?;
-    let last = ProgStats::of(proc)?;
-    Ok(ProgStats {
-        run_time_ns: last.run_time_ns - first.run_time_ns,
-        run_cnt: last.run_cnt - first.run_cnt,
-    })
+    Ok(ProgStats::of(proc)?.since(first))
 }
 
 /// profile-bee 0.3.13 with its .eh_frame unwinder, writing collapsed stacks.

@@ -318,7 +318,10 @@ impl StoreStage {
                 Ok(()) => {
                     let n = p.meta.counters.recorded;
                     pending.pop_front();
+                    // Three PRAGMAs once a window: cheap, and read outside the metrics lock.
+                    let used = self.store.used_bytes().ok();
                     let mut m = self.shared.metrics();
+                    m.store_used_bytes = used.or(m.store_used_bytes);
                     m.windows_stored += 1;
                     m.pipeline.settle(n, |q| &mut q.stored);
                 }

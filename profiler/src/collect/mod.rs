@@ -297,11 +297,19 @@ impl Collection {
     /// exited); starts the table afresh when it outgrows `bounds` (then returns true: names
     /// cached by file id must go too). Call after a cut: the window took what it needs.
     pub(crate) fn prune(&mut self, bounds: process::TableBounds) -> bool {
+        // One listing of /proc, not a stat of /proc/PID for each pid in the tables: under
+        // churn those are mostly processes gone since the last window (600 a window at 60 new
+        // processes a second), each stat of a missing path a failed lookup. The tables are
+        // keyed by process (thread-group) id, which is what /proc lists. No new pid can enter
+        // the tables meanwhile: this thread fills them.
+        let listed: Option<std::collections::HashSet<u32>> =
+            crate::util::proc_pids().ok().map(Iterator::collect);
         let mut alive: HashMap<u32, bool> = HashMap::new();
         let mut is_alive = |pid: u32| {
-            *alive
-                .entry(pid)
-                .or_insert_with(|| std::path::Path::new(&format!("/proc/{pid}")).exists())
+            *alive.entry(pid).or_insert_with(|| match &listed {
+                Some(listed) => listed.contains(&pid),
+                None => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            })
         };
         let reset = self.processes.prune(&mut is_alive, bounds);
         // Generations are numbered by the mappings table: what it forgets (or, reset,

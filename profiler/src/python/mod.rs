@@ -122,11 +122,8 @@ impl Tracker {
     pub(crate) fn register_running(&mut self, pids: &[u32]) {
         let all: Vec<u32>;
         let pids = if pids.is_empty() {
-            all = std::fs::read_dir("/proc")
-                .map(|d| {
-                    d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                        .collect()
-                })
+            all = crate::util::proc_pids()
+                .map(Iterator::collect)
                 .unwrap_or_default();
             &all
         } else {
