@@ -252,7 +252,9 @@ impl Session {
     /// Process generations whose Python names the session holds now, when Python frames
     /// are on (`python::Tracker::python_processes`).
     pub(crate) fn python_processes(&self) -> Option<usize> {
-        self.collection.python().map(|t| t.python_processes())
+        self.collection
+            .python()
+            .map(crate::python::Tracker::python_processes)
     }
 
     /// Ends the current window and starts the next at once (no gap in sampling): everything

@@ -193,7 +193,8 @@ fn push_survives_a_receiver_restart() {
         .unwrap_or_else(|| panic!("no push count at stop in the log:\n{text}"));
     let distinct: std::collections::BTreeSet<_> =
         all.iter().map(|p| (p.from, p.until, &p.body)).collect();
-    let spooled = std::fs::read_dir(dir.path().join("data/push")).map_or(0, |d| d.count());
+    let spooled =
+        std::fs::read_dir(dir.path().join("data/push")).map_or(0, std::iter::Iterator::count);
     assert_eq!(
         spooled, 0,
         "windows left in the spool after a stop with the receiver up"
@@ -276,7 +277,7 @@ fn unreachable_push_url_is_a_clear_log_line() {
     );
     let want = format!("push to {url}/ingest failed");
     let spool = dir.path().join("data/push");
-    let spooled = || std::fs::read_dir(&spool).map_or(0, |d| d.count());
+    let spooled = || std::fs::read_dir(&spool).map_or(0, std::iter::Iterator::count);
     // Wait for what is checked (the log line, two windows on disk), not for a fixed time.
     let start = Instant::now();
     while !(std::fs::read_to_string(&log).is_ok_and(|t| t.contains(&want)) && spooled() >= 2) {

@@ -191,8 +191,8 @@ fn measure<S, T>(
     anyhow::ensure!(
         status.success()
             || std::os::unix::process::ExitStatusExt::signal(&status) == Some(libc::SIGINT),
-        "`{:?}` failed ({status})",
-        cmd.get_program()
+        "`{}` failed ({status})",
+        cmd.get_program().display()
     );
     Ok(Run {
         cpu_percent: cpu * 100.0 / wall,

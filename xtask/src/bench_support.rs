@@ -86,7 +86,7 @@ pub(crate) fn children_cpu_seconds() -> f64 {
     // SAFETY: an all-zero rusage is valid, and getrusage only fills it in.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: usage is a valid rusage for the kernel to fill in.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &raw mut usage) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
@@ -262,7 +262,14 @@ pub(crate) fn wait4(child: &Child) -> Result<(bool, libc::rusage)> {
     // SAFETY: an all-zero rusage is valid, and wait4 only fills it in.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: waits for our own unreaped child, with valid out pointers.
-    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    let pid = unsafe {
+        libc::wait4(
+            child.id() as libc::pid_t,
+            &raw mut status,
+            0,
+            &raw mut usage,
+        )
+    };
     if pid < 0 {
         bail!("wait4: {}", std::io::Error::last_os_error());
     }

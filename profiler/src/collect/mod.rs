@@ -339,7 +339,7 @@ impl Collection {
         let mut ids: Vec<u64> = self.samples.iter().map(|s| s.cgroup_id).collect();
         ids.sort_unstable();
         ids.dedup();
-        ids.retain(|id| self.cgroup_paths.get(id).is_none_or(|p| p.is_empty()));
+        ids.retain(|id| self.cgroup_paths.get(id).is_none_or(String::is_empty));
         let found = crate::cgroups::cgroup2_paths(&ids);
         for id in ids {
             self.cgroup_paths

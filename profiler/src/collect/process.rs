@@ -179,10 +179,16 @@ impl ProcessTable {
             let mut p = read_process(pid);
             // Gone before we looked: the kernel told us what it ran.
             if p.comm.is_empty() {
-                p.comm = self.lifetimes.comm(pid).unwrap_or_default().to_owned();
+                self.lifetimes
+                    .comm(pid)
+                    .unwrap_or_default()
+                    .clone_into(&mut p.comm);
             }
             if p.exe.is_empty() {
-                p.exe = self.lifetimes.exe(pid).unwrap_or_default().to_owned();
+                self.lifetimes
+                    .exe(pid)
+                    .unwrap_or_default()
+                    .clone_into(&mut p.exe);
             }
             self.processes.insert(pid, p);
         }

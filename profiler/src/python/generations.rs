@@ -138,12 +138,12 @@ mod tests {
         PyFrame { code, instr }
     }
 
-    fn name(q: &str) -> Option<PyName> {
-        Some(PyName {
+    fn name(q: &str) -> PyName {
+        PyName {
             qualname: q.into(),
             file: "x.py".into(),
             line: Some(1),
-        })
+        }
     }
 
     #[test]
@@ -153,7 +153,8 @@ mod tests {
         // The same code address and instruction before and after an exec.
         assert!(g.saw(before, &[frame(0x1000, 0x1010)]));
         assert!(!g.saw(before, &[frame(0x1000, 0x1010)]), "known already");
-        g.names.insert((before, 0x1000, 0x1010), name("first"));
+        g.names
+            .insert((before, 0x1000, 0x1010), Some(name("first")));
         assert!(g.saw(after, &[frame(0x1000, 0x1010 | ENTRY_BIT)]));
         assert_eq!(
             g.names.get(&(after, 0x1000, 0x1010)),

@@ -182,7 +182,7 @@ fn wall(p: &Profile) -> Vec<(u64, u32, String)> {
             (t, s.cpu, p.str(s.comm).to_owned())
         })
         .collect();
-    v.sort();
+    v.sort_unstable();
     v
 }
 
@@ -312,7 +312,7 @@ fn threads(p: &Profile) -> Vec<(u64, u32, u32, u32)> {
         .iter()
         .map(|s| (p.meta.start_unix_ns + s.offset_ns, s.cpu, s.pid, s.tid))
         .collect();
-    v.sort();
+    v.sort_unstable();
     v
 }
 

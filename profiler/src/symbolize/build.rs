@@ -132,7 +132,7 @@ fn user_stacks(c: &Collected, names: &NameCache, out: &mut Interner) -> Vec<Vec<
                 build_id: f
                     .build_id
                     .as_deref()
-                    .map(debuginfo::hex)
+                    .map(crate::util::hex)
                     .unwrap_or_default(),
             })
         })

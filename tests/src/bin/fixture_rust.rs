@@ -48,10 +48,9 @@ fn rust_outer(deadline: Instant) -> u64 {
 }
 
 fn main() {
-    let secs: f64 = std::env::args()
-        .nth(1)
-        .map(|arg| arg.parse().expect("usage: fixture-rust [SECONDS]"))
-        .unwrap_or(5.0);
+    let secs: f64 = std::env::args().nth(1).map_or(5.0, |arg| {
+        arg.parse().expect("usage: fixture-rust [SECONDS]")
+    });
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     black_box(rust_outer(deadline));
 }
