@@ -487,7 +487,8 @@ impl Collection {
         let python = py_frames(pframes);
         self.counts.py_truncated += u64::from(h.py_flags != 0);
         if let Some(tracker) = &mut self.python {
-            tracker.saw(space, &python, self.processes.may_run_python(space));
+            let table = &self.processes;
+            tracker.saw(space, &python, || table.may_run_python(space));
         }
         let pystack = self.pystacks.intern((space, python));
         self.samples.push(RawSample {

@@ -151,10 +151,16 @@ impl Tracker {
     /// `maybe_python` false: the kernel's records hold all of its mappings and none is an
     /// interpreter (`detect::interpreter_named`), so a new generation is not detected (no
     /// /proc read for a `/bin/true`) unless it maps one later (`mapped_interpreter`).
-    pub(crate) fn saw(&mut self, space: SpaceId, frames: &[PyFrame], maybe_python: bool) {
+    /// (Asked only of a new generation.)
+    pub(crate) fn saw(
+        &mut self,
+        space: SpaceId,
+        frames: &[PyFrame],
+        maybe_python: impl FnOnce() -> bool,
+    ) {
         let pid = space_pid(space);
         if pid != 0 && self.gens.saw(space, frames) {
-            if maybe_python || !frames.is_empty() {
+            if !frames.is_empty() || maybe_python() {
                 self.new_pids.push(pid);
             } else {
                 self.gens.defer(space);
