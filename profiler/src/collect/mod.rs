@@ -396,6 +396,14 @@ impl Collection {
                 KernelRecord::Exec { pid, time_ns, .. } | KernelRecord::Exit { pid, time_ns } => {
                     (*pid, *time_ns)
                 }
+                // A generation sampled before it mapped its interpreter (a libpython that
+                // ld.so or dlopen maps after the first sample): detect it now.
+                KernelRecord::Map {
+                    pid, time_ns, path, ..
+                } if crate::python::interpreter_named(path) => {
+                    tracker.mapped_interpreter(self.processes.space_at(*pid, *time_ns));
+                    continue;
+                }
                 _ => continue,
             };
             // An exec's time starts the new generation: the one before it ended.
@@ -479,7 +487,8 @@ impl Collection {
         let python = py_frames(pframes);
         self.counts.py_truncated += u64::from(h.py_flags != 0);
         if let Some(tracker) = &mut self.python {
-            tracker.saw(space, &python);
+            let table = &self.processes;
+            tracker.saw(space, &python, || table.may_run_python(space));
         }
         let pystack = self.pystacks.intern((space, python));
         self.samples.push(RawSample {

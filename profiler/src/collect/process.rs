@@ -176,7 +176,7 @@ impl ProcessTable {
         }
         let space = self.space_at(pid, time_ns);
         if !self.processes.contains_key(&pid) {
-            let mut p = read_process(pid);
+            let mut p = self.born_here(pid).unwrap_or_else(|| read_process(pid));
             // Gone before we looked: the kernel told us what it ran.
             if p.comm.is_empty() {
                 self.lifetimes
@@ -199,6 +199,41 @@ impl ProcessTable {
             });
         }
         space
+    }
+
+    /// Whether generation `space` may run a Python interpreter: false only when the kernel's
+    /// records hold all of its mappings (it began during the recording, or its parent's were
+    /// read from /proc) and none is a file named like one. A string test per mapping, no
+    /// read: most processes of a churn (`/bin/true`) are decided without touching /proc.
+    pub(crate) fn may_run_python(&self, space: SpaceId) -> bool {
+        let generation = (space >> 32) as u32;
+        match self.mappings.space(space_pid(space), generation) {
+            Some(s) if s.complete => s.mappings().iter().any(|m| {
+                self.files
+                    .get(m.file as usize)
+                    .and_then(|f| f.path.to_str())
+                    .is_none_or(crate::python::interpreter_named)
+            }),
+            _ => true,
+        }
+    }
+
+    /// A process whose exec the kernel's records told (it began during the recording): its
+    /// comm and executable from them, only its cgroups read from /proc. Under a churn of
+    /// short-lived processes that is one /proc read per new process instead of three (the
+    /// exe link, comm, cgroup). None: read it all from /proc. The comm is the one exec set
+    /// (a later prctl rename is not in the records; each sample carries its thread's own).
+    fn born_here(&self, pid: u32) -> Option<Process> {
+        let (comm, exe) = (self.lifetimes.comm(pid)?, self.lifetimes.exe(pid)?);
+        let cgroups = crate::cgroups::read_process_cgroups(pid);
+        Some(Process {
+            pid,
+            comm: comm.to_owned(),
+            exe: exe.to_owned(),
+            cgroup: cgroups.v2,
+            memory_cgroup: cgroups.memory,
+            cpu_cgroup: cgroups.cpu,
+        })
     }
 
     /// The address space `pid` had at `time_ns`, as far as the kernel's records read so far
@@ -553,5 +588,94 @@ mod tests {
         assert!(!t.parent_comms.contains_key(&me));
         t.apply(&[fork(4_000_003, 4)]);
         assert_eq!(t.lifetimes.comm(4_000_003), Some(comm.as_str()));
+    }
+
+    /// A process whose exec the records told is named by them: its comm and exe are the
+    /// records' (here made up for this live test process, so /proc would say otherwise),
+    /// only its cgroup is read from /proc.
+    #[test]
+    fn a_process_born_during_the_recording_is_named_by_its_records() {
+        let me = std::process::id();
+        let mut t = ProcessTable::default();
+        t.apply(&[
+            KernelRecord::Exec {
+                pid: me,
+                time_ns: 1,
+                comm: "fx-born".into(),
+            },
+            KernelRecord::Map {
+                pid: me,
+                time_ns: 2,
+                start: 0x1000,
+                end: 0x2000,
+                pgoff: 0,
+                path: "/nonexistent/fx-born".into(),
+                id: FileIdentity::Inode(1, 1),
+            },
+        ]);
+        t.saw(me, 3, &[]);
+        let p = &t.processes[&me];
+        assert_eq!(
+            (p.comm.as_str(), p.exe.as_str()),
+            ("fx-born", "/nonexistent/fx-born")
+        );
+        assert_eq!(p.cgroup, crate::cgroups::read_process_cgroups(me).v2);
+        assert!(!p.cgroup.is_empty(), "the cgroup is still read from /proc");
+        // A process the records never described is read from /proc.
+        let mut t = ProcessTable::default();
+        t.saw(me, 3, &[]);
+        assert_eq!(t.processes[&me].comm, read_comm(me).unwrap());
+    }
+
+    /// Python detection is skipped only for a space the records hold whole with no file
+    /// named like an interpreter; a libpython mapped later makes it a candidate.
+    #[test]
+    fn only_spaces_without_an_interpreter_file_are_ruled_out_of_python() {
+        let dir = std::env::temp_dir().join(format!("may-run-python-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Files are one by build id: each name a copy of another binary.
+        let map = |pid, time_ns, start: u64, name: &str, of: &str| {
+            let path = dir.join(name);
+            std::fs::copy(of, &path).unwrap();
+            let m = std::fs::metadata(&path).unwrap();
+            use std::os::unix::fs::MetadataExt as _;
+            KernelRecord::Map {
+                pid,
+                time_ns,
+                start,
+                end: start + 0x1000,
+                pgoff: 0,
+                path: path.display().to_string(),
+                id: FileIdentity::Inode(m.dev(), m.ino()),
+            }
+        };
+        let pid = 4_000_300;
+        let mut t = ProcessTable::default();
+        t.apply(&[
+            KernelRecord::Exec {
+                pid,
+                time_ns: 10,
+                comm: "fx-true".into(),
+            },
+            map(pid, 11, 0x10000, "fx-true", "/bin/true"),
+        ]);
+        let space = t.space_at(pid, 12);
+        assert_eq!(
+            t.mappings.space(pid, 1).map(|s| s.mappings().len()),
+            Some(1)
+        );
+        assert!(
+            !t.may_run_python(space),
+            "a complete space without an interpreter"
+        );
+        t.apply(&[map(pid, 13, 0x20000, "libpython3.99.so.1.0", "/bin/false")]);
+        assert!(t.may_run_python(space), "libpython mapped");
+        // A process from before the recording (mappings only partly known) and one the
+        // records never told of may run anything.
+        let old = 4_000_301;
+        t.apply(&[map(old, 14, 0x10000, "fx-true", "/bin/true")]);
+        assert!(t.may_run_python(t.space_at(old, 15)));
+        assert!(t.may_run_python(space_id(4_000_302, 0)));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
