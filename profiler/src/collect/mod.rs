@@ -478,7 +478,10 @@ impl Collection {
             hook(crate::unwind::ProcessEvent::Sampled {
                 pid: h.pid,
                 stale,
-                mappings: self.processes.unwind_mappings(h.pid, h.time_ns),
+                // Its mappings now, not at the sample: the kernel's entry is for the samples
+                // to come, and a sample taken before an exec this drain read (or in ld.so)
+                // would replace the newer mappings `tell_mappings` just gave the loader.
+                mappings: self.processes.unwind_mappings(h.pid, u64::MAX),
             });
         }
         let space = self.processes.saw(h.pid, h.time_ns, &user);
@@ -586,3 +589,7 @@ fn py_frames(bytes: &[u8]) -> Box<[PyFrame]> {
         })
         .collect()
 }
+
+#[cfg(test)]
+#[path = "collection_tests.rs"]
+mod tests;
