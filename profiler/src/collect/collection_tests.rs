@@ -1,10 +1,7 @@
 //! Unit tests of the live collector: what the unwind-table loader is told.
-use std::{
-    os::unix::fs::MetadataExt,
-    sync::{Arc, Mutex},
-};
+use std::sync::{Arc, Mutex};
 
-use super::*;
+use super::{process::tests::map_record, *};
 use crate::unwind::ProcessEvent;
 
 /// A sample record as the sampler writes it: the header, then `user` addresses.
@@ -29,19 +26,6 @@ fn sample(pid: u32, time_ns: u64, user: &[u64]) -> Vec<u8> {
         v.extend_from_slice(&a.to_ne_bytes());
     }
     v
-}
-
-fn map(pid: u32, time_ns: u64, start: u64, path: &str) -> KernelRecord {
-    let md = std::fs::metadata(path).expect("a system binary");
-    KernelRecord::Map {
-        pid,
-        time_ns,
-        start,
-        end: start + 0x1000,
-        pgoff: 0,
-        path: path.to_owned(),
-        id: kernel_records::FileIdentity::Inode(md.dev(), md.ino()),
-    }
 }
 
 /// A process's first sample may come from before its latest exec was read (taken while the
@@ -69,13 +53,13 @@ fn the_first_sample_loads_the_process_as_it_is_now() {
             time_ns: 10,
             comm: "sh".into(),
         },
-        map(pid, 11, 0x40_0000, "/usr/bin/true"),
+        map_record(pid, 11, 0x40_0000, "/usr/bin/true"),
         KernelRecord::Exec {
             pid,
             time_ns: 20,
             comm: "fx".into(),
         },
-        map(pid, 21, 0x50_0000, "/usr/bin/false"),
+        map_record(pid, 21, 0x50_0000, "/usr/bin/false"),
     ]);
     c.add(&sample(pid, 15, &[0x40_0010]));
     let seen = seen.lock().unwrap();
