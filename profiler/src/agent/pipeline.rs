@@ -48,8 +48,15 @@ pub(super) enum Job {
     Tap(Vec<Window>, Reply),
 }
 
-/// Where a tap's profile goes.
-pub(super) type Reply = oneshot::Sender<Result<Profile, String>>;
+/// Where a tap's profile goes, or why there is none.
+pub(crate) type Reply = oneshot::Sender<Result<Profile, TapError>>;
+
+/// Why a /debug/pprof/profile request gets no profile (the API answers 503, retry later).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TapError {
+    #[error("the agent is behind on symbolizing; try again later")]
+    Behind,
+}
 
 /// The symbolizer's queue: windows and taps, each bounded; taps go first (a client waits
 /// for them; a window only has to be stored some time).
