@@ -119,10 +119,7 @@ pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
     let hierarchies = crate::cgroups::hierarchies();
     let mut cgroups = Vec::new();
     for path in &args.cgroups {
-        match crate::cgroups::resolve_target(path, &hierarchies) {
-            Ok(targets) => cgroups.extend(targets),
-            Err(message) => bail!("{message}"),
-        }
+        cgroups.extend(crate::cgroups::resolve_target(path, &hierarchies)?);
     }
     super::check_privileges()?;
 

@@ -44,8 +44,13 @@ pub enum StoreError {
     Missing(String),
     #[error("{0}")]
     Range(String),
-    #[error("{0}")]
-    Corrupt(String),
+    #[error("the store is damaged")]
+    CorruptStack(#[source] intern::StackError),
+    #[error("the store is damaged: the window stored at {start} ns")]
+    CorruptTimes {
+        start: u64,
+        source: times::TimesError,
+    },
 }
 
 const SCHEMA: &str = "

@@ -83,7 +83,7 @@ impl Store {
         read.map_err(|e| match e {
             ReadError::Sql(e) => self.err(e),
             ReadError::Range(m) => StoreError::Range(m),
-            ReadError::Corrupt(m) => StoreError::Corrupt(m),
+            ReadError::Corrupt(e) => e,
         })
     }
 
@@ -208,9 +208,7 @@ impl Store {
                         }
                         let ids = stack_text
                             .query_row([db_stack], |r| Ok(intern::decode_stack(r.get_ref(0)?)))?
-                            .map_err(|e| {
-                                ReadError::Corrupt(format!("{e}; the store is damaged"))
-                            })?;
+                            .map_err(|e| ReadError::Corrupt(StoreError::CorruptStack(e)))?;
                         let s = parse_stack(&mut out, &mut frame_of, &mut frames, &ids)?;
                         stacks.insert(db_stack, s);
                         s
@@ -239,11 +237,11 @@ impl Store {
                 if w.timed {
                     let blob: Option<Vec<u8>> = r.get(6)?;
                     let at = times::decode(blob.as_deref().unwrap_or_default(), n, w.duration)
-                        .map_err(|e| {
-                            ReadError::Corrupt(format!(
-                                "the window stored at {} ns: {e}; the store is damaged",
-                                w.start
-                            ))
+                        .map_err(|source| {
+                            ReadError::Corrupt(StoreError::CorruptTimes {
+                                start: w.start,
+                                source,
+                            })
                         })?;
                     samples.extend(at.into_iter().map(|(t, cpu)| sample(base + t, cpu)));
                 } else {
@@ -333,7 +331,8 @@ fn parse_stack(
 enum ReadError {
     Sql(rusqlite::Error),
     Range(String),
-    Corrupt(String),
+    /// `StoreError::CorruptStack` or `CorruptTimes`.
+    Corrupt(StoreError),
 }
 
 impl From<rusqlite::Error> for ReadError {
