@@ -148,7 +148,7 @@ async fn stored(state: &State, req: &Request, flamegraph: bool) -> Result<Respon
         let profile: Profile = Store::open_read(&dir)
             .and_then(|s| s.read_bounded(&query, API_LIMITS))
             .map_err(|e| match e {
-                StoreError::Range(m) => bad(&m),
+                e @ StoreError::TooBig { .. } => bad(&e.to_string()),
                 e => Response::text(500, &crate::util::chain(&e)),
             })?;
         if profile.samples.is_empty() {

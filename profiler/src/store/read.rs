@@ -82,8 +82,7 @@ impl Store {
         drop(tx);
         read.map_err(|e| match e {
             ReadError::Sql(e) => self.err(e),
-            ReadError::Range(m) => StoreError::Range(m),
-            ReadError::Corrupt(e) => e,
+            ReadError::Store(e) => e,
         })
     }
 
@@ -136,12 +135,7 @@ impl Store {
             windows.push(w);
         }
         between();
-        let too_many = |what: &str, max: u64| {
-            ReadError::Range(format!(
-                "the range holds more than the {max} {what} one read may rebuild; ask for a \
-                 shorter range or fewer comms"
-            ))
-        };
+        let too_many = |what, max| ReadError::Store(StoreError::TooBig { what, max });
         let start = meta.start_unix_ns;
         let mut out = Interner::new(meta);
         let mut stacks: HashMap<i64, u32> = HashMap::new();
@@ -208,7 +202,7 @@ impl Store {
                         }
                         let ids = stack_text
                             .query_row([db_stack], |r| Ok(intern::decode_stack(r.get_ref(0)?)))?
-                            .map_err(|e| ReadError::Corrupt(StoreError::CorruptStack(e)))?;
+                            .map_err(|e| ReadError::Store(StoreError::CorruptStack(e)))?;
                         let s = parse_stack(&mut out, &mut frame_of, &mut frames, &ids)?;
                         stacks.insert(db_stack, s);
                         s
@@ -238,7 +232,7 @@ impl Store {
                     let blob: Option<Vec<u8>> = r.get(6)?;
                     let at = times::decode(blob.as_deref().unwrap_or_default(), n, w.duration)
                         .map_err(|source| {
-                            ReadError::Corrupt(StoreError::CorruptTimes {
+                            ReadError::Store(StoreError::CorruptTimes {
                                 start: w.start,
                                 source,
                             })
@@ -329,10 +323,10 @@ fn parse_stack(
 }
 
 enum ReadError {
+    /// Named with the store's path by `Store::err` when the read ends.
     Sql(rusqlite::Error),
-    Range(String),
-    /// `StoreError::CorruptStack` or `CorruptTimes`.
-    Corrupt(StoreError),
+    /// Too big or corrupt: as it is.
+    Store(StoreError),
 }
 
 impl From<rusqlite::Error> for ReadError {
