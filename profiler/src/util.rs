@@ -208,6 +208,55 @@ mod tests {
         let outer = crate::record::RecordError::Kallsyms(std::io::Error::other("denied"));
         assert_eq!(chain(&outer), "cannot read /proc/kallsyms: denied");
     }
+
+    /// The typed errors of bad input, made by the code that makes them: each is one line, no
+    /// step's message repeats its cause's, and the chain reads as the old one-string message.
+    #[test]
+    fn no_error_repeats_its_cause() {
+        use crate::agent::config::FileConfig;
+        let apply = |text: &str| {
+            let file: FileConfig = toml::from_str(text).unwrap();
+            file.apply(&mut crate::agent::AgentConfig::default())
+                .unwrap_err()
+        };
+        let errors: Vec<Box<dyn std::error::Error>> = vec![
+            Box::new(apply("retention = \"ten\"")),
+            Box::new(apply("unwind-memory = \"lots\"")),
+            Box::new(apply("window = \"2h\"")),
+            Box::new(FileConfig::load(std::path::Path::new("/")).unwrap_err()),
+            Box::new(crate::agent::time_ago("yesterday", 0).unwrap_err()),
+            Box::new(crate::agent::AgentError::PushUrl {
+                flag: "--otlp-endpoint",
+                source: crate::agent::push::parse_push_url("http://").unwrap_err(),
+            }),
+            Box::new(crate::cgroups::resolve_target("/no/such", &[]).unwrap_err()),
+        ];
+        for e in &errors {
+            let line = chain(e.as_ref());
+            assert!(!line.is_empty() && !line.contains('\n'), "{line:?}");
+            let mut step: &dyn std::error::Error = e.as_ref();
+            while let Some(cause) = step.source() {
+                let (outer, inner) = (step.to_string(), cause.to_string());
+                assert!(
+                    !outer.contains(&inner),
+                    "`{outer}` repeats its cause `{inner}`"
+                );
+                step = cause;
+            }
+        }
+        let lines: Vec<String> = errors.iter().map(|e| chain(e.as_ref())).collect();
+        assert_eq!(
+            lines[0],
+            "retention: `ten` is not a duration; write e.g. 10s, 500ms, 2m, 1d"
+        );
+        assert_eq!(lines[3], "cannot read config /: a directory; give a file");
+        assert_eq!(
+            lines[4],
+            "a time is `now` or a duration ago such as 1h, 30m: \
+             `yesterday` is not a duration; write e.g. 10s, 500ms, 2m, 1d"
+        );
+        assert_eq!(lines[5], "--otlp-endpoint: push url `http://` has no host");
+    }
     use std::{os::unix::fs::FileTypeExt as _, time::Duration};
 
     #[test]
