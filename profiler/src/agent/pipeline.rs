@@ -309,7 +309,7 @@ impl StoreStage {
     fn retain(&mut self, failing: bool) -> bool {
         match self.store.retain(unix_now_ns(), self.retention) {
             Err(e) if !failing => {
-                log::error!("store retention failed: {e}");
+                log::error!("store retention failed: {}", crate::util::chain(&e));
                 true
             }
             Err(_) => true,
@@ -333,6 +333,8 @@ impl StoreStage {
                     m.pipeline.settle(n, |q| &mut q.stored);
                 }
                 Err(e) => {
+                    // The store's error names the file; its cause (SQLite's) says why.
+                    let e = crate::util::chain(&e);
                     *self.shared.store_problem() = Some(format!(
                         "cannot write to the store: {e}; {} windows wait in memory",
                         pending.len().min(MAX_PENDING)

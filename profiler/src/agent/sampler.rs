@@ -95,7 +95,7 @@ impl Stage {
                 }
             };
             if let Err(e) = self.sample(&mut session).await {
-                log::error!("sampling failed: {e}");
+                log::error!("sampling failed: {}", util::chain(&e));
             }
         });
     }
