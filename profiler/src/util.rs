@@ -1,8 +1,10 @@
 //! Small helpers shared across the pipeline.
 
 mod dense;
+mod input;
 
 pub(crate) use dense::{Dense, FxDense, FxMap};
+pub(crate) use input::InputError;
 
 /// An error and its causes on one line, `: `-separated, for logs and HTTP bodies (the CLI
 /// prints anyhow's `{:#}`, the same). The crate's errors name only their own step and give
@@ -119,17 +121,17 @@ pub(crate) fn check_atomic_writable(path: &std::path::Path) -> std::io::Result<(
 }
 
 /// Parses a duration: `10s`, `500ms`, `2m`, `1h`, `7d`, or a bare number of seconds (`1.5`).
-pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, InputError> {
     let ns = duration_ns(text)?;
     if !(0.5..1e18).contains(&ns) {
-        return Err(format!("`{text}` must be a positive duration"));
+        return Err(InputError::NotPositive(text.to_owned()));
     }
     Ok(std::time::Duration::from_nanos(ns.round() as u64))
 }
 
 /// A duration in ns, unchecked beyond its syntax: `parse_duration` and the offsets of
 /// `report --from/--to` (where 0 is valid) share it. Units: us, ms, s (or none), m, min, h, d.
-pub(crate) fn duration_ns(text: &str) -> Result<f64, String> {
+pub(crate) fn duration_ns(text: &str) -> Result<f64, InputError> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -137,7 +139,7 @@ pub(crate) fn duration_ns(text: &str) -> Result<f64, String> {
     let (num, unit) = t.split_at(split);
     let value: f64 = num
         .parse()
-        .map_err(|_| format!("`{text}` is not a duration; write e.g. 10s, 500ms, 2m, 1d"))?;
+        .map_err(|_| InputError::NotDuration(text.to_owned()))?;
     let scale = match unit {
         "" | "s" => 1e9,
         "ms" => 1e6,
@@ -146,9 +148,10 @@ pub(crate) fn duration_ns(text: &str) -> Result<f64, String> {
         "h" => 3600e9,
         "d" => 86400e9,
         _ => {
-            return Err(format!(
-                "`{text}`: unknown unit `{unit}`; use ms, s, m, h or d"
-            ));
+            return Err(InputError::DurationUnit {
+                text: text.to_owned(),
+                unit: unit.to_owned(),
+            });
         }
     };
     Ok(value * scale)
@@ -204,6 +207,55 @@ mod tests {
         assert_eq!(chain(&e), "/x.capture: entity not found");
         let outer = crate::record::RecordError::Kallsyms(std::io::Error::other("denied"));
         assert_eq!(chain(&outer), "cannot read /proc/kallsyms: denied");
+    }
+
+    /// The typed errors of bad input, made by the code that makes them: each is one line, no
+    /// step's message repeats its cause's, and the chain reads as the old one-string message.
+    #[test]
+    fn no_error_repeats_its_cause() {
+        use crate::agent::config::FileConfig;
+        let apply = |text: &str| {
+            let file: FileConfig = toml::from_str(text).unwrap();
+            file.apply(&mut crate::agent::AgentConfig::default())
+                .unwrap_err()
+        };
+        let errors: Vec<Box<dyn std::error::Error>> = vec![
+            Box::new(apply("retention = \"ten\"")),
+            Box::new(apply("unwind-memory = \"lots\"")),
+            Box::new(apply("window = \"2h\"")),
+            Box::new(FileConfig::load(std::path::Path::new("/")).unwrap_err()),
+            Box::new(crate::agent::time_ago("yesterday", 0).unwrap_err()),
+            Box::new(crate::agent::AgentError::PushUrl {
+                flag: "--otlp-endpoint",
+                source: crate::agent::push::parse_push_url("http://").unwrap_err(),
+            }),
+            Box::new(crate::cgroups::resolve_target("/no/such", &[]).unwrap_err()),
+        ];
+        for e in &errors {
+            let line = chain(e.as_ref());
+            assert!(!line.is_empty() && !line.contains('\n'), "{line:?}");
+            let mut step: &dyn std::error::Error = e.as_ref();
+            while let Some(cause) = step.source() {
+                let (outer, inner) = (step.to_string(), cause.to_string());
+                assert!(
+                    !outer.contains(&inner),
+                    "`{outer}` repeats its cause `{inner}`"
+                );
+                step = cause;
+            }
+        }
+        let lines: Vec<String> = errors.iter().map(|e| chain(e.as_ref())).collect();
+        assert_eq!(
+            lines[0],
+            "retention: `ten` is not a duration; write e.g. 10s, 500ms, 2m, 1d"
+        );
+        assert_eq!(lines[3], "cannot read config /: a directory; give a file");
+        assert_eq!(
+            lines[4],
+            "a time is `now` or a duration ago such as 1h, 30m: \
+             `yesterday` is not a duration; write e.g. 10s, 500ms, 2m, 1d"
+        );
+        assert_eq!(lines[5], "--otlp-endpoint: push url `http://` has no host");
     }
     use std::{os::unix::fs::FileTypeExt as _, time::Duration};
 

@@ -268,11 +268,12 @@ fn agent_config_file() {
         |bytes| {
             match std::str::from_utf8(bytes).map(|text| FileConfig::parse(text, path)) {
                 Ok(Ok(file)) => {
+                    // The line the CLI prints: the error and its causes (`{:#}`).
                     if let Err(e) = file.apply(&mut AgentConfig::default()) {
-                        one_line("config apply", &e);
+                        one_line("config apply", &format!("{:#}", anyhow::Error::from(e)));
                     }
                 }
-                Ok(Err(e)) => one_line("config", &e),
+                Ok(Err(e)) => one_line("config", &format!("{:#}", anyhow::Error::from(e))),
                 Err(_) => {} // `load` refuses non-UTF-8 before parsing
             }
             linear(bytes, 256, 1 << 20)

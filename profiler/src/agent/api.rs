@@ -103,7 +103,7 @@ async fn pprof(state: &State, req: &Request) -> Result<Response, Response> {
     }
     let profile = match answer.await {
         Ok(Ok(p)) => p,
-        Ok(Err(why)) => return Err(Response::busy(&why, RETRY_AFTER_S)),
+        Ok(Err(why)) => return Err(Response::busy(&why.to_string(), RETRY_AFTER_S)),
         Err(_) => return Err(Response::text(503, "the agent is stopping")),
     };
     // Encoding takes a while for a long profile: off the thread that serves HTTP.
@@ -123,7 +123,7 @@ async fn stored(state: &State, req: &Request, flamegraph: bool) -> Result<Respon
     let now = unix_now_ns();
     let at = |name: &str, default: &str| {
         let text = req.param(name).unwrap_or(default);
-        time_ago(text, now).map_err(|e| bad(&format!("{name}: {e}")))
+        time_ago(text, now).map_err(|e| bad(&format!("{name}: {}", crate::util::chain(&e))))
     };
     let (since, until) = (at("since", "10m")?, at("until", "now")?);
     if since >= until {
@@ -148,7 +148,7 @@ async fn stored(state: &State, req: &Request, flamegraph: bool) -> Result<Respon
         let profile: Profile = Store::open_read(&dir)
             .and_then(|s| s.read_bounded(&query, API_LIMITS))
             .map_err(|e| match e {
-                StoreError::Range(m) => bad(&m),
+                e @ StoreError::TooBig { .. } => bad(&e.to_string()),
                 e => Response::text(500, &crate::util::chain(&e)),
             })?;
         if profile.samples.is_empty() {

@@ -4,7 +4,10 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-use crate::{unwind::UnwindMode, util::parse_duration};
+use crate::{
+    unwind::UnwindMode,
+    util::{InputError, parse_duration},
+};
 
 /// Everything the agent needs to run.
 #[derive(Clone, Debug, PartialEq)]
@@ -67,6 +70,36 @@ impl Default for AgentConfig {
     }
 }
 
+/// Why the config file was refused; each names the file or the key, its cause follows.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {}: not UTF-8 text", path.display())]
+    NotUtf8 { path: PathBuf },
+    /// toml's own error spans several lines with a source excerpt: only its one-line
+    /// message is kept, so it is not a `source()`.
+    #[error("config {}: {message}", path.display())]
+    Syntax { path: PathBuf, message: String },
+    /// A value whose message names its key already (frequency, window, listen, max size).
+    #[error(transparent)]
+    Value(#[from] InputError),
+    /// A value whose message does not: the key says which.
+    #[error("{key}")]
+    Key {
+        key: &'static str,
+        #[source]
+        source: InputError,
+    },
+    #[error("unwind must be auto, fp or dwarf, got `{0}`")]
+    Unwind(String),
+    #[error("python must be on or off, got `{0}`")]
+    Python(String),
+}
+
 /// Largest config file read: the keys fit in a few hundred bytes.
 pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
@@ -105,25 +138,29 @@ pub struct FileConfig {
 impl FileConfig {
     /// Reads and parses `path`; errors say which file and which key. Only a regular file of
     /// at most `MAX_CONFIG_BYTES` is read (a FIFO or /dev/zero would hang or exhaust the agent).
-    pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        let cannot = |e: std::io::Error| format!("cannot read config {}: {e}", path.display());
-        let bytes = crate::util::read_regular(path, MAX_CONFIG_BYTES).map_err(cannot)?;
-        let text = String::from_utf8(bytes)
-            .map_err(|_| format!("config {}: not UTF-8 text", path.display()))?;
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let bytes = crate::util::read_regular(path, MAX_CONFIG_BYTES).map_err(|source| {
+            ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
+        let text = String::from_utf8(bytes).map_err(|_| ConfigError::NotUtf8 {
+            path: path.to_owned(),
+        })?;
         Self::parse(&text, path)
     }
 
     /// Parses the TOML text of the file at `path` (named in errors).
-    pub fn parse(text: &str, path: &std::path::Path) -> Result<Self, String> {
-        toml::from_str(text).map_err(|e| {
-            // toml's message spans several lines with a source excerpt: keep it on one.
-            let msg = e.message().to_owned();
-            format!("config {}: {msg}", path.display())
+    pub fn parse(text: &str, path: &std::path::Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: path.to_owned(),
+            message: e.message().to_owned(),
         })
     }
 
     /// Applies the file's keys over `c`.
-    pub fn apply(self, c: &mut AgentConfig) -> Result<(), String> {
+    pub fn apply(self, c: &mut AgentConfig) -> Result<(), ConfigError> {
         let Self {
             frequency,
             window,
@@ -151,10 +188,10 @@ impl FileConfig {
             c.data_dir = d;
         }
         if let Some(r) = retention {
-            c.retention = parse_duration(&r).map_err(|e| format!("retention: {e}"))?;
+            c.retention = parse_duration(&r).map_err(key("retention"))?;
         }
         if let Some(k) = keep_times {
-            c.keep_times = parse_duration(&k).map_err(|e| format!("keep-times: {e}"))?;
+            c.keep_times = parse_duration(&k).map_err(key("keep-times"))?;
         }
         if let Some(s) = max_size {
             c.max_size_bytes = parse_size(&s)?;
@@ -179,46 +216,64 @@ impl FileConfig {
         }
         if let Some(u) = unwind {
             c.unwind = <UnwindMode as clap::ValueEnum>::from_str(&u, false)
-                .map_err(|_| format!("unwind must be auto, fp or dwarf, got `{u}`"))?;
+                .map_err(|_| ConfigError::Unwind(u))?;
         }
         if let Some(m) = unwind_memory {
-            c.unwind_memory =
-                crate::cli::parse_bytes(&m).map_err(|e| format!("unwind-memory: {e}"))?;
+            c.unwind_memory = crate::cli::parse_bytes(&m).map_err(key("unwind-memory"))?;
         }
         if let Some(p) = python {
             c.python = match p.as_str() {
                 "on" => true,
                 "off" => false,
-                _ => return Err(format!("python must be on or off, got `{p}`")),
+                _ => return Err(ConfigError::Python(p)),
             };
         }
         Ok(())
     }
 }
 
-pub(crate) fn check_frequency(hz: u32) -> Result<u32, String> {
+/// `ConfigError::Key` for the value of `name`.
+fn key(name: &'static str) -> impl Fn(InputError) -> ConfigError {
+    move |source| ConfigError::Key { key: name, source }
+}
+
+pub(crate) fn check_frequency(hz: u32) -> Result<u32, InputError> {
     if (1..=1000).contains(&hz) {
         Ok(hz)
     } else {
-        Err(format!(
-            "frequency must be in 1..=1000 Hz for the agent, got {hz}"
-        ))
+        Err(InputError::AgentFrequency(hz))
     }
 }
 
+/// `--frequency` of the agent: a whole number in 1..=1000.
+pub(crate) fn parse_frequency(text: &str) -> Result<u32, InputError> {
+    text.parse::<u32>()
+        .map_err(|_| InputError::NotWholeNumber(text.to_owned()))
+        .and_then(check_frequency)
+}
+
 /// A window length: 1 s to 1 h.
-pub(crate) fn parse_window(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_window(text: &str) -> Result<Duration, InputError> {
     let d = parse_duration(text)?;
     if d < Duration::from_secs(1) || d > Duration::from_secs(3600) {
-        return Err(format!("window `{text}` must be between 1s and 1h"));
+        return Err(InputError::Window(text.to_owned()));
     }
     Ok(d)
 }
 
 /// `ADDR:PORT`, e.g. 127.0.0.1:7070 or [::1]:7070.
-pub(crate) fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+pub(crate) fn parse_listen(text: &str) -> Result<SocketAddr, InputError> {
     text.parse()
-        .map_err(|_| format!("listen address `{text}` is not IP:PORT (e.g. 127.0.0.1:7070)"))
+        .map_err(|_| InputError::Listen(text.to_owned()))
+}
+
+/// A non-loopback `listen` without a token or consent (`AgentConfig::check_exposure`).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "refusing to serve the API on {listen} without a token: give --token-file FILE (clients send `Authorization: Bearer TOKEN`), or --insecure-listen to serve it to anyone who can reach it"
+)]
+pub(crate) struct ExposureError {
+    listen: SocketAddr,
 }
 
 impl AgentConfig {
@@ -233,25 +288,24 @@ impl AgentConfig {
 
     /// Refuses a non-loopback `listen` without a token unless `insecure_listen` says so:
     /// profiles show what every process on the host runs, and the API can be made to work.
-    pub(crate) fn check_exposure(&self) -> Result<(), String> {
+    pub(crate) fn check_exposure(&self) -> Result<(), ExposureError> {
         if self.listen.ip().is_loopback() || self.token_file.is_some() || self.insecure_listen {
             return Ok(());
         }
-        Err(format!(
-            "refusing to serve the API on {} without a token: give --token-file FILE (clients send `Authorization: Bearer TOKEN`), or --insecure-listen to serve it to anyone who can reach it",
-            self.listen
-        ))
+        Err(ExposureError {
+            listen: self.listen,
+        })
     }
 }
 
 /// Bytes: `1GiB`, `500MiB`, `100MB`, `4096`.
-pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(text: &str) -> Result<u64, InputError> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("`{text}` is not a size; write e.g. 1GiB, 500MiB"))?;
+        .map_err(|_| InputError::NotSize(text.to_owned()))?;
     let scale: u64 = match unit.trim() {
         "" | "B" => 1,
         "KiB" | "K" => 1 << 10,
@@ -261,14 +315,15 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
         u => {
-            return Err(format!(
-                "`{text}`: unknown unit `{u}`; use B, KiB (K), MiB (M), GiB (G), or KB, MB, GB (powers of 1000)"
-            ));
+            return Err(InputError::SizeUnit {
+                text: text.to_owned(),
+                unit: u.to_owned(),
+            });
         }
     };
     let bytes = n.saturating_mul(scale);
     if bytes < 1 << 20 {
-        return Err(format!("max size `{text}` is below 1MiB"));
+        return Err(InputError::SizeBelowMiB(text.to_owned()));
     }
     Ok(bytes)
 }
@@ -316,7 +371,7 @@ mod tests {
             ("unwind-memory = \"lots\"", "unwind-memory: expected a size"),
         ] {
             let f: FileConfig = toml::from_str(text).unwrap();
-            let e = f.apply(&mut AgentConfig::default()).unwrap_err();
+            let e = crate::util::chain(&f.apply(&mut AgentConfig::default()).unwrap_err());
             assert!(e.starts_with(want), "{text}: {e}");
         }
     }
@@ -342,7 +397,7 @@ mod tests {
             (&dir, "a directory"),
             (&big, "larger than 1 MiB"),
         ] {
-            let e = FileConfig::load(path).unwrap_err();
+            let e = crate::util::chain(&FileConfig::load(path).unwrap_err());
             assert!(
                 e.contains(says) && !e.contains('\n'),
                 "{}: {e}",
@@ -373,7 +428,7 @@ mod tests {
         let mut c = AgentConfig::default();
         assert!(c.check_exposure().is_ok());
         c.listen = parse_listen("0.0.0.0:7070").unwrap();
-        let e = c.check_exposure().unwrap_err();
+        let e = c.check_exposure().unwrap_err().to_string();
         assert!(
             e.contains("--token-file") && e.contains("--insecure-listen"),
             "{e}"

@@ -43,14 +43,20 @@ pub(crate) enum AgentError {
     Record(#[from] RecordError),
     #[error("cannot use the push spool in the data dir")]
     Spool(#[source] std::io::Error),
-    #[error("{0}")]
-    PushUrl(String),
+    #[error("{flag}")]
+    PushUrl {
+        flag: &'static str,
+        #[source]
+        source: push::PushUrlError,
+    },
     #[error("cannot start the runtime")]
     Runtime(#[source] std::io::Error),
     #[error(transparent)]
     Token(#[from] crate::http::TokenError),
-    #[error("{0}")]
-    Exposure(String),
+    #[error(transparent)]
+    Exposure(#[from] config::ExposureError),
+    #[error("{env} must be a whole number of milliseconds, got `{value}`")]
+    TestDelay { env: &'static str, value: String },
 }
 
 /// What the stages share with each other and the HTTP API, each behind its own short lock.
@@ -116,7 +122,7 @@ pub(crate) fn run(
 ) -> Result<(), AgentError> {
     one_malloc_arena();
     // Every check before loading BPF, so a bad data dir, port or token fails fast and clearly.
-    config.check_exposure().map_err(AgentError::Exposure)?;
+    config.check_exposure()?;
     let token = config
         .token_file
         .as_deref()
@@ -130,17 +136,17 @@ pub(crate) fn run(
             source,
         })?;
     let mut pushers = Vec::new();
-    for (url, protocol) in [
-        (&config.push_url, push::Protocol::Pyroscope),
-        (&config.otlp_endpoint, push::Protocol::Otlp),
+    for (url, protocol, flag) in [
+        (&config.push_url, push::Protocol::Pyroscope, "--push-url"),
+        (
+            &config.otlp_endpoint,
+            push::Protocol::Otlp,
+            "--otlp-endpoint",
+        ),
     ] {
         if let Some(url) = url {
-            let url = push::parse_push_url(url).map_err(|e| {
-                AgentError::PushUrl(match protocol {
-                    push::Protocol::Pyroscope => e,
-                    push::Protocol::Otlp => format!("--otlp-endpoint: {e}"),
-                })
-            })?;
+            let url =
+                push::parse_push_url(url).map_err(|source| AgentError::PushUrl { flag, source })?;
             pushers.push(
                 push::Pusher::new(url, protocol, &config.data_dir).map_err(AgentError::Spool)?,
             );
@@ -345,17 +351,13 @@ fn one_malloc_arena() {
 
 /// A test hook's delay: `pipeline::STORE_DELAY_ENV` (a slow store) or
 /// `sampler::SETTLE_DELAY_ENV` (a slow cut).
-fn test_delay(env: &str) -> Result<Option<Duration>, AgentError> {
+fn test_delay(env: &'static str) -> Result<Option<Duration>, AgentError> {
     match std::env::var(env) {
         Err(_) => Ok(None),
         Ok(v) => v
             .parse::<u64>()
             .map(|ms| Some(Duration::from_millis(ms)))
-            .map_err(|_| {
-                AgentError::Exposure(format!(
-                    "{env} must be a whole number of milliseconds, got `{v}`"
-                ))
-            }),
+            .map_err(|_| AgentError::TestDelay { env, value: v }),
     }
 }
 
@@ -366,13 +368,17 @@ pub(crate) fn unix_now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// A time that is neither `now` nor a duration ago; the duration's error follows.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a time is `now` or a duration ago such as 1h, 30m")]
+pub(crate) struct TimeAgoError(#[source] crate::util::InputError);
+
 /// A time given as `now` or as a duration ago (`1h`, `30m`, `90s`), in ns since the epoch.
-pub(crate) fn time_ago(text: &str, now_unix_ns: u64) -> Result<u64, String> {
+pub(crate) fn time_ago(text: &str, now_unix_ns: u64) -> Result<u64, TimeAgoError> {
     if text == "now" {
         return Ok(now_unix_ns);
     }
-    let d = crate::util::parse_duration(text)
-        .map_err(|e| format!("{e} (a time is `now` or a duration ago such as 1h, 30m)"))?;
+    let d = crate::util::parse_duration(text).map_err(TimeAgoError)?;
     Ok(now_unix_ns.saturating_sub(d.as_nanos() as u64))
 }
 

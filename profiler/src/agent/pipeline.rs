@@ -48,8 +48,15 @@ pub(super) enum Job {
     Tap(Vec<Window>, Reply),
 }
 
-/// Where a tap's profile goes.
-pub(super) type Reply = oneshot::Sender<Result<Profile, String>>;
+/// Where a tap's profile goes, or why there is none.
+pub(crate) type Reply = oneshot::Sender<Result<Profile, TapError>>;
+
+/// Why a /debug/pprof/profile request gets no profile (the API answers 503, retry later).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TapError {
+    #[error("the agent is behind on symbolizing; try again later")]
+    Behind,
+}
 
 /// The symbolizer's queue: windows and taps, each bounded; taps go first (a client waits
 /// for them; a window only has to be stored some time).
@@ -302,7 +309,7 @@ impl StoreStage {
     fn retain(&mut self, failing: bool) -> bool {
         match self.store.retain(unix_now_ns(), self.retention) {
             Err(e) if !failing => {
-                log::error!("store retention failed: {e}");
+                log::error!("store retention failed: {}", crate::util::chain(&e));
                 true
             }
             Err(_) => true,
@@ -326,6 +333,8 @@ impl StoreStage {
                     m.pipeline.settle(n, |q| &mut q.stored);
                 }
                 Err(e) => {
+                    // The store's error names the file; its cause (SQLite's) says why.
+                    let e = crate::util::chain(&e);
                     *self.shared.store_problem() = Some(format!(
                         "cannot write to the store: {e}; {} windows wait in memory",
                         pending.len().min(MAX_PENDING)

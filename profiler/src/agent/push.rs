@@ -88,16 +88,23 @@ pub(crate) struct PushUrl {
     pub base: String,
 }
 
+/// A push URL that is not `http://host[:port][/base]`.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PushUrlError {
+    #[error("push url `{0}` must start with http:// (https is not spoken; use a local proxy)")]
+    NotHttp(String),
+    #[error("push url `{0}` has no host")]
+    NoHost(String),
+}
+
 /// Parses `http://host[:port][/base]`.
-pub(crate) fn parse_push_url(text: &str) -> Result<PushUrl, String> {
-    let rest = text.strip_prefix("http://").ok_or_else(|| {
-        format!(
-            "push url `{text}` must start with http:// (https is not spoken; use a local proxy)"
-        )
-    })?;
+pub(crate) fn parse_push_url(text: &str) -> Result<PushUrl, PushUrlError> {
+    let rest = text
+        .strip_prefix("http://")
+        .ok_or_else(|| PushUrlError::NotHttp(text.to_owned()))?;
     let (authority, base) = rest.split_once('/').map_or((rest, ""), |(a, b)| (a, b));
     if authority.is_empty() {
-        return Err(format!("push url `{text}` has no host"));
+        return Err(PushUrlError::NoHost(text.to_owned()));
     }
     let authority = if authority
         .rsplit_once(':')
@@ -245,19 +252,22 @@ impl Pusher {
         self.sent.set(self.sent.get() + 1);
     }
 
-    fn failed(&self, e: &str, next: &str) {
+    fn failed(&self, e: &SendError, next: &str) {
         log::error!(
-            "push to http://{}{}{} failed: {e}; {} windows kept on disk, {next}",
+            "push to http://{}{}{} failed: {}; {} windows kept on disk, {next}",
             self.url.authority,
             self.url.base,
             self.protocol.path(),
+            crate::util::chain(e),
             self.spooled().len()
         );
     }
 
-    async fn send(&self, file: &Path) -> Result<(), String> {
-        let body =
-            std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    async fn send(&self, file: &Path) -> Result<(), SendError> {
+        let body = std::fs::read(file).map_err(|source| SendError::Read {
+            path: file.to_owned(),
+            source,
+        })?;
         let stem = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let mut parts = stem.trim_end_matches(self.protocol.suffix()).splitn(3, '-');
         let from = parts
@@ -304,19 +314,34 @@ impl Pusher {
         };
         let answer = tokio::time::timeout(PUSH_TIMEOUT, io)
             .await
-            .map_err(|_| "timed out".to_owned())?
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| SendError::TimedOut)??;
         let line = String::from_utf8_lossy(&answer);
         let status = line.split(' ').nth(1).unwrap_or("");
         if status.starts_with('2') {
             Ok(())
         } else {
-            Err(format!(
-                "the server answered `{}`",
-                line.lines().next().unwrap_or("nothing")
+            Err(SendError::Refused(
+                line.lines().next().unwrap_or("nothing").to_owned(),
             ))
         }
     }
+}
+
+/// Why one spooled window was not delivered (it stays on disk for the next try).
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    #[error("cannot read {}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("timed out")]
+    TimedOut,
+    /// Connecting, sending or reading the answer: the OS error says which.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("the server answered `{0}`")]
+    Refused(String),
 }
 
 /// Host names in file names and URLs: letters, digits, `.` and `_` only.

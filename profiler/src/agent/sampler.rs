@@ -9,16 +9,15 @@ use std::{
 };
 
 use tokio::{
-    sync::{mpsc as tmpsc, oneshot, watch},
+    sync::{mpsc as tmpsc, watch},
     time::Instant,
 };
 
 use super::{
     Shared,
-    pipeline::{Jobs, Reply},
+    pipeline::{Jobs, Reply, TapError},
 };
 use crate::{
-    profile::Profile,
     record::RecordError,
     session::{Notice, Session, SessionConfig, Window},
     util,
@@ -40,7 +39,7 @@ pub(crate) const MAX_TAPS: usize = 8;
 /// A /debug/pprof/profile request: the profile of the next `duration`, or why not.
 pub(crate) struct TapRequest {
     pub duration: Duration,
-    pub reply: oneshot::Sender<Result<Profile, String>>,
+    pub reply: Reply,
 }
 
 /// A request being sampled: its samples are those from `since_mono_ns` until `end`; the
@@ -49,7 +48,7 @@ struct Tap {
     since_mono_ns: u64,
     end: Instant,
     parts: Vec<Window>,
-    reply: oneshot::Sender<Result<Profile, String>>,
+    reply: Reply,
 }
 
 /// The sampling thread's inputs and outputs.
@@ -96,7 +95,7 @@ impl Stage {
                 }
             };
             if let Err(e) = self.sample(&mut session).await {
-                log::error!("sampling failed: {e}");
+                log::error!("sampling failed: {}", util::chain(&e));
             }
         });
     }
@@ -185,9 +184,7 @@ impl Stage {
     fn queue_tap(&self, parts: Vec<Window>, reply: Reply) {
         if let Err(reply) = self.jobs.push_tap(parts, reply) {
             self.shared.metrics().pipeline.pprof_refused += 1;
-            let _ = reply.send(Err(
-                "the agent is behind on symbolizing; try again later".to_owned()
-            ));
+            let _ = reply.send(Err(TapError::Behind));
         }
     }
 }

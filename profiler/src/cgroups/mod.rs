@@ -22,7 +22,7 @@ pub use parse::{ControllerLine, meminfo_kb, parse_proc_cgroups, slab_active_obje
 pub use proc::{
     ProcLine, ProcessCgroups, parse_proc_cgroup, proc_cgroup_lines, read_process_cgroups,
 };
-pub use target::{CgroupTarget, resolve_target};
+pub use target::{CgroupTarget, NoSuchCgroup, resolve_target};
 pub use tree::{cgroup2_paths, count_dirs, is_at_or_below, subdirs, walk};
 pub use v2memory::{MemorySubtree, V2Memory, dying_memcgs, v2_memory};
 

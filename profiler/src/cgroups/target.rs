@@ -43,10 +43,23 @@ impl CgroupTarget {
     }
 }
 
+/// A `--cgroup PATH` found in no mounted hierarchy; `mounts` lists where it was looked for.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "no cgroup named {given} under {mounts}; list them with `systemd-cgls` or `find /sys/fs/cgroup -mindepth 1 -type d`"
+)]
+pub struct NoSuchCgroup {
+    pub given: String,
+    pub mounts: String,
+}
+
 /// Finds `given` (a path relative to a hierarchy, or a full path under a mount point) among
 /// `hierarchies`. A relative path found in cgroup2 is taken there (the kernel can filter it);
-/// otherwise in every v1 hierarchy that has it. Err: a one-line message for the user.
-pub fn resolve_target(given: &str, hierarchies: &[Hierarchy]) -> Result<Vec<CgroupTarget>, String> {
+/// otherwise in every v1 hierarchy that has it.
+pub fn resolve_target(
+    given: &str,
+    hierarchies: &[Hierarchy],
+) -> Result<Vec<CgroupTarget>, NoSuchCgroup> {
     let target = |h: &Hierarchy, path: String| CgroupTarget {
         given: given.to_owned(),
         hierarchy: h.clone(),
@@ -76,11 +89,10 @@ pub fn resolve_target(given: &str, hierarchies: &[Hierarchy]) -> Result<Vec<Cgro
         .map(|h| target(h, rel.clone()))
         .collect();
     if v1.is_empty() {
-        let mounts = mount_list(hierarchies);
-        return Err(format!(
-            "no cgroup named {given} under {mounts}; list them with `systemd-cgls` or \
-             `find /sys/fs/cgroup -mindepth 1 -type d`"
-        ));
+        return Err(NoSuchCgroup {
+            given: given.to_owned(),
+            mounts: mount_list(hierarchies),
+        });
     }
     Ok(v1)
 }
@@ -153,7 +165,9 @@ mod tests {
     #[test]
     fn a_missing_cgroup_is_one_clear_error() {
         let h = parse_mountinfo(HYBRID);
-        let e = resolve_target("/no/such/cgroup-xyz", &h).unwrap_err();
+        let e = resolve_target("/no/such/cgroup-xyz", &h)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with(
                 "no cgroup named /no/such/cgroup-xyz under \

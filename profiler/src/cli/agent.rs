@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 use super::OnOff;
 use crate::agent::{
     AgentConfig,
-    config::{FileConfig, check_frequency, parse_listen, parse_size, parse_window},
+    config::{FileConfig, parse_frequency, parse_listen, parse_size, parse_window},
 };
 use crate::unwind::UnwindMode;
 
@@ -17,9 +17,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Samples per second on each CPU (1..=1000; default 19).
-    #[arg(short = 'F', long, value_name = "HZ", value_parser = |s: &str| {
-        s.parse::<u32>().map_err(|_| format!("`{s}` is not a whole number")).and_then(check_frequency)
-    })]
+    #[arg(short = 'F', long, value_name = "HZ", value_parser = parse_frequency)]
     pub frequency: Option<u32>,
     /// Length of one stored window (1s..=1h; default 10s).
     #[arg(long, value_name = "DURATION", value_parser = parse_window)]
@@ -72,9 +70,7 @@ pub struct AgentArgs {
 pub(super) fn run(args: AgentArgs) -> anyhow::Result<()> {
     let mut config = AgentConfig::default();
     if let Some(path) = &args.config {
-        FileConfig::load(path)
-            .and_then(|f| f.apply(&mut config))
-            .map_err(anyhow::Error::msg)?;
+        FileConfig::load(path)?.apply(&mut config)?;
     }
     let AgentArgs {
         config: _,
@@ -118,7 +114,7 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<()> {
     }
     config.insecure_listen |= insecure_listen;
     // Before the privilege check: a refusal that needs no root should not wait for it.
-    config.check_exposure().map_err(anyhow::Error::msg)?;
+    config.check_exposure()?;
     super::check_privileges()?;
     // A perf event per CPU, and a file per binary mapped: more than the default 1024.
     crate::util::raise_fd_limit();

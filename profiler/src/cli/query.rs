@@ -40,8 +40,8 @@ pub struct QueryArgs {
 
 pub(super) fn run(args: QueryArgs) -> anyhow::Result<()> {
     let now = unix_now_ns();
-    let since = time_ago(&args.since, now).map_err(|e| anyhow::anyhow!("--since: {e}"))?;
-    let until = time_ago(&args.until, now).map_err(|e| anyhow::anyhow!("--until: {e}"))?;
+    let since = time_ago(&args.since, now).context("--since")?;
+    let until = time_ago(&args.until, now).context("--until")?;
     if since >= until {
         bail!("--since must be before --until");
     }

@@ -9,7 +9,7 @@ use crate::{
     record::{KERNEL_RECORD_BYTES, RecordConfig, record_blocking},
     session::SessionConfig,
     unwind::UnwindMode,
-    util,
+    util::{self, InputError},
 };
 
 #[derive(Debug, clap::Args)]
@@ -76,7 +76,7 @@ pub enum OnOff {
 }
 
 /// `64M`, `512K`, `1G` or plain bytes.
-pub(crate) fn parse_bytes(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(text: &str) -> Result<u64, InputError> {
     let (digits, unit) = match text.strip_suffix(['K', 'M', 'G']) {
         Some(d) => (d, &text[d.len()..]),
         None => (text, ""),
@@ -89,18 +89,14 @@ pub(crate) fn parse_bytes(text: &str) -> Result<u64, String> {
     };
     match digits.parse::<u64>() {
         Ok(n) if n > 0 && n.leading_zeros() >= shift + 3 => Ok(n << shift),
-        _ => Err(format!(
-            "expected a size such as 64M, 512K or 1G (bytes, at most a few GiB), got `{text}`"
-        )),
+        _ => Err(InputError::Bytes(text.to_owned())),
     }
 }
 
-pub(crate) fn parse_frequency(text: &str) -> Result<u32, String> {
+pub(crate) fn parse_frequency(text: &str) -> Result<u32, InputError> {
     match text.parse::<u32>() {
         Ok(hz @ 1..=10_000) => Ok(hz),
-        _ => Err(format!(
-            "frequency must be a whole number of Hz in 1..=10000, got `{text}`"
-        )),
+        _ => Err(InputError::Frequency(text.to_owned())),
     }
 }
 
@@ -123,10 +119,7 @@ pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
     let hierarchies = crate::cgroups::hierarchies();
     let mut cgroups = Vec::new();
     for path in &args.cgroups {
-        match crate::cgroups::resolve_target(path, &hierarchies) {
-            Ok(targets) => cgroups.extend(targets),
-            Err(message) => bail!("{message}"),
-        }
+        cgroups.extend(crate::cgroups::resolve_target(path, &hierarchies)?);
     }
     super::check_privileges()?;
 
@@ -168,7 +161,7 @@ mod tests {
         assert_eq!(parse_bytes("1G"), Ok(1 << 30));
         assert_eq!(parse_bytes("4096"), Ok(4096));
         for bad in ["", "0", "-1M", "12Q", "M", "99999999999999G"] {
-            let e = parse_bytes(bad).unwrap_err();
+            let e = parse_bytes(bad).unwrap_err().to_string();
             assert!(e.contains("64M") && e.contains(bad), "{bad}: {e}");
         }
     }

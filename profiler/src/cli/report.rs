@@ -54,7 +54,7 @@ pub(super) fn run(args: ReportArgs) -> anyhow::Result<()> {
     let mut profile = profile::read_file(&args.capture).context("cannot read the capture")?;
     if args.from.is_some() || args.to.is_some() {
         let at = |t: &Option<String>, default| match t {
-            Some(t) => range::parse_time(t, &profile.meta).map_err(anyhow::Error::msg),
+            Some(t) => range::parse_time(t, &profile.meta).map_err(anyhow::Error::from),
             None => Ok(default),
         };
         let (from, to) = (at(&args.from, 0)?, at(&args.to, u64::MAX)?);

@@ -12,7 +12,7 @@ use std::{
     path::Path,
 };
 
-use super::untrusted::Root;
+use super::untrusted::{OpenError, Root};
 
 /// Bytes of a perf map read at most. A JVM's map of a large service is a few MiB; the cap
 /// keeps a map that is /dev/zero-like (a sparse file of any size) from costing more than
@@ -167,16 +167,32 @@ pub(super) fn read(pid: u32, src: &Source) -> Option<PerfMap> {
     ];
     candidates.iter().find_map(|(root, path)| {
         let map = read_one((*root)?, Path::new(path), src.euid)
-            .map_err(|e| log::debug!("pid {pid}: perf map {path} not read: {e}"))
+            .map_err(|e| {
+                let e = crate::util::chain(&e);
+                log::debug!("pid {pid}: perf map {path} not read: {e}");
+            })
             .ok()?;
         (!map.is_empty()).then_some(map)
     })
 }
 
+/// Why a candidate map was not read (logged at debug level: most processes have none).
+#[derive(Debug, thiserror::Error)]
+enum PerfMapError {
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error("cannot read its owner and mode")]
+    Metadata(#[source] std::io::Error),
+    #[error(
+        "owned by uid {uid} (mode {mode:o}), not by the process's user {euid}, nor by root and world-readable"
+    )]
+    NotOwned { uid: u32, mode: u32, euid: u32 },
+}
+
 /// One candidate map: opened safely, its owner checked, read up to the cap.
-fn read_one(root: &Root, path: &Path, euid: u32) -> Result<PerfMap, String> {
-    let file = root.open(path).map_err(|e| e.to_string())?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
+fn read_one(root: &Root, path: &Path, euid: u32) -> Result<PerfMap, PerfMapError> {
+    let file = root.open(path)?;
+    let meta = file.metadata().map_err(PerfMapError::Metadata)?;
     owner_allowed(meta.uid(), meta.mode(), euid)?;
     Ok(PerfMap::parse_from(std::io::BufReader::new(
         file.take(MAX_FILE_BYTES),
@@ -187,14 +203,15 @@ fn read_one(root: &Root, path: &Path, euid: u32) -> Result<PerfMap, String> {
 /// read it itself: owned by its effective user, or by root and readable by everyone. A root
 /// file readable by root alone (a symlink or hard link to a secret) would otherwise show its
 /// lines as frame names in profiles anyone with the profile can read.
-fn owner_allowed(uid: u32, mode: u32, euid: u32) -> Result<(), String> {
+fn owner_allowed(uid: u32, mode: u32, euid: u32) -> Result<(), PerfMapError> {
     if uid == euid || (uid == 0 && mode & 0o004 != 0) {
         return Ok(());
     }
-    Err(format!(
-        "owned by uid {uid} (mode {:o}), not by the process's user {euid}, nor by root and world-readable",
-        mode & 0o7777
-    ))
+    Err(PerfMapError::NotOwned {
+        uid,
+        mode: mode & 0o7777,
+        euid,
+    })
 }
 
 /// The effective uid: the second field of the `Uid:` line of /proc/PID/status.
@@ -283,7 +300,7 @@ mod tests {
         assert!(owner_allowed(1000, 0o600, 1000).is_ok());
         assert!(owner_allowed(0, 0o644, 1000).is_ok());
         assert!(owner_allowed(0, 0o600, 0).is_ok());
-        let e = owner_allowed(0, 0o100600, 65534).unwrap_err();
+        let e = owner_allowed(0, 0o100600, 65534).unwrap_err().to_string();
         assert!(e.contains("owned by uid 0 (mode 600)"), "{e}");
         assert!(owner_allowed(1001, 0o644, 1000).is_err());
         assert_eq!(euid("Uid:\t1000\t65534\t65534\t65534\n"), Some(65534));

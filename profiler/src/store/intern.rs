@@ -67,16 +67,25 @@ pub(super) fn encode_stack(ids: &[i64]) -> Vec<u8> {
     w.0
 }
 
+/// Why a stored stack does not decode.
+#[derive(Debug, thiserror::Error)]
+pub enum StackError {
+    #[error("a stack")]
+    Varint(#[source] std::io::Error),
+    #[error("a stack that is neither blob nor text")]
+    NotBlobOrText,
+}
+
 /// A stored stack's frame ids: the blob, or the comma-separated text of older stores (read
 /// read-only, so never rebuilt).
-pub(super) fn decode_stack(v: ValueRef<'_>) -> Result<Vec<i64>, String> {
+pub(super) fn decode_stack(v: ValueRef<'_>) -> Result<Vec<i64>, StackError> {
     match v {
         ValueRef::Blob(b) => {
             let mut r = VarintReader::new(b, u64::MAX);
             let mut ids = Vec::with_capacity(b.len());
             let mut prev = 0i64;
             while r.remaining() > 0 {
-                prev = prev.wrapping_add(r.i().map_err(|e| format!("a stack: {e}"))?);
+                prev = prev.wrapping_add(r.i().map_err(StackError::Varint)?);
                 ids.push(prev);
             }
             Ok(ids)
@@ -85,7 +94,7 @@ pub(super) fn decode_stack(v: ValueRef<'_>) -> Result<Vec<i64>, String> {
             .split(',')
             .filter_map(|f| f.parse().ok())
             .collect()),
-        _ => Err("a stack that is neither blob nor text".to_owned()),
+        _ => Err(StackError::NotBlobOrText),
     }
 }
 

@@ -42,10 +42,18 @@ pub enum StoreError {
     },
     #[error("no store at {0} (is --data-dir the agent's?)")]
     Missing(String),
-    #[error("{0}")]
-    Range(String),
-    #[error("{0}")]
-    Corrupt(String),
+    /// A read would rebuild more `what` than `max` (`ReadLimits`): the caller asked too much.
+    #[error(
+        "the range holds more than the {max} {what} one read may rebuild; ask for a shorter range or fewer comms"
+    )]
+    TooBig { what: &'static str, max: u64 },
+    #[error("the store is damaged")]
+    CorruptStack(#[source] intern::StackError),
+    #[error("the store is damaged: the window stored at {start} ns")]
+    CorruptTimes {
+        start: u64,
+        source: times::TimesError,
+    },
 }
 
 const SCHEMA: &str = "

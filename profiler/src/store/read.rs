@@ -82,8 +82,7 @@ impl Store {
         drop(tx);
         read.map_err(|e| match e {
             ReadError::Sql(e) => self.err(e),
-            ReadError::Range(m) => StoreError::Range(m),
-            ReadError::Corrupt(m) => StoreError::Corrupt(m),
+            ReadError::Store(e) => e,
         })
     }
 
@@ -136,12 +135,7 @@ impl Store {
             windows.push(w);
         }
         between();
-        let too_many = |what: &str, max: u64| {
-            ReadError::Range(format!(
-                "the range holds more than the {max} {what} one read may rebuild; ask for a \
-                 shorter range or fewer comms"
-            ))
-        };
+        let too_many = |what, max| ReadError::Store(StoreError::TooBig { what, max });
         let start = meta.start_unix_ns;
         let mut out = Interner::new(meta);
         let mut stacks: HashMap<i64, u32> = HashMap::new();
@@ -208,9 +202,7 @@ impl Store {
                         }
                         let ids = stack_text
                             .query_row([db_stack], |r| Ok(intern::decode_stack(r.get_ref(0)?)))?
-                            .map_err(|e| {
-                                ReadError::Corrupt(format!("{e}; the store is damaged"))
-                            })?;
+                            .map_err(|e| ReadError::Store(StoreError::CorruptStack(e)))?;
                         let s = parse_stack(&mut out, &mut frame_of, &mut frames, &ids)?;
                         stacks.insert(db_stack, s);
                         s
@@ -239,11 +231,11 @@ impl Store {
                 if w.timed {
                     let blob: Option<Vec<u8>> = r.get(6)?;
                     let at = times::decode(blob.as_deref().unwrap_or_default(), n, w.duration)
-                        .map_err(|e| {
-                            ReadError::Corrupt(format!(
-                                "the window stored at {} ns: {e}; the store is damaged",
-                                w.start
-                            ))
+                        .map_err(|source| {
+                            ReadError::Store(StoreError::CorruptTimes {
+                                start: w.start,
+                                source,
+                            })
                         })?;
                     samples.extend(at.into_iter().map(|(t, cpu)| sample(base + t, cpu)));
                 } else {
@@ -331,9 +323,10 @@ fn parse_stack(
 }
 
 enum ReadError {
+    /// Named with the store's path by `Store::err` when the read ends.
     Sql(rusqlite::Error),
-    Range(String),
-    Corrupt(String),
+    /// Too big or corrupt: as it is.
+    Store(StoreError),
 }
 
 impl From<rusqlite::Error> for ReadError {

@@ -123,30 +123,42 @@ pub(super) fn encode(samples: &mut [(u64, u32)]) -> Vec<u8> {
     w.0
 }
 
+/// Why a window's times blob does not hold its `n` samples.
+#[derive(Debug, thiserror::Error)]
+pub enum TimesError {
+    #[error("{n} samples cannot fit in {bytes} bytes of times")]
+    TooMany { n: u64, bytes: usize },
+    #[error("times blob")]
+    Varint(#[source] std::io::Error),
+    #[error("a sample time lies past its window's end")]
+    PastEnd,
+    #[error("{0} bytes left after the times")]
+    Trailing(usize),
+}
+
 /// The `n` samples of a blob, checked: exactly `n` of them, none past the window's end (plus
 /// the slack of samples drained after the window was cut), no bytes left over.
-pub(super) fn decode(blob: &[u8], n: u64, duration_ns: u64) -> Result<Vec<(u64, u32)>, String> {
+pub(super) fn decode(blob: &[u8], n: u64, duration_ns: u64) -> Result<Vec<(u64, u32)>, TimesError> {
     // Each sample takes at least two bytes: a larger count cannot be in the blob.
     if n > blob.len() as u64 / 2 {
-        return Err(format!(
-            "{n} samples cannot fit in {} bytes of times",
-            blob.len()
-        ));
+        return Err(TimesError::TooMany {
+            n,
+            bytes: blob.len(),
+        });
     }
     let mut r = VarintReader::new(blob, u64::MAX);
     let end = duration_ns.saturating_add(END_SLACK_NS);
     let mut out = Vec::with_capacity(n as usize);
     let mut offset = 0u64;
     for _ in 0..n {
-        let bad = |e: std::io::Error| format!("times blob: {e}");
         offset = offset
-            .checked_add(r.u().map_err(bad)?)
+            .checked_add(r.u().map_err(TimesError::Varint)?)
             .filter(|&o| o <= end)
-            .ok_or("a sample time lies past its window's end")?;
-        out.push((offset, r.u32().map_err(bad)?));
+            .ok_or(TimesError::PastEnd)?;
+        out.push((offset, r.u32().map_err(TimesError::Varint)?));
     }
     if r.remaining() != 0 {
-        return Err(format!("{} bytes left after the times", r.remaining()));
+        return Err(TimesError::Trailing(r.remaining()));
     }
     Ok(out)
 }
@@ -165,6 +177,7 @@ mod tests {
         assert!(
             decode(&blob, 3, 10_000_000_000)
                 .unwrap_err()
+                .to_string()
                 .contains("left")
         );
         assert!(decode(&blob, 5, 10_000_000_000).is_err());

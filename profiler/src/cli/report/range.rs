@@ -7,23 +7,34 @@ use crate::profile::Meta;
 const NS_PER_S: u64 = 1_000_000_000;
 const NS_PER_DAY: u64 = 86_400 * NS_PER_S;
 
+/// A `--from`/`--to` that names no time in the capture.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub(super) enum TimeError {
+    #[error("`{0}` is not a time; write an offset (2.5s, 1500ms) or UTC HH:MM:SS")]
+    NotTime(String),
+    #[error("`{0}`: bad date, want YYYY-MM-DD")]
+    BadDate(String),
+    #[error("`{0}`: bad time of day, want HH:MM:SS[.fff] (UTC)")]
+    BadClock(String),
+    /// `start` is the capture's start, `HH:MM:SS` UTC.
+    #[error("`{text}` is before the capture started ({start} UTC)")]
+    BeforeStart { text: String, start: String },
+}
+
 /// Parses `text` into an offset from the capture start, ns.
-pub(super) fn parse_time(text: &str, meta: &Meta) -> Result<u64, String> {
+pub(super) fn parse_time(text: &str, meta: &Meta) -> Result<u64, TimeError> {
     let t = text.trim();
     if !t.contains(':') {
-        return parse_offset(t).ok_or_else(|| {
-            format!("`{text}` is not a time; write an offset (2.5s, 1500ms) or UTC HH:MM:SS")
-        });
+        return parse_offset(t).ok_or_else(|| TimeError::NotTime(text.to_owned()));
     }
+    let bad_clock = || TimeError::BadClock(text.to_owned());
     let wall = if let Some((date, time)) = t.split_once(['T', ' ']) {
-        let days =
-            parse_date(date).ok_or_else(|| format!("`{text}`: bad date, want YYYY-MM-DD"))?;
-        days * NS_PER_DAY
-            + parse_clock(time.trim_end_matches('Z')).ok_or_else(|| bad_clock(text))?
+        let days = parse_date(date).ok_or_else(|| TimeError::BadDate(text.to_owned()))?;
+        days * NS_PER_DAY + parse_clock(time.trim_end_matches('Z')).ok_or_else(bad_clock)?
     } else {
         // A bare clock time is on the capture's (UTC) start day, or the next day when the
         // capture ran past midnight and the time is before the start.
-        let clock = parse_clock(t.trim_end_matches('Z')).ok_or_else(|| bad_clock(text))?;
+        let clock = parse_clock(t.trim_end_matches('Z')).ok_or_else(bad_clock)?;
         let day = meta.start_unix_ns / NS_PER_DAY * NS_PER_DAY;
         if day + clock < meta.start_unix_ns
             && day + NS_PER_DAY + clock <= meta.start_unix_ns + meta.duration_ns
@@ -33,16 +44,11 @@ pub(super) fn parse_time(text: &str, meta: &Meta) -> Result<u64, String> {
             day + clock
         }
     };
-    wall.checked_sub(meta.start_unix_ns).ok_or_else(|| {
-        format!(
-            "`{text}` is before the capture started ({} UTC)",
-            format_clock(meta.start_unix_ns)
-        )
-    })
-}
-
-fn bad_clock(text: &str) -> String {
-    format!("`{text}`: bad time of day, want HH:MM:SS[.fff] (UTC)")
+    wall.checked_sub(meta.start_unix_ns)
+        .ok_or_else(|| TimeError::BeforeStart {
+            text: text.to_owned(),
+            start: format_clock(meta.start_unix_ns),
+        })
 }
 
 /// `2.5s`, `1500ms`, `1m`, `1h`, `3` (seconds) -> ns.
@@ -113,7 +119,12 @@ mod tests {
         assert_eq!(p("16:00:01.25"), Ok(1_250_000_000));
         assert_eq!(p("2026-11-30T16:00:01"), Ok(NS_PER_S));
         assert_eq!(p("2026-11-30T16:00:02.5Z"), Ok(2_500_000_000));
-        assert!(p("15:59:59").unwrap_err().contains("before the capture"));
+        assert!(
+            p("15:59:59")
+                .unwrap_err()
+                .to_string()
+                .contains("before the capture")
+        );
         assert!(p("2s5").is_err() && p("25:00:00").is_err() && p("2026-13-01T00:00:00").is_err());
         assert_eq!(format_clock(meta.start_unix_ns + 61 * NS_PER_S), "16:01:01");
     }
