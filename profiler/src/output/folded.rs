@@ -2,10 +2,10 @@
 //! `comm;outer;...;leaf COUNT`, one line per unique stack, sorted; kernel frames end in `_[k]`
 //! (the perf + inferno convention, which flame graph palettes colour apart), after ` [module]`
 //! for code in a kernel module.
-use std::collections::HashMap;
+use std::fmt::Write as _;
 
 use crate::profile::{Frame, FrameKind, GroupBy, Profile, attribution::Grouper};
-use crate::util::{Dense, FxMap};
+use crate::util::{Dense, FxDense, FxMap};
 
 /// The folded lines of `profile`, sorted, without trailing newlines, rooted at the comm.
 pub fn folded_lines(profile: &Profile) -> Vec<String> {
@@ -26,29 +26,52 @@ pub(crate) fn folded_lines_by(profile: &Profile, group: GroupBy) -> Vec<String> 
             .or_insert_with(|| roots.intern(grouper.label(s)));
         *counts.entry((root, s.stack)).or_default() += 1;
     }
-    let labels = roots.into_items();
-    // Each frame's text once: stacks share most of their frames.
-    let names: Vec<String> = profile
+    let labels: Vec<String> = roots
+        .into_items()
+        .iter()
+        .map(|l| l.as_deref().map(clean).unwrap_or_default())
+        .collect();
+    // Each frame's text once, and one id per distinct text: stacks share most of their
+    // frames, and frames at other addresses often print the same.
+    let mut texts: FxDense<String> = FxDense::default();
+    let text_of: Vec<u32> = profile
         .frames
         .iter()
-        .map(|f| frame_text(profile, f))
+        .map(|f| texts.intern(frame_text(profile, f)))
         .collect();
-    // Different interned stacks can print the same (same names, other addresses): merge.
-    let mut lines: HashMap<String, u64> = HashMap::new();
+    let texts = texts.into_items();
+    // Different interned stacks can print the same: merge them by their texts' ids, so a
+    // line's text (kilobytes for a deep stack) is built once and never hashed.
+    let mut lines: FxMap<(u32, Vec<u32>), u64> = FxMap::default();
     for ((root, stack), n) in counts {
-        let mut line = labels[root as usize]
-            .as_deref()
-            .map(clean)
-            .unwrap_or_default();
-        for &frame in &profile.stacks[stack as usize].frames {
-            if !line.is_empty() {
-                line.push(';');
-            }
-            line.push_str(&names[frame as usize]);
-        }
-        *lines.entry(line).or_default() += n;
+        let ids = profile.stacks[stack as usize]
+            .frames
+            .iter()
+            .map(|&f| text_of[f as usize])
+            .collect();
+        *lines.entry((root, ids)).or_default() += n;
     }
-    let mut out: Vec<String> = lines.into_iter().map(|(l, n)| format!("{l} {n}")).collect();
+    let mut out: Vec<String> = lines
+        .into_iter()
+        .map(|((root, ids), n)| {
+            let root = &labels[root as usize];
+            let len = root.len()
+                + ids
+                    .iter()
+                    .map(|&i| texts[i as usize].len() + 1)
+                    .sum::<usize>();
+            let mut line = String::with_capacity(len + 21);
+            line.push_str(root);
+            for &i in &ids {
+                if !line.is_empty() {
+                    line.push(';');
+                }
+                line.push_str(&texts[i as usize]);
+            }
+            let _ = write!(line, " {n}");
+            line
+        })
+        .collect();
     out.sort_unstable();
     out
 }
