@@ -86,6 +86,10 @@ fn processes_gone_by_the_drain_are_not_loaded() {
         exit(13, 7),
     ];
     let (mapped, exited) = mapped_and_exited(&records);
-    assert_eq!(mapped, [11, 12], "10 died, 11 lives, 12 was reused after its exit");
+    assert_eq!(
+        mapped,
+        [11, 12],
+        "10 died, 11 lives, 12 was reused after its exit"
+    );
     assert_eq!(exited, [10, 12, 13]);
 }
