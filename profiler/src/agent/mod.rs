@@ -350,7 +350,8 @@ fn one_malloc_arena() {
 /// what the bursts freed stayed resident, scattered between live blocks. Measured under
 /// 60 new processes a second (release, 19 Hz): RSS 34.1 MB before a trim, 18.3 MB after,
 /// and the heap was 19 of those 34 MB. One arena (`one_malloc_arena`) makes it one heap to
-/// walk, a few hundred microseconds every `--window`.
+/// walk once every `--window`. Its cost (the walk, and pages faulted in again after it) is
+/// inside the agent's CPU figures measured with it (BENCHMARKS.md), not measured apart.
 pub(crate) fn release_freed_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only returns free memory to the kernel; live blocks are untouched.
