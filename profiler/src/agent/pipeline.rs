@@ -294,6 +294,8 @@ impl StoreStage {
             pending.push_back(profile);
             failing = self.store_pending(&mut pending, failing);
             retention_failing = self.retain(retention_failing);
+            // The window's last stage: what symbolizing and storing it took is free now.
+            super::release_freed_memory();
         }
         let lost = pending.len();
         let mut m = self.shared.metrics();

@@ -69,3 +69,27 @@ fn the_first_sample_loads_the_process_as_it_is_now() {
         "the loader got the space of the sample's time, not the current one"
     );
 }
+
+/// Under churn most new processes fork, exec, map and exit between two drains: the loader
+/// must not be told their mappings (each cost a kernel map update, then a removal), while
+/// a process that lives on, and a pid reused by a new process after an exit, still are.
+#[test]
+fn processes_gone_by_the_drain_are_not_loaded() {
+    let exit = |pid, time_ns| KernelRecord::Exit { pid, time_ns };
+    let records = [
+        map_record(10, 1, 0x40_0000, "/usr/bin/true"),
+        map_record(11, 2, 0x40_0000, "/usr/bin/true"),
+        exit(10, 3),
+        map_record(12, 4, 0x40_0000, "/usr/bin/true"),
+        exit(12, 5),
+        map_record(12, 6, 0x40_0000, "/usr/bin/false"),
+        exit(13, 7),
+    ];
+    let (mapped, exited) = mapped_and_exited(&records);
+    assert_eq!(
+        mapped,
+        [11, 12],
+        "10 died, 11 lives, 12 was reused after its exit"
+    );
+    assert_eq!(exited, [10, 12, 13]);
+}

@@ -414,20 +414,14 @@ impl Collection {
 
     /// Tells the hook of every process whose mappings the records just read changed (with
     /// its whole space, when the records hold all of it); returns the pids that exited.
+    /// A process whose exit the same records hold is not told: it can have no more samples,
+    /// and under churn most new processes live and die between two drains (a second apart
+    /// in the agent), so loading their mappings cost a kernel map update and a removal each.
     fn tell_mappings(&mut self) -> Vec<u32> {
         let Some(hook) = self.new_process_hook.as_mut() else {
             return Vec::new();
         };
-        let (mut mapped, mut exited) = (Vec::new(), Vec::new());
-        for r in &self.events.records {
-            match r {
-                KernelRecord::Map { pid, .. } => mapped.push(*pid),
-                KernelRecord::Exit { pid, .. } => exited.push(*pid),
-                _ => {}
-            }
-        }
-        mapped.sort_unstable();
-        mapped.dedup();
+        let (mapped, exited) = mapped_and_exited(&self.events.records);
         for pid in mapped {
             let mappings = self.processes.unwind_mappings(pid, u64::MAX);
             hook(crate::unwind::ProcessEvent::Mapped { pid, mappings });
@@ -564,6 +558,36 @@ impl Collection {
             }
         }
     }
+}
+
+/// The pids with new mappings that still live after `records` (in time order, as
+/// `KernelRecords::read` sorts them), sorted; and every pid that exited, in order. A pid
+/// that exits and is reused by a new process within `records` counts as mapped when the new
+/// one maps files.
+fn mapped_and_exited(records: &[KernelRecord]) -> (Vec<u32>, Vec<u32>) {
+    // pid -> whether its last record so far is its exit.
+    let mut mapped: HashMap<u32, bool> = HashMap::new();
+    let mut exited = Vec::new();
+    for r in records {
+        match r {
+            KernelRecord::Map { pid, .. } => {
+                mapped.insert(*pid, false);
+            }
+            KernelRecord::Exit { pid, .. } => {
+                exited.push(*pid);
+                if let Some(gone) = mapped.get_mut(pid) {
+                    *gone = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut live: Vec<u32> = mapped
+        .into_iter()
+        .filter_map(|(pid, gone)| (!gone).then_some(pid))
+        .collect();
+    live.sort_unstable();
+    (live, exited)
 }
 
 /// Native-endian u64 addresses, leaf first; return addresses moved back into their call

@@ -37,6 +37,10 @@ pub struct BackgroundLoader {
     /// every RELOAD_INTERVAL (its walks may keep leaving the mappings, e.g. in JIT code).
     /// Its keys are the processes that were sampled and have not exited.
     last_read: Mutex<HashMap<u32, Instant>>,
+    /// Pids handed to the loader (loaded, or queued to be) that have not exited: only their
+    /// exits are sent to the loader thread. Under churn most new processes never are, and a
+    /// message per exit woke that thread 60 times a second to forget nothing.
+    handed: Mutex<HashSet<u32>>,
 }
 
 const RELOAD_INTERVAL: Duration = Duration::from_millis(50);
@@ -190,6 +194,7 @@ impl BackgroundLoader {
             loader,
             stats,
             last_read: Mutex::new(HashMap::new()),
+            handed: Mutex::new(HashSet::new()),
         })
     }
 
@@ -241,8 +246,9 @@ impl BackgroundLoader {
                 if let Ok(mut last) = self.last_read.lock() {
                     last.remove(&pid);
                 }
-                // Sent for every exit: unsampled processes may have been loaded (`Mapped`).
-                if let Some(tx) = &self.tx {
+                // Sent for every process handed to the loader, sampled or not (`Mapped`).
+                let handed = self.handed.lock().map_or(true, |mut h| h.remove(&pid));
+                if handed && let Some(tx) = &self.tx {
                     let _ = tx.send(Job::Forget(pid));
                 }
             }
@@ -255,11 +261,20 @@ impl BackgroundLoader {
         if let Ok(mut loader) = self.loader.try_lock()
             && loader.knows_all(&mappings)
         {
+            self.hand(pid);
             load(&mut loader, &self.stats, pid, &mappings);
             return;
         }
         if queue && let Some(tx) = &self.tx {
+            self.hand(pid);
             let _ = tx.send(Job::Load(pid, mappings));
+        }
+    }
+
+    /// Notes that `pid` went to the loader, before it does: its exit must then reach it.
+    fn hand(&self, pid: u32) {
+        if let Ok(mut h) = self.handed.lock() {
+            h.insert(pid);
         }
     }
 
