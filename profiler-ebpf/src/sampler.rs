@@ -22,7 +22,8 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use profiler_common::{
     COMM_LEN, HEADER_BYTES, MAX_CGROUP_FILTER, MAX_FRAMES, MAX_PID_FILTER, RING_BUFFER_BYTES,
-    SEEN_PIDS_CAPACITY, SampleScratch, WAKEUP_FRACTION, counter, flags, unwind::reason,
+    SEEN_PIDS_CAPACITY, SampleScratch, WAKEUP_FRACTION, counter, flags,
+    unwind::{COPY_AT_MASK, reason},
 };
 
 use crate::unwind;
@@ -120,15 +121,22 @@ fn sample(ctx: &PerfEventContext) {
     // A process whose mappings userspace loaded is walked by table; one not loaded yet falls
     // back to the frame-pointer walk below, marked and counted as such.
     let mut table_frames = None;
+    let mut copy = false;
+    let user_mode = klen == 0 && in_user_mode(ctx);
     if pid != 0 && unwind::enabled() {
-        let user_mode = klen == 0 && in_user_mode(ctx);
         let why = match unwind::mappings(pid) {
             Some(procs) => {
                 let (n, why) = unwind::walk(ctx, user_mode, procs, frames, klen);
                 table_frames = Some(n);
+                // Its table not in yet, or an address outside the loaded mappings (a library
+                // mapped since the kernel's entry was written): userspace has both.
+                copy = why == reason::NOT_LOADED || why == reason::NO_MAPPING;
                 why
             }
-            None => reason::NOT_LOADED,
+            None => {
+                copy = true;
+                reason::NOT_LOADED
+            }
         };
         if why != reason::NONE {
             f |= (why << flags::UNWIND_REASON_SHIFT) & flags::UNWIND_REASON_MASK;
@@ -165,8 +173,21 @@ fn sample(ctx: &PerfEventContext) {
     h.py_flags = pflags;
     h.flags = f;
 
+    let mut len = HEADER_BYTES + (klen + ulen + 2 * plen) as usize * 8;
+    // Not loaded yet: the stack itself goes with the record (after the last frame), for
+    // userspace to walk by table later. The common path (loaded, or --unwind fp) pays nothing;
+    // copies are rationed per CPU (`COPIES_PER_SECOND`).
+    if copy && unwind::copy_allowed(s.header.time_ns) {
+        // Masked for the verifier (the frames end below the mask; the copy's room follows).
+        let at = len & COPY_AT_MASK;
+        let n = unwind::copy_stack(ctx, user_mode, scratch.cast::<u8>().wrapping_add(at));
+        if n > 0 {
+            s.header.flags |= flags::STACK_COPY;
+            len = at + n;
+        }
+    }
     // Mask the length so the verifier sees it bounded by the scratch size.
-    let len = (HEADER_BYTES + (klen + ulen + 2 * plen) as usize * 8) & 0x1fff;
+    let len = len & 0x7fff;
     let len = if len > core::mem::size_of::<SampleScratch>() {
         core::mem::size_of::<SampleScratch>()
     } else {

@@ -113,6 +113,10 @@ pub(crate) struct PythonReport {
 /// Mapped files remembered across windows at most; past it the table starts afresh (live
 /// processes are simply read again when next seen), which bounds open handles and memory.
 const MAX_FILES: usize = 2048;
+
+/// How long the end of a window waits for tables that samples' stack copies need
+/// (`unwind::copied`): libc's compiles in a fraction of a second, a large binary's in seconds.
+const COPY_TABLES_WAIT: Duration = Duration::from_secs(10);
 /// Addresses remembered across windows at most (same reset as `MAX_FILES`).
 const MAX_LOCS: usize = 1_000_000;
 
@@ -196,6 +200,9 @@ impl Session {
         };
         if let Some(loader) = &loader {
             collection = collection.on_new_process(loader.hook());
+            let cache = loader.cache();
+            collection = collection
+                .with_copy_unwinder(crate::unwind::CopyUnwinder::new(config.unwind, cache)?);
         }
         if let (Some(facts), Some(map)) = (python, sampler.take_python_map()) {
             let mut tracker = crate::python::Tracker::new(map, facts);
@@ -348,6 +355,13 @@ impl Session {
     async fn settle(&mut self) -> Result<u64, RecordError> {
         self.collection.drain(self.ring.get_mut());
         let drained = self.collection.drained_at_ns();
+        // Samples whose stack copies wait for tables: their compiles are given a while,
+        // then what still waits is walked with the tables there are.
+        let deadline = tokio::time::Instant::now() + COPY_TABLES_WAIT;
+        while self.collection.copies_waiting() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.collection.add_deferred(true);
         if let Some(d) = self.settle_delay {
             tokio::time::sleep(d).await;
         }

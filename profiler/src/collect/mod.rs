@@ -174,6 +174,9 @@ pub(crate) struct Collection {
     /// outside its loaded mappings, of new mappings and of exits (the table walk loads
     /// mappings there: `unwind::BackgroundLoader`).
     new_process_hook: Option<NewProcessHook>,
+    /// Walks the stack copies of samples taken before their process's tables were in the
+    /// kernel (`flags::STACK_COPY`); None without table walks.
+    copies: Option<crate::unwind::CopyUnwinder>,
 }
 
 /// See `Collection::on_new_process`.
@@ -193,9 +196,8 @@ pub(crate) fn truncation_name(addr: u64) -> Option<String> {
     ))
 }
 
-/// Appends the marker of the reason the header's flags give, if any.
-fn with_truncation_marker(user: Box<[u64]>, sample_flags: u32) -> Box<[u64]> {
-    let code = (sample_flags & flags::UNWIND_REASON_MASK) >> flags::UNWIND_REASON_SHIFT;
+/// Appends the marker of the reason (`unwind::reason`) the walk stopped for, if any.
+fn with_truncation_marker(user: Box<[u64]>, code: u32) -> Box<[u64]> {
     if code == 0 {
         return user;
     }
@@ -306,6 +308,12 @@ impl Collection {
         self
     }
 
+    /// Walks the stack copies samples carry with `unwinder` (see `unwind::copied`).
+    pub(crate) fn with_copy_unwinder(mut self, unwinder: crate::unwind::CopyUnwinder) -> Self {
+        self.copies = Some(unwinder);
+        self
+    }
+
     pub(crate) fn with_cgroup_filter(mut self, filter: CgroupFilter) -> Self {
         self.cgroup_filter = filter;
         self
@@ -361,6 +369,7 @@ impl Collection {
             self.add(&batch[start..end]);
             start = end;
         }
+        self.add_deferred(false);
         // After the samples: a process's last samples come before its exit record.
         if let Some(hook) = self.new_process_hook.as_mut() {
             for pid in exited {
@@ -422,8 +431,8 @@ impl Collection {
         let h = unsafe { std::ptr::read_unaligned(head_bytes.as_ptr().cast::<SampleHeader>()) };
         let (klen, ulen) = (h.kstack_len as usize, h.ustack_len as usize);
         let plen = h.py_len as usize;
-        let Some(frames) = record.get(HEADER_BYTES..HEADER_BYTES + (klen + ulen + 2 * plen) * 8)
-        else {
+        let frames_end = HEADER_BYTES + (klen + ulen + 2 * plen) * 8;
+        let Some(frames) = record.get(HEADER_BYTES..frames_end) else {
             return; // cannot happen with our own program; never trust a length blindly
         };
         let Some(comm) = self.comm_id(&h.comm) else {
@@ -434,16 +443,7 @@ impl Collection {
             self.filtered += 1;
             return;
         }
-        self.kstack_failed += u64::from(h.flags & flags::KSTACK_FAILED != 0);
-        self.ustack_failed += u64::from(h.flags & flags::USTACK_FAILED != 0);
         let cut = (h.flags & flags::UNWIND_REASON_MASK) >> flags::UNWIND_REASON_SHIFT;
-        if let Some(n) = self.unwind_truncated.get_mut(cut as usize) {
-            *n += 1;
-        }
-        let (kframes, rest) = frames.split_at(klen * 8);
-        let (uframes, pframes) = rest.split_at(ulen * 8);
-        let kstack = self.kstacks.intern(callsites(kframes));
-        let user = callsites(uframes);
         // A walk that left the loaded mappings may mean they were read too early (before
         // ld.so mapped the libraries) or a library was dlopened since: the hook reads them
         // again (it limits how often).
@@ -452,14 +452,48 @@ impl Collection {
             && h.pid != 0
             && (stale || !self.processes.processes.contains_key(&h.pid))
         {
+            // Its mappings now, not at the sample: the kernel's entry is for the samples to
+            // come (a first sample taken while ld.so ran would load a space without libc).
             hook(crate::unwind::ProcessEvent::Sampled {
                 pid: h.pid,
                 stale,
-                mappings: self.processes.unwind_mappings(h.pid, h.time_ns),
+                mappings: self.processes.unwind_mappings(h.pid, u64::MAX),
             });
         }
+        // Taken before the process's tables were in the kernel: walk the copy of its stack
+        // (now, or once its tables are compiled: the record waits, `add_deferred`).
+        let mut walked = None;
+        if h.flags & flags::STACK_COPY != 0
+            && let Some(unwinder) = self.copies.as_mut()
+            && let Some(mappings) = self
+                .processes
+                .unwind_mappings(h.pid, h.time_ns)
+                .or_else(|| crate::unwind::proc_mappings(h.pid).ok())
+        {
+            match unwinder.offer(record, frames_end, mappings) {
+                crate::unwind::copied::Offer::Deferred => return,
+                crate::unwind::copied::Offer::Walked(frames, why) => walked = Some((frames, why)),
+            }
+        }
+        self.kstack_failed += u64::from(h.flags & flags::KSTACK_FAILED != 0);
+        self.ustack_failed += u64::from(h.flags & flags::USTACK_FAILED != 0);
+        let (kframes, rest) = frames.split_at(klen * 8);
+        let (uframes, pframes) = rest.split_at(ulen * 8);
+        let kstack = self.kstacks.intern(callsites(kframes));
+        let mut user = callsites(uframes);
+        let mut user_cut = cut;
+        // The frame-pointer walk stays when it went further (a table missing here).
+        if let Some((frames, why)) = walked
+            && (why == profiler_common::unwind::reason::NONE || frames.len() > user.len())
+        {
+            user = callsites_of(frames.into_iter());
+            user_cut = why;
+        }
+        if let Some(n) = self.unwind_truncated.get_mut(user_cut as usize) {
+            *n += 1;
+        }
         let space = self.processes.saw(h.pid, h.time_ns, &user);
-        let user = with_truncation_marker(user, h.flags);
+        let user = with_truncation_marker(user, user_cut);
         let ustack = self.ustacks.intern((space, user));
         let python = py_frames(pframes);
         self.py_truncated += u64::from(h.py_flags != 0);
@@ -478,6 +512,26 @@ impl Collection {
             ustack,
             pystack,
         });
+    }
+
+    /// Adds the records that waited for their stack copy's tables (`unwind::copied`): those
+    /// whose tables are ready, or all of them when `force` (walked with what there is).
+    pub(crate) fn add_deferred(&mut self, force: bool) {
+        let Some(unwinder) = self.copies.as_mut() else {
+            return;
+        };
+        let records = unwinder.take_ready(force);
+        for record in &records {
+            self.add(record);
+        }
+        if let Some(u) = self.copies.as_mut() {
+            u.done_forcing();
+        }
+    }
+
+    /// Whether records wait for stack-copy tables still being compiled.
+    pub(crate) fn copies_waiting(&mut self) -> bool {
+        self.copies.as_mut().is_some_and(|u| u.waiting())
     }
 
     /// Registers new Python processes and names new Python frames (they must still live).
@@ -542,13 +596,18 @@ impl Collection {
 /// Native-endian u64 addresses, leaf first; return addresses moved back into their call
 /// instruction so they symbolize to the caller even when the call is a function's last one.
 fn callsites(bytes: &[u8]) -> Box<[u64]> {
-    bytes
-        .chunks_exact(8)
+    callsites_of(
+        bytes
+            .chunks_exact(8)
+            .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes"))),
+    )
+}
+
+/// `callsites` of addresses already read.
+fn callsites_of(addrs: impl Iterator<Item = u64>) -> Box<[u64]> {
+    addrs
         .enumerate()
-        .map(|(i, b)| {
-            let a = u64::from_ne_bytes(b.try_into().expect("8 bytes"));
-            if i == 0 { a } else { a.saturating_sub(1) }
-        })
+        .map(|(i, a)| if i == 0 { a } else { a.saturating_sub(1) })
         .collect()
 }
 

@@ -93,6 +93,12 @@ impl Thread {
                     load(&mut loader, &self.stats, pid, &mappings);
                 } else if self.waiting.len() < MAX_WAITING || self.waiting.contains_key(&pid) {
                     let (missing, refused) = request(&self.pool, &loader, &mappings);
+                    // Its other binaries are walkable by table meanwhile; a walk that
+                    // reaches one still compiling copies the stack (`unwind::copied`).
+                    if let Err(e) = loader.load_process_pending(pid, &mappings, &missing) {
+                        log::debug!("pid {pid}: cannot load its mappings: {e}");
+                    }
+                    mirror(&loader, &self.stats);
                     self.waiting.insert(
                         pid,
                         Waiting {
@@ -270,6 +276,11 @@ impl BackgroundLoader {
     }
 
     /// What was loaded so far.
+    /// The loader's disk cache of tables, for the collector's walks of stack copies.
+    pub fn cache(&self) -> Option<super::cache::TableCache> {
+        self.loader.lock().ok()?.cache().cloned()
+    }
+
     pub fn stats(&self) -> LoaderStats {
         self.stats.lock().map(|s| *s).unwrap_or_default()
     }
