@@ -281,10 +281,10 @@ impl CopyUnwinder {
             }
             ready = false;
             // Asked before and not there: compiling, or dropped from a full store.
-            if self.asked.insert(key) || tables.is_empty() {
-                if let Some(tx) = &self.tx {
-                    let _ = tx.send((key, m.clone()));
-                }
+            if (self.asked.insert(key) || tables.is_empty())
+                && let Some(tx) = &self.tx
+            {
+                let _ = tx.send((key, m.clone()));
             }
         }
         ready
