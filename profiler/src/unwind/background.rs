@@ -120,8 +120,11 @@ impl Thread {
                 loader.add_compiled(key, compiled);
                 self.pool.finished(key);
                 let mut done = Vec::new();
+                let mut fewer = Vec::new();
                 for (pid, w) in &mut self.waiting {
-                    w.missing.remove(&key);
+                    if w.missing.remove(&key) {
+                        fewer.push(*pid);
+                    }
                     if w.refused {
                         // Asked again: the lane may have room now.
                         (w.missing, w.refused) = request(&self.pool, &loader, &w.mappings);
@@ -133,6 +136,15 @@ impl Thread {
                 for pid in done {
                     if let Some(w) = self.waiting.remove(&pid) {
                         load(&mut loader, &self.stats, pid, &w.mappings);
+                    }
+                }
+                // Still waiting for others (a huge library): walked by this table already.
+                for pid in fewer {
+                    if let Some(w) = self.waiting.get(&pid) {
+                        if let Err(e) = loader.load_process_pending(pid, &w.mappings, &w.missing) {
+                            log::debug!("pid {pid}: cannot load its mappings: {e}");
+                        }
+                        mirror(&loader, &self.stats);
                     }
                 }
             }
