@@ -201,7 +201,6 @@ pub enum Offer {
 /// for a process's first samples), so the reader that drains the ring buffer never waits
 /// for a compile: a record whose tables are not ready yet is kept and added when they are.
 pub struct CopyUnwinder {
-    mode: UnwindMode,
     tables: Tables,
     /// Binaries sent to the compile thread (and not dropped from `tables` since).
     asked: std::collections::HashSet<BinaryKey>,
@@ -238,7 +237,6 @@ impl CopyUnwinder {
                 }
             })?;
         Ok(Self {
-            mode,
             tables,
             asked: std::collections::HashSet::new(),
             tx: Some(tx),
@@ -327,16 +325,9 @@ impl CopyUnwinder {
 
     fn mapped(&mut self, m: &MappingSpec) -> Option<Mapped> {
         let key = m.key()?;
-        let known = self.tables.lock().ok()?.get(&key).cloned();
-        let rows = match known {
-            Some(rows) => rows?,
-            None => {
-                // Not compiled yet (a forced walk): compile here, this once.
-                let rows = rows_of(self.mode, m, None).map(Arc::new);
-                self.tables.lock().ok()?.insert(key, rows.clone());
-                rows?
-            }
-        };
+        // Not compiled yet (a walk `take_ready` forced): this binary is left out, the walk
+        // stops there (the collector keeps the frame-pointer stack if it went further).
+        let rows = self.tables.lock().ok()?.get(&key).cloned()??;
         let at_zero = match self.bias_at_zero.get(&(key, m.file_offset)) {
             Some(b) => (*b)?,
             None => {
