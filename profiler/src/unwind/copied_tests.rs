@@ -165,6 +165,10 @@ fn walks_this_threads_own_stack_to_its_entry() {
     };
     let mappings = crate::unwind::proc_mappings(std::process::id()).unwrap();
     let mut unwinder = CopyUnwinder::new(UnwindMode::Dwarf, None).unwrap();
+    // The tables compile on the unwinder's thread: asked for, then waited for.
+    while !unwinder.ready(&mappings) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let (frames, why) = unwinder.unwind(&mappings, &copy);
     assert_eq!(why, reason::NONE, "{} frames: {frames:x?}", frames.len());
     assert!(frames.len() >= 4, "{frames:x?}");
