@@ -205,7 +205,9 @@ pub struct CopyUnwinder {
     /// Binaries sent to the compile thread (and not dropped from `tables` since).
     asked: std::collections::HashSet<BinaryKey>,
     tx: Option<mpsc::Sender<(BinaryKey, MappingSpec)>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// Tells the compile thread to stop at its next table (it is not waited for: its queue
+    /// may hold every binary of a host's processes).
+    stop: Arc<std::sync::atomic::AtomicBool>,
     /// `table::mapping_bias` at address 0, by binary and file offset.
     bias_at_zero: HashMap<(BinaryKey, u64), Option<u64>>,
     /// Records waiting for tables, oldest first, with their process's mappings.
@@ -220,10 +222,15 @@ impl CopyUnwinder {
         let tables: Tables = Arc::default();
         let (tx, rx) = mpsc::channel::<(BinaryKey, MappingSpec)>();
         let out = Arc::clone(&tables);
-        let thread = std::thread::Builder::new()
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        std::thread::Builder::new()
             .name("unwind-copies".into())
             .spawn(move || {
                 while let Ok((key, m)) = rx.recv() {
+                    if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                        return;
+                    }
                     let rows = rows_of(mode, &m, cache.as_ref()).map(Arc::new);
                     if let Ok(mut t) = out.lock() {
                         if t.values().flatten().map(|r| r.rows.len()).sum::<usize>()
@@ -240,7 +247,7 @@ impl CopyUnwinder {
             tables,
             asked: std::collections::HashSet::new(),
             tx: Some(tx),
-            thread: Some(thread),
+            stop,
             bias_at_zero: HashMap::new(),
             deferred: VecDeque::new(),
             deferred_bytes: 0,
@@ -351,10 +358,8 @@ impl CopyUnwinder {
 
 impl Drop for CopyUnwinder {
     fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.tx = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
