@@ -531,7 +531,7 @@ impl Collection {
 
     /// Whether records wait for stack-copy tables still being compiled.
     pub(crate) fn copies_waiting(&mut self) -> bool {
-        self.copies.as_mut().is_some_and(|u| u.waiting())
+        self.copies.as_ref().is_some_and(|u| u.waiting())
     }
 
     /// Registers new Python processes and names new Python frames (they must still live).

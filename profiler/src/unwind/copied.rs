@@ -176,8 +176,8 @@ pub fn walk(maps: &[Mapped], copy: &Copy<'_>) -> (Vec<u64>, u32) {
     (frames, reason::FRAME_LIMIT)
 }
 
-/// Rows kept in memory for copies at most (64 MiB); beyond, every table is dropped and
-/// compiled (or read from the disk cache) again when a copy needs it.
+/// Rows kept in memory for copies at most (64 MiB); beyond, further binaries get none (walks
+/// of copies stop at them).
 const MAX_ROWS: usize = 8 << 20;
 
 /// Records waiting for their tables at most (bytes): beyond, a record is walked at once with
@@ -202,7 +202,7 @@ pub enum Offer {
 /// for a compile: a record whose tables are not ready yet is kept and added when they are.
 pub struct CopyUnwinder {
     tables: Tables,
-    /// Binaries sent to the compile thread (and not dropped from `tables` since).
+    /// Binaries sent to the compile thread.
     asked: std::collections::HashSet<BinaryKey>,
     tx: Option<mpsc::Sender<(BinaryKey, MappingSpec)>>,
     /// Tells the compile thread to stop at its next table (it is not waited for: its queue
@@ -231,15 +231,15 @@ impl CopyUnwinder {
                     if stopped.load(std::sync::atomic::Ordering::Relaxed) {
                         return;
                     }
+                    if out.lock().is_ok_and(|t| t.contains_key(&key)) {
+                        continue;
+                    }
                     let rows = rows_of(mode, &m, cache.as_ref()).map(Arc::new);
                     if let Ok(mut t) = out.lock() {
-                        if t.values().flatten().map(|r| r.rows.len()).sum::<usize>()
-                            + rows.as_ref().map_or(0, |r| r.rows.len())
-                            > MAX_ROWS
-                        {
-                            t.clear();
-                        }
-                        t.insert(key, rows);
+                        let held: usize = t.values().flatten().map(|r| r.rows.len()).sum();
+                        // Beyond the bound a binary gets no table here: copies stop there.
+                        let fits = held + rows.as_ref().map_or(0, |r| r.rows.len()) <= MAX_ROWS;
+                        t.insert(key, rows.filter(|_| fits));
                     }
                 }
             })?;
@@ -285,8 +285,8 @@ impl CopyUnwinder {
                 continue;
             }
             ready = false;
-            // Asked before and not there: compiling, or dropped from a full store.
-            if (self.asked.insert(key) || tables.is_empty())
+            // Asked once: it is being compiled.
+            if self.asked.insert(key)
                 && let Some(tx) = &self.tx
             {
                 let _ = tx.send((key, m.clone()));
@@ -319,9 +319,15 @@ impl CopyUnwinder {
     }
 
     /// Whether records wait for tables still being compiled.
-    pub fn waiting(&mut self) -> bool {
-        let pending: Vec<Vec<MappingSpec>> = self.deferred.iter().map(|(_, m)| m.clone()).collect();
-        pending.iter().any(|m| !self.ready(m))
+    pub fn waiting(&self) -> bool {
+        let Ok(tables) = self.tables.lock() else {
+            return false;
+        };
+        // Every missing table was asked for when its record was kept.
+        self.deferred.iter().any(|(_, maps)| {
+            maps.iter()
+                .any(|m| m.key().is_some_and(|k| !tables.contains_key(&k)))
+        })
     }
 
     /// Walks `copy` over the process's `mappings` with the tables there are.
