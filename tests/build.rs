@@ -38,6 +38,7 @@ fn main() {
     let out_dir = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
     // The whole directory, so a new fixture or a change to common.h rebuilds them all.
     println!("cargo:rerun-if-changed=fixtures");
+    println!("cargo:rerun-if-changed=src/bin/fixture_rust.rs");
     println!("cargo:rerun-if-changed=build.rs");
 
     let mut sources: Vec<_> = std::fs::read_dir("fixtures")
@@ -154,16 +155,20 @@ fn big(out_dir: &Path, source: &Path, output: &Path) {
     no_fp_linked_to(out_dir, source, output, "fx-big");
 }
 
-/// fx-rust-nofp (env FIXTURE_FX_RUST_NOFP): fixtures/fx-rust-nofp.rs built by rustc the way
-/// `cargo build --release` builds by default, optimized and WITHOUT frame pointers (the
-/// workspace's force-frame-pointers flag is not passed), for the table walk's Rust test.
+/// fx-rust-nofp (env FIXTURE_FX_RUST_NOFP): the Rust fixture (src/bin/fixture_rust.rs) built
+/// again by rustc the way `cargo build --release` builds by default, optimized and WITHOUT
+/// frame pointers (the workspace's force-frame-pointers flag is not passed): only .eh_frame
+/// describes its frames, so only the table walk gets its chain whole.
 fn rust_no_fp(out_dir: &Path) {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let output = out_dir.join("fx-rust-nofp");
     let result = Command::new(rustc)
         .args([
             "--edition",
-            "2021",
+            "2024",
+            // The tests look for fx_rust_nofp::rust_outer and its callees.
+            "--crate-name",
+            "fx_rust_nofp",
             "-O",
             "-C",
             "force-frame-pointers=no",
@@ -172,14 +177,14 @@ fn rust_no_fp(out_dir: &Path) {
         .arg("debuginfo=1")
         .arg("-o")
         .arg(&output)
-        .arg("fixtures/fx-rust-nofp.rs")
+        .arg("src/bin/fixture_rust.rs")
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .output()
         .unwrap_or_else(|e| panic!("running rustc for fx-rust-nofp: {e}"));
     assert!(
         result.status.success(),
-        "rustc failed on fixtures/fx-rust-nofp.rs:\n{}",
+        "rustc failed on src/bin/fixture_rust.rs (fx-rust-nofp):\n{}",
         String::from_utf8_lossy(&result.stderr)
     );
     println!("cargo:rustc-env=FIXTURE_FX_RUST_NOFP={}", output.display());

@@ -361,6 +361,10 @@ pub mod unwind {
         pub table_len: u32,
         /// `mapping::*`.
         pub kind: u32,
+        #[expect(
+            clippy::pub_underscore_fields,
+            reason = "repr(C) padding the other crates initialize"
+        )]
         pub _pad: u32,
     }
     const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 40);
@@ -370,6 +374,10 @@ pub mod unwind {
     #[derive(Clone, Copy, Debug)]
     pub struct ProcMappings {
         pub count: u32,
+        #[expect(
+            clippy::pub_underscore_fields,
+            reason = "repr(C) padding the other crates initialize"
+        )]
         pub _pad: u32,
         pub maps: [UnwindMapping; MAX_MAPPINGS],
     }

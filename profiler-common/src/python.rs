@@ -136,6 +136,10 @@ pub const INSTR_MASK: u64 = (1 << CHECK_SHIFT) - 1;
 pub const STR_HASH: u64 = 24;
 
 /// The 16-bit checksum of one word, the same in the sampler and in userspace.
+#[expect(
+    clippy::inline_always,
+    reason = "the sampler's copy must be inlined: the verifier sees each BPF call"
+)]
 #[inline(always)]
 pub const fn check_of(word: u64) -> u64 {
     (word ^ (word >> 16) ^ (word >> 32) ^ (word >> 48)) & 0xffff

@@ -112,7 +112,7 @@ pub(crate) async fn record(
             progress(Progress::Tick {
                 elapsed_s: (util::monotonic_ns() - start_mono_ns) as f64 / 1e9,
                 secs,
-                samples: c.samples.len(),
+                samples: c.sample_count(),
             });
         })
         .await?;
@@ -127,7 +127,7 @@ pub(crate) async fn record(
         session: session_report,
     };
     progress(Progress::Collected(&report));
-    let samples = window.collection.samples.len();
+    let samples = window.collected.samples.len();
     let inline = config.inline;
     let profile = tokio::task::spawn_blocking(move || {
         window.symbolize(&kernel, &UserSymbolizer::new(inline), &mut NameCache::new())

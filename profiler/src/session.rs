@@ -4,7 +4,7 @@
 //! `Collection`, and cuts what it collected into `Window`s: one for a whole recording
 //! (`finish`), or one after another while sampling goes on (`cut`, the agent). A window
 //! holds everything symbolizing needs, so that can happen on another thread.
-use std::{collections::HashMap, future::Future, sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
@@ -13,7 +13,7 @@ use crate::{
     bpf::{Event, KernelCounters, Sampler, SamplerConfig},
     cgroups::CgroupTarget,
     collect::{
-        CgroupFilter, Collection, CommFilter, KernelRecords, ProcessEvents, ProcessTable, space_pid,
+        CgroupFilter, Collected, Collection, CommFilter, KernelRecords, ProcessEvents, TableBounds,
     },
     profile::{Counters, Meta, Profile},
     record::RecordError,
@@ -66,7 +66,7 @@ pub(crate) enum Notice {
 /// One cut of the recording: the samples and stacks of a span of time, with the process
 /// facts and metadata to symbolize them anywhere.
 pub(crate) struct Window {
-    pub collection: Collection,
+    pub collected: Collected,
     pub meta: Meta,
     /// Changes when the session's process table starts afresh: a `NameCache` kept across
     /// windows must then be cleared (its keys are the table's file ids).
@@ -76,12 +76,12 @@ pub(crate) struct Window {
 impl Window {
     /// Names every frame: the profile of this window.
     pub(crate) fn symbolize(
-        &self,
+        self,
         kernel: &KernelSymbols,
         user: &UserSymbolizer,
         names: &mut NameCache,
     ) -> Profile {
-        symbolize::build_profile_cached(&self.collection, self.meta.clone(), kernel, user, names)
+        symbolize::build_profile(self.collected, self.meta, kernel, user, names)
     }
 }
 
@@ -110,15 +110,15 @@ pub(crate) struct PythonReport {
     pub refused: Vec<(String, u64, String)>,
 }
 
-/// Mapped files remembered across windows at most; past it the table starts afresh (live
-/// processes are simply read again when next seen), which bounds open handles and memory.
-const MAX_FILES: usize = 2048;
+/// What the process table remembers across windows at most.
+const TABLE_BOUNDS: TableBounds = TableBounds {
+    files: 2048,
+    locs: 1_000_000,
+};
 
 /// How long the end of a window waits for tables that samples' stack copies need
 /// (`unwind::copied`): libc's compiles in a fraction of a second, a large binary's in seconds.
 const COPY_TABLES_WAIT: Duration = Duration::from_secs(10);
-/// Addresses remembered across windows at most (same reset as `MAX_FILES`).
-const MAX_LOCS: usize = 1_000_000;
 
 /// A sampler attached on every CPU and what it collected since the last cut.
 pub(crate) struct Session {
@@ -192,8 +192,8 @@ impl Session {
         let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
             .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
         let mut collection = Collection::new(CommFilter(config.comms.clone()))
-            .with_cgroup_filter(CgroupFilter::new(user_cgroups));
-        collection.events = events;
+            .with_cgroup_filter(CgroupFilter::new(user_cgroups))
+            .with_events(events);
         let loader = match sampler.unwind.take() {
             Some(l) => Some(Arc::new(BackgroundLoader::spawn(l)?)),
             None => None,
@@ -207,7 +207,7 @@ impl Session {
         if let (Some(facts), Some(map)) = (python, sampler.take_python_map()) {
             let mut tracker = crate::python::Tracker::new(map, facts);
             tracker.register_running(&config.pids);
-            collection.python = Some(tracker);
+            collection = collection.with_python(tracker);
         }
         Ok(Self {
             last_counters: sampler.counters()?,
@@ -260,9 +260,8 @@ impl Session {
     /// are on (`python::Tracker::python_processes`).
     pub(crate) fn python_processes(&self) -> Option<usize> {
         self.collection
-            .python
-            .as_ref()
-            .map(|t| t.python_processes())
+            .python()
+            .map(crate::python::Tracker::python_processes)
     }
 
     /// Ends the current window and starts the next at once (no gap in sampling): everything
@@ -272,14 +271,13 @@ impl Session {
     pub(crate) async fn cut(&mut self) -> Result<Window, RecordError> {
         let drained = self.settle().await?;
         let (meta, _) = self.meta(drained)?;
-        let collection = self.collection.cut();
-        let live = &mut self.collection;
+        let collected = self.collection.cut(meta.start_mono_ns);
         // After the cut: the window took the Python names its samples need.
-        if prune(&mut live.processes, live.python.as_mut()) {
+        if self.collection.prune(TABLE_BOUNDS) {
             self.table_generation += 1;
         }
         Ok(Window {
-            collection,
+            collected,
             meta,
             table_generation: self.table_generation,
         })
@@ -290,7 +288,7 @@ impl Session {
     pub(crate) async fn copy_since(&mut self, since_mono_ns: u64) -> Result<Window, RecordError> {
         // Up to the last drain, as a cut (see `meta`).
         let drained = self.settle().await?;
-        let collection = self.collection.copy_since(since_mono_ns);
+        let collected = self.collection.copy_since(since_mono_ns);
         let since = since_mono_ns.max(self.start_mono_ns);
         let meta = Meta {
             start_unix_ns: unix_at(since),
@@ -302,14 +300,14 @@ impl Session {
             kernel_release: self.kernel_release.clone(),
             cpus: self.sampler.cpus.clone(),
             counters: Counters {
-                recorded: collection.samples.len() as u64,
+                recorded: collected.samples.len() as u64,
                 ..Counters::default()
             },
             untimed: Vec::new(),
             named_counters: Vec::new(),
         };
         Ok(Window {
-            collection,
+            collected,
             meta,
             table_generation: self.table_generation,
         })
@@ -321,12 +319,12 @@ impl Session {
         self.sampler.detach();
         let drained = self.settle().await?;
         let (meta, _) = self.meta(drained)?;
-        let c = &self.collection;
-        let python = match &c.python {
+        let counts = self.collection.counts();
+        let python = match self.collection.python() {
             Some(t) => Some(PythonReport {
                 registered: t.registered,
                 kernel: self.sampler.python_counters()?.unwrap_or_default(),
-                cut: c.py_truncated,
+                cut: counts.py_truncated,
                 refused: t
                     .refused
                     .iter()
@@ -337,12 +335,12 @@ impl Session {
         };
         let report = SessionReport {
             unwind: self.loader.as_ref().map(|l| l.stats()),
-            unwind_truncated: c.unwind_truncated,
+            unwind_truncated: counts.unwind_truncated,
             python,
-            lost_records: c.processes.lost_records,
+            lost_records: counts.lost_records,
         };
         let window = Window {
-            collection: std::mem::take(&mut self.collection),
+            collected: self.collection.cut(meta.start_mono_ns),
             meta,
             table_generation: self.table_generation,
         };
@@ -365,11 +363,7 @@ impl Session {
         if let Some(d) = self.settle_delay {
             tokio::time::sleep(d).await;
         }
-        self.collection.processes.resolve_pending();
-        self.collection.resolve_python();
-        // Perf maps are the processes' own files: read on a blocking thread.
-        self.collection.processes.name_jit_code().await?;
-        self.collection.resolve_cgroups();
+        self.collection.resolve().await?;
         Ok(drained)
     }
 
@@ -382,9 +376,9 @@ impl Session {
     fn meta(&mut self, end_mono_ns: u64) -> Result<(Meta, KernelCounters), RecordError> {
         let k = self.sampler.counters()?;
         let prev = std::mem::replace(&mut self.last_counters, k);
-        let c = &self.collection;
+        let c = self.collection.counts();
         let counters = Counters {
-            recorded: c.samples.len() as u64,
+            recorded: self.collection.sample_count() as u64,
             lost_ringbuf_full: k.lost_ringbuf_full.saturating_sub(prev.lost_ringbuf_full),
             filtered: k.filtered.saturating_sub(prev.filtered) + c.filtered,
             kstack_failed: c.kstack_failed,
@@ -433,45 +427,6 @@ fn open_kernel_records(
             )));
         })
         .ok()
-}
-
-/// Forgets exited processes (and the Python names of generations that exec'd or exited);
-/// starts afresh when the table outgrows its bounds (then returns true: names cached by file
-/// id must go too).
-fn prune(live: &mut ProcessTable, python: Option<&mut crate::python::Tracker>) -> bool {
-    let mut alive: HashMap<u32, bool> = HashMap::new();
-    let mut is_alive = |pid: u32| {
-        *alive
-            .entry(pid)
-            .or_insert_with(|| std::path::Path::new(&format!("/proc/{pid}")).exists())
-    };
-    live.processes.retain(|pid, _| is_alive(*pid));
-    live.locs
-        .retain(|(space, _), _| is_alive(space_pid(*space)));
-    let dead: Vec<u32> = live.mappings.pids().filter(|&p| !is_alive(p)).collect();
-    for pid in dead {
-        live.mappings.remove(pid);
-    }
-    let reset =
-        live.files.len() > MAX_FILES || live.locs.len() > MAX_LOCS || live.names.len() > MAX_LOCS;
-    // Generations are numbered by the mappings table: what it forgets (or, reset, numbers
-    // afresh) the Python names must forget too, or a reused number would find them.
-    if let Some(t) = python {
-        t.forget_gone(|pid| reset || !is_alive(pid));
-    }
-    if reset {
-        log::info!(
-            "process table reset ({} files, {} addresses): live processes are read again",
-            live.files.len(),
-            live.locs.len()
-        );
-        // The kernel's lifetimes of live processes carry on; the rest starts afresh.
-        let lifetimes = std::mem::take(&mut live.lifetimes);
-        *live = ProcessTable::default();
-        live.lifetimes = lifetimes;
-        return true;
-    }
-    false
 }
 
 /// Wall-clock now, ns since the Unix epoch.

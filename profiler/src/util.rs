@@ -85,7 +85,9 @@ pub(crate) fn write_atomic(
     let result = (|| {
         let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
         write(&mut w)?;
-        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        w.into_inner()
+            .map_err(std::io::IntoInnerError::into_error)?
+            .sync_all()?;
         std::fs::rename(&tmp, path)
     })();
     if result.is_err() {
@@ -152,6 +154,11 @@ pub(crate) fn duration_ns(text: &str) -> Result<f64, String> {
     Ok(value * scale)
 }
 
+/// The processes /proc lists now (thread-group ids, not other threads).
+pub(crate) fn proc_pids() -> std::io::Result<impl Iterator<Item = u32>> {
+    Ok(std::fs::read_dir("/proc")?.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()))
+}
+
 /// CLOCK_MONOTONIC now, ns: the clock of `bpf_ktime_get_ns`, which stamps every sample.
 pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -159,7 +166,7 @@ pub(crate) fn monotonic_ns() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes into the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -172,11 +179,16 @@ pub(crate) fn raise_fd_limit() {
     };
     // SAFETY: getrlimit/setrlimit read and write the struct we pass.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
             lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim);
         }
     }
+}
+
+/// Lowercase hex, as `readelf -n` and pprof print build ids.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -215,7 +227,7 @@ mod tests {
         let out = dir.join("x.svg");
         std::fs::write(&out, "old").unwrap();
         let e = write_atomic(&out, |w| {
-            std::io::Write::write_all(w, &[b'n'; 100_000])?;
+            std::io::Write::write_all(w, &vec![b'n'; 100_000])?;
             Err(std::io::Error::other("render failed"))
         })
         .unwrap_err();

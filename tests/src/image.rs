@@ -140,7 +140,7 @@ pub fn png_summary(bytes: &[u8]) -> Result<PngSummary, String> {
                 0 => 0,
                 1 => a,
                 2 => b,
-                3 => ((u16::from(a) + u16::from(b)) / 2) as u8,
+                3 => u16::midpoint(u16::from(a), u16::from(b)) as u8,
                 4 => paeth(a, b, c),
                 f => return Err(format!("bad filter {f}")),
             };

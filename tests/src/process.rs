@@ -169,7 +169,7 @@ pub fn spawn_fixture_args(path: &Path, args: &[&str]) -> Fixture {
         match std::fs::read_to_string(&comm_file) {
             Ok(seen) if seen.trim_end() == comm => return fixture,
             Ok(_) | Err(_) if start.elapsed() < Duration::from_secs(5) => {
-                thread::sleep(Duration::from_millis(10))
+                thread::sleep(Duration::from_millis(10));
             }
             seen => panic!(
                 "fixture {} did not start as {comm:?}: {seen:?}",

@@ -187,6 +187,13 @@ fn metric_values_match_the_kernel_and_the_design() {
          {fixture_wall:.1} s; agent {agent_cpu:.2} s CPU, {agent_rss} B RSS\n{text}"
     );
 
+    // The store's size in use: whole pages, and not zero once windows are stored.
+    let used = get("profiler_store_used_bytes");
+    assert!(
+        used > 0.0 && used % 4096.0 == 0.0,
+        "store bytes in use {used}: {text}"
+    );
+
     // Windows: all stored, none dropped. Nothing pushed without --push-url.
     assert_eq!(
         get("profiler_windows_total{outcome=\"dropped\"}"),

@@ -51,7 +51,7 @@ fn receiver() -> (u16, Arc<Mutex<Vec<Request>>>, Arc<AtomicBool>) {
                 let (k, v) = h.split_once(':').unwrap_or((h, ""));
                 match k.to_ascii_lowercase().as_str() {
                     "content-length" => length = v.trim().parse().unwrap(),
-                    "content-type" => kind = v.trim().to_owned(),
+                    "content-type" => v.trim().clone_into(&mut kind),
                     _ => {}
                 }
             }
@@ -148,10 +148,7 @@ fn otlp_export_decodes_with_the_official_classes() {
     );
     let pid = fixture.pid();
     let start = Instant::now();
-    while std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|c| c.trim() != comm)
-        .unwrap_or(true)
-    {
+    while std::fs::read_to_string(format!("/proc/{pid}/comm")).map_or(true, |c| c.trim() != comm) {
         assert!(start.elapsed() < TIMEOUT, "the fixture did not start");
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -144,6 +144,7 @@ fn push_survives_a_receiver_restart() {
     }
     let _serial = exclusive();
     let dir = TempDir::new("agent-push");
+    let log = dir.file("agent.log");
     let port = free_port();
     let got = Arc::new(Mutex::new(Vec::new()));
     let receiver = Receiver::start(port, got.clone());
@@ -151,9 +152,10 @@ fn push_survives_a_receiver_restart() {
     let _fixture = spawn_fixture(Path::new(env!("FIXTURE_FX_CHAIN")), 60);
     // Only the fixture: whole-machine 1 s windows took 13-17 s each on a busy machine (debug
     // build), too few to arrive in time; what is tested here is delivery.
-    let mut agent = Agent::start(
+    let mut agent = Agent::start_with(
         &dir.file("data"),
         &["--window", "1s", "--push-url", &url, "--comm", "fx-chain"],
+        Stdio::from(std::fs::File::create(&log).unwrap()),
     );
     wait_for(&got, 2, "before the restart");
     drop(receiver);
@@ -178,6 +180,31 @@ fn push_survives_a_receiver_restart() {
     assert!(agent.stop().success());
     let mut all = got.lock().unwrap().clone();
     all.sort_by_key(|p| p.from);
+    // The count at stop includes the last pass: every window the receiver has (once each: a
+    // push cut by the restart is sent again) and nothing left in the spool.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let at_stop: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("agent: ")?
+                .split_once(" windows pushed since start")
+        })
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("no push count at stop in the log:\n{text}"));
+    let distinct: std::collections::BTreeSet<_> =
+        all.iter().map(|p| (p.from, p.until, &p.body)).collect();
+    let spooled =
+        std::fs::read_dir(dir.path().join("data/push")).map_or(0, std::iter::Iterator::count);
+    assert_eq!(
+        spooled, 0,
+        "windows left in the spool after a stop with the receiver up"
+    );
+    assert_eq!(
+        at_stop,
+        distinct.len() as u64,
+        "pushed at stop {at_stop}, the receiver got {} distinct windows",
+        distinct.len()
+    );
     for p in &all {
         assert!(p.name.starts_with("profiler.cpu"), "{p:?}");
         assert!(p.from < p.until, "{p:?}");
@@ -250,7 +277,7 @@ fn unreachable_push_url_is_a_clear_log_line() {
     );
     let want = format!("push to {url}/ingest failed");
     let spool = dir.path().join("data/push");
-    let spooled = || std::fs::read_dir(&spool).map_or(0, |d| d.count());
+    let spooled = || std::fs::read_dir(&spool).map_or(0, std::iter::Iterator::count);
     // Wait for what is checked (the log line, two windows on disk), not for a fixed time.
     let start = Instant::now();
     while !(std::fs::read_to_string(&log).is_ok_and(|t| t.contains(&want)) && spooled() >= 2) {

@@ -127,7 +127,7 @@ fn record_hostile(label: &str) -> Recorded {
                 rlim_cur: 2 << 30,
                 rlim_max: 2 << 30,
             };
-            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+            if libc::setrlimit(libc::RLIMIT_AS, &raw const lim) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -146,7 +146,7 @@ fn record_hostile(label: &str) -> Recorded {
         // SAFETY: rusage is plain integers (all zero is valid); wait4 writes the status and
         // rusage we pass, for our own child.
         let (mut status, mut rusage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
-        let got = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut rusage) };
+        let got = unsafe { libc::wait4(pid, &raw mut status, libc::WNOHANG, &raw mut rusage) };
         if got == pid {
             break (status, rusage);
         }

@@ -52,7 +52,7 @@ fn run(dir: &TempDir, args: &[&str]) -> Run {
         // SAFETY: an all-zero rusage is valid; wait4 fills it and `status` for our own child.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
         // SAFETY: as above; WNOHANG returns 0 while the child runs.
-        let got = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        let got = unsafe { libc::wait4(pid, &raw mut status, libc::WNOHANG, &raw mut usage) };
         assert!(got >= 0, "wait4: {}", std::io::Error::last_os_error());
         if got == pid {
             break (ExitStatus::from_raw(status), usage);

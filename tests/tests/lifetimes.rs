@@ -70,11 +70,10 @@ fn stats(capture: &str, folded: &str) -> Vec<(String, String)> {
 }
 
 fn stat<'a>(stats: &'a [(String, String)], key: &str) -> &'a str {
-    stats
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
-        .unwrap_or_else(|| panic!("no {key} in --stats: {stats:?}"))
+    stats.iter().find(|(k, _)| k == key).map_or_else(
+        || panic!("no {key} in --stats: {stats:?}"),
+        |(_, v)| v.as_str(),
+    )
 }
 
 #[test]
@@ -217,11 +216,10 @@ fn exec_of_another_binary_is_attributed_to_both_in_order() {
     let samples = parse_perf_text(&text);
     let has = |s: &TextSample, f: &str| s.frames.iter().any(|x| x == f);
     // The one process that ran burn.
-    let pid = samples
-        .iter()
-        .find(|s| has(s, "burn"))
-        .map(|s| s.pid)
-        .unwrap_or_else(|| panic!("no sample in burn: {}", head(&text, 40)));
+    let pid = samples.iter().find(|s| has(s, "burn")).map_or_else(
+        || panic!("no sample in burn: {}", head(&text, 40)),
+        |s| s.pid,
+    );
     let mine: Vec<&TextSample> = samples.iter().filter(|s| s.pid == pid).collect();
     let burn: Vec<f64> = mine
         .iter()
@@ -260,7 +258,7 @@ fn exec_of_another_binary_is_attributed_to_both_in_order() {
             .frames
             .iter()
             .rev()
-            .map(|f| f.as_str())
+            .map(std::string::String::as_str)
             .filter(|f| ["main", "a", "b", "c"].contains(f))
             .collect();
         assert_eq!(chain, ["main", "a", "b", "c"], "{:?}", s.frames);

@@ -128,7 +128,7 @@ fn without(stacks: &[Vec<String>], prefix: &str) -> Vec<Vec<String>> {
 }
 
 fn show(stacks: &[Vec<String>]) -> String {
-    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
     for s in stacks {
         *counts.entry(s.join(";")).or_default() += 1;
     }

@@ -340,8 +340,10 @@ fn status_bytes(pid: u32, name: &str) -> u64 {
         .lines()
         .find_map(|l| l.strip_prefix(name))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status:\n{status}"))
+        .map_or_else(
+            || panic!("no {name} in /proc/{pid}/status:\n{status}"),
+            |kb| kb * 1024,
+        )
 }
 
 /// The UNWIND_ROWS array (`--unwind-memory`) is kernel memory; the profiler maps only the

@@ -306,7 +306,7 @@ fn load1() -> f64 {
 }
 
 fn mib(bytes: u64) -> String {
-    format!("{:.1}", bytes as f64 / (1 << 20) as f64)
+    format!("{:.1}", bytes as f64 / f64::from(1 << 20))
 }
 
 fn print_table(r: &Results) {

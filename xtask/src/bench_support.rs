@@ -86,7 +86,7 @@ pub(crate) fn children_cpu_seconds() -> f64 {
     // SAFETY: an all-zero rusage is valid, and getrusage only fills it in.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: usage is a valid rusage for the kernel to fill in.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &raw mut usage) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
@@ -198,8 +198,22 @@ impl ProgStats {
     }
 
     pub(crate) fn of(proc: &Proc) -> Result<Self> {
+        let programs = Self::by_program(proc)?;
+        let total = programs.values().fold(Self::default(), |a, p| a.plus(*p));
+        if total.run_cnt == 0 {
+            bail!(
+                "`{}` has no BPF program that ran ({} loaded); see its messages above",
+                proc.name,
+                programs.len()
+            );
+        }
+        Ok(total)
+    }
+
+    /// Each program `proc` holds, by program id (a program held through several fds counts
+    /// once). Tail-called programs run inside their caller and show no runs of their own.
+    pub(crate) fn by_program(proc: &Proc) -> Result<BTreeMap<u64, Self>> {
         let pid = proc.child.id();
-        // Keyed by program id: a program held through several fds must count once.
         let mut programs = BTreeMap::new();
         let fds = fs::read_dir(format!("/proc/{pid}/fd"))
             .with_context(|| format!("`{}` is not running", proc.name))?;
@@ -226,18 +240,15 @@ impl ProgStats {
                 );
             }
         }
-        let total = programs.values().fold(Self::default(), |a, p| Self {
-            run_time_ns: a.run_time_ns + p.run_time_ns,
-            run_cnt: a.run_cnt + p.run_cnt,
-        });
-        if total.run_cnt == 0 {
-            bail!(
-                "`{}` has no BPF program that ran ({} loaded); see its messages above",
-                proc.name,
-                programs.len()
-            );
+        Ok(programs)
+    }
+
+    /// What ran between `earlier` and `self` (both of the same program).
+    pub(crate) fn since(self, earlier: Self) -> Self {
+        Self {
+            run_time_ns: self.run_time_ns.saturating_sub(earlier.run_time_ns),
+            run_cnt: self.run_cnt.saturating_sub(earlier.run_cnt),
         }
-        Ok(total)
     }
 
     pub(crate) fn ns_per_run(self) -> f64 {
@@ -251,7 +262,14 @@ pub(crate) fn wait4(child: &Child) -> Result<(bool, libc::rusage)> {
     // SAFETY: an all-zero rusage is valid, and wait4 only fills it in.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: waits for our own unreaped child, with valid out pointers.
-    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    let pid = unsafe {
+        libc::wait4(
+            child.id() as libc::pid_t,
+            &raw mut status,
+            0,
+            &raw mut usage,
+        )
+    };
     if pid < 0 {
         bail!("wait4: {}", std::io::Error::last_os_error());
     }
@@ -273,4 +291,15 @@ pub(crate) fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
     fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+/// Names of loaded BPF programs by id (fdinfo has none), for per-program figures.
+pub(crate) fn program_names() -> BTreeMap<u64, String> {
+    aya::programs::loaded_programs()
+        .flatten()
+        .map(|p| {
+            let name = p.name_as_str().unwrap_or("?").to_owned();
+            (u64::from(p.id()), name)
+        })
+        .collect()
 }

@@ -113,7 +113,7 @@ fn measure(bin: &Path, tmp: &Path, seconds: u64, profile_bee_too: bool) -> Resul
         ))?,
     ];
     sleep(Duration::from_secs(2))?;
-    let (eh_frame_bytes, binaries) = eh_frame_sizes(&workload)?;
+    let (eh_frame_bytes, binaries) = eh_frame_sizes(&workload);
     let _stats = BpfStatsEnabled::enable()?;
     let mut runs = Vec::new();
     for mode in ["fp", "dwarf"] {
@@ -192,11 +192,7 @@ fn sampling_window(proc: &Proc, seconds: u64) -> Result<ProgStats> {
         sleep(Duration::from_millis(200))?;
     };
     sleep(Duration::from_secs(seconds.saturating_sub(READ_BEFORE_END)))?;
-    let last = ProgStats::of(proc)?;
-    Ok(ProgStats {
-        run_time_ns: last.run_time_ns - first.run_time_ns,
-        run_cnt: last.run_cnt - first.run_cnt,
-    })
+    Ok(ProgStats::of(proc)?.since(first))
 }
 
 /// profile-bee 0.3.13 with its .eh_frame unwinder, writing collapsed stacks.
@@ -375,7 +371,7 @@ fn map_memory(pid: u32) -> Option<(u64, u64)> {
 }
 
 /// The sum of .eh_frame section sizes of every executable file the workload maps.
-fn eh_frame_sizes(workload: &[Proc]) -> Result<(u64, usize)> {
+fn eh_frame_sizes(workload: &[Proc]) -> (u64, usize) {
     let mut files = BTreeSet::new();
     for p in workload {
         // The shells' children (xz, sqlite3) map what the programs map; their own maps too.
@@ -418,7 +414,7 @@ fn eh_frame_sizes(workload: &[Proc]) -> Result<(u64, usize)> {
             }
         }
     }
-    Ok((total, files.len()))
+    (total, files.len())
 }
 
 /// Whether a user frame name is a program's entry: `main`, `_start` or libc's start code.

@@ -129,7 +129,7 @@ fn memlock_note(release: &str) {
         rlim_max: 0,
     };
     // SAFETY: limit is a valid rlimit for getrlimit to fill in.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &raw mut limit) } != 0
         || limit.rlim_cur == libc::RLIM_INFINITY
     {
         return;

@@ -2,6 +2,7 @@
 //! work the same on every machine.
 
 mod bench_agent;
+mod bench_agent_probe;
 mod bench_heatmap;
 mod bench_kernel_cost;
 mod bench_python;

@@ -46,7 +46,11 @@ impl Run {
                 // `Running unittests src/lib.rs (...)`.
                 let path = rest
                     .split_whitespace()
-                    .find(|w| w.ends_with(".rs"))
+                    .find(|w| {
+                        std::path::Path::new(w)
+                            .extension()
+                            .is_some_and(|e| e == "rs")
+                    })
                     .unwrap_or(rest);
                 let file = path.rsplit('/').next().unwrap_or(path);
                 self.targets.push(file.trim_end_matches(".rs").to_owned());
@@ -103,7 +107,7 @@ pub(crate) fn repeat(
 ) -> Result<()> {
     // test -> runs it failed in; BTreeMap for a stable table.
     let mut failures: BTreeMap<String, u32> = BTreeMap::new();
-    let mut seen: BTreeMap<String, ()> = BTreeMap::new();
+    let mut seen: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let mut broken_runs = Vec::new();
     for i in 1..=repeat {
         let mut cmd = util::cargo();
@@ -117,10 +121,10 @@ pub(crate) fn repeat(
         let (run, success) = run_cargo_test(&mut cmd)?;
         let (passed, failed) = run.results();
         for name in &passed {
-            seen.insert(name.clone(), ());
+            seen.insert(name.clone());
         }
         for name in &failed {
-            seen.insert(name.clone(), ());
+            seen.insert(name.clone());
             *failures.entry(name.clone()).or_default() += 1;
         }
         if !success && failed.is_empty() {

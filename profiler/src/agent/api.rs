@@ -37,6 +37,7 @@ pub(crate) async fn handle(state: Rc<State>, req: Request) -> Response {
             Some(problem) => Response::text(503, problem),
         }),
         "/metrics" => only(&req, &[]).map(|()| {
+            super::count_pushes(&state.shared, &state.pushers);
             let body = state.shared.metrics().render();
             Response::ok(
                 "text/plain; version=0.0.4; charset=utf-8",

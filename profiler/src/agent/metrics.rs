@@ -36,6 +36,9 @@ pub(crate) struct Metrics {
     /// Windows written to the store, and those dropped (store failing too long).
     pub windows_stored: u64,
     pub windows_dropped: u64,
+    /// Bytes of the store's database in use (pages minus free pages) after the last write;
+    /// what the store grows by, apart from one-time files and WAL traffic.
+    pub store_used_bytes: Option<u64>,
     /// Windows pushed to --push-url, and those dropped from the full push spool.
     pub push_sent: u64,
     pub push_dropped: u64,
@@ -276,6 +279,15 @@ impl Metrics {
                 ("outcome=\"dropped\"", f(self.windows_dropped)),
             ],
         );
+        if let Some(bytes) = self.store_used_bytes {
+            metric(
+                &mut o,
+                "profiler_store_used_bytes",
+                "Bytes of the store's database in use (pages minus free pages) after the last window written.",
+                "gauge",
+                &[("", bytes as f64)],
+            );
+        }
         metric(
             &mut o,
             "profiler_push_windows_total",

@@ -83,6 +83,8 @@ pub(crate) struct State {
     pub taps: tokio::sync::mpsc::Sender<sampler::TapRequest>,
     /// Store reads running now (`api::MAX_HEAVY` at most).
     pub heavy: std::cell::Cell<usize>,
+    /// The push targets, whose counts `/metrics` reads as they are (`count_pushes`).
+    pub pushers: Vec<Rc<push::Pusher>>,
 }
 
 /// What the agent reports to its front end (the CLI prints it, `cli/agent.rs`); called on
@@ -97,7 +99,12 @@ pub(crate) enum Progress<'a> {
     /// A signal asked it to stop: the current window is being written.
     Stopping(crate::record::Stop),
     /// The stages finished; `lost_windows` could not be stored (the store failing at the end).
-    Stopped { lost_windows: usize },
+    /// `pushed`: windows sent and dropped since start over every push target, the last pass
+    /// at stop included; None without one.
+    Stopped {
+        lost_windows: usize,
+        pushed: Option<(u64, u64)>,
+    },
 }
 
 /// Runs the agent until SIGTERM or SIGINT, then stores the current window and returns.
@@ -107,6 +114,7 @@ pub(crate) fn run(
     config: AgentConfig,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<(), AgentError> {
+    one_malloc_arena();
     // Every check before loading BPF, so a bad data dir, port or token fails fast and clearly.
     config.check_exposure().map_err(AgentError::Exposure)?;
     let token = config
@@ -233,6 +241,7 @@ pub(crate) fn run(
             shared: shared.clone(),
             taps: taps_tx,
             heavy: std::cell::Cell::new(0),
+            pushers: pushers.clone(),
         });
         let senders: Vec<_> = pushers
             .iter()
@@ -247,10 +256,7 @@ pub(crate) fn run(
                     for p in &pushers {
                         p.enqueue(&profile, &profile.meta.hostname);
                     }
-                    // Both targets' windows together (profiler_push_windows_total).
-                    let mut m = shared.metrics();
-                    m.push_sent = pushers.iter().map(|p| p.sent.get()).sum();
-                    m.push_dropped = pushers.iter().map(|p| p.dropped.get()).sum();
+                    count_pushes(&shared, &pushers);
                 }
             }));
         }
@@ -297,12 +303,44 @@ pub(crate) fn run(
                 push::STOP_GRACE
             );
         }
+        // The last pass sent windows after the spooler's last count.
+        let pushed = (!stoppers.is_empty()).then(|| count_pushes(&shared, &stoppers));
         match joined {
-            (true, Some(lost_windows)) => progress(Progress::Stopped { lost_windows }),
+            (true, Some(lost_windows)) => progress(Progress::Stopped {
+                lost_windows,
+                pushed,
+            }),
             _ => log::error!("agent: a stage panicked; see the messages above"),
         }
         Ok(())
     })
+}
+
+/// Copies the push targets' counts, both together, into `profiler_push_windows_total` and
+/// returns them (sent, dropped): after each window spooled, on each scrape and after the last
+/// pass at stop, so no window sent is left out of the metric.
+pub(crate) fn count_pushes(shared: &Shared, pushers: &[Rc<push::Pusher>]) -> (u64, u64) {
+    let sent = pushers.iter().map(|p| p.sent.get()).sum();
+    let dropped = pushers.iter().map(|p| p.dropped.get()).sum();
+    let mut m = shared.metrics();
+    m.push_sent = sent;
+    m.push_dropped = dropped;
+    (sent, dropped)
+}
+
+/// Caps glibc's malloc at one arena, before the agent's threads start. By default each
+/// thread that allocates gets an arena of its own (up to 8 per core) and keeps what it freed
+/// there: the agent's eight threads allocate in bursts (a window symbolized, tables
+/// compiled, a process read) and idle between them, so the freed memory of each burst stayed
+/// resident per thread. Side by side under the same churn and builds (release, 19 Hz),
+/// anonymous memory was 71 MB with the default and 42 MB with one arena. The threads mostly
+/// wait (a drain a second, a window every 10 s), so one shared arena lock costs little.
+fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a malloc parameter; M_ARENA_MAX takes any positive count.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
 }
 
 /// A test hook's delay: `pipeline::STORE_DELAY_ENV` (a slow store) or

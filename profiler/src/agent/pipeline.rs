@@ -131,7 +131,7 @@ pub(super) fn symbolize(
     let mut generation = 0;
     let mut dying_read: Option<Instant> = None;
     let mut user: Option<(UserSymbolizer, Instant)> = None;
-    let mut symbolize = |window: &Window| {
+    let mut symbolize = |window: Window| {
         if window.table_generation != generation || names.len() > MAX_NAMES {
             // File ids start afresh (or the cache is too big): names keyed by them go.
             names.clear();
@@ -161,13 +161,13 @@ pub(super) fn symbolize(
         let window = match job {
             Job::Window(w) => w,
             Job::Tap(parts, reply) => {
-                let profiles: Vec<Profile> = parts.iter().map(&mut symbolize).collect();
+                let profiles: Vec<Profile> = parts.into_iter().map(&mut symbolize).collect();
                 let _ = reply.send(Ok(join(profiles)));
                 continue;
             }
         };
-        let profile = symbolize(&window);
-        let lost = window.collection.processes.lost_records;
+        let lost = window.collected.counts.lost_records;
+        let profile = symbolize(*window);
         if lost > 0 {
             log::warn!(
                 "the kernel dropped {lost} process records (mappings, exec, exit) this window: \
@@ -318,7 +318,10 @@ impl StoreStage {
                 Ok(()) => {
                     let n = p.meta.counters.recorded;
                     pending.pop_front();
+                    // Three PRAGMAs once a window: cheap, and read outside the metrics lock.
+                    let used = self.store.used_bytes().ok();
                     let mut m = self.shared.metrics();
+                    m.store_used_bytes = used.or(m.store_used_bytes);
                     m.windows_stored += 1;
                     m.pipeline.settle(n, |q| &mut q.stored);
                 }
@@ -414,7 +417,7 @@ mod tests {
 
     fn window(start_mono_ns: u64) -> Window {
         Window {
-            collection: crate::collect::Collection::default(),
+            collected: crate::collect::Collected::default(),
             meta: Meta {
                 start_mono_ns,
                 ..Meta::default()

@@ -157,7 +157,7 @@ impl Stage {
                 if let Some(stats) = session.unwind_stats() {
                     self.shared
                         .metrics()
-                        .add_unwind(&stats, &window.collection.unwind_truncated);
+                        .add_unwind(&stats, &window.collected.counts.unwind_truncated);
                 }
                 self.queue_window(window, stopping);
                 window_end = now + self.window;

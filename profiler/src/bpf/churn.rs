@@ -78,7 +78,7 @@ impl ChurnTracer {
                     log::warn!(
                         "processes are not linked to cgroups: {}",
                         crate::util::chain(&e)
-                    )
+                    );
                 })
                 .ok(),
         };
@@ -91,7 +91,7 @@ impl ChurnTracer {
 
     /// Counts so far, one entry per process, most churn first.
     pub(crate) fn counts(&self) -> Vec<ChurnCount> {
-        let mut by_pid: std::collections::BTreeMap<u32, ChurnCount> = Default::default();
+        let mut by_pid = std::collections::BTreeMap::<u32, ChurnCount>::new();
         for (key, n) in self.counts.iter().flatten() {
             let e = by_pid.entry(key.pid).or_insert_with(|| ChurnCount {
                 pid: key.pid,

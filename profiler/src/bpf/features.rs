@@ -31,7 +31,7 @@ impl KernelFeatures {
     }
 
     /// `ring buffer yes, bpf_loop yes, PROCMAP_QUERY no`, for logs and the kernel matrix.
-    pub(crate) fn summary(&self) -> String {
+    pub(crate) fn summary(self) -> String {
         let yes = |b: bool| if b { "yes" } else { "no" };
         format!(
             "ring buffer {}, bpf_loop {}, PROCMAP_QUERY {}",
@@ -42,7 +42,7 @@ impl KernelFeatures {
     }
 
     /// One line per missing feature the profiler works without, saying what changes.
-    pub(crate) fn degraded(&self) -> Vec<&'static str> {
+    pub(crate) fn degraded(self) -> Vec<&'static str> {
         let mut lines = Vec::new();
         if !self.procmap_query {
             lines.push(
@@ -145,7 +145,7 @@ mod tests {
             return;
         }
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-        let mut numbers = release.trim().split(['.', '-']).map(|n| n.parse::<u32>());
+        let mut numbers = release.trim().split(['.', '-']).map(str::parse::<u32>);
         let version = (
             numbers.next().unwrap().unwrap(),
             numbers.next().unwrap().unwrap(),

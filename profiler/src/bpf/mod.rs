@@ -295,7 +295,8 @@ impl Sampler {
         log::debug!(
             "sampler verified in {:.3} s ({:?} instructions)",
             verify_started.elapsed().as_secs_f64(),
-            info.as_ref().and_then(|i| i.verified_instruction_count())
+            info.as_ref()
+                .and_then(aya::programs::ProgramInfo::verified_instruction_count)
         );
         for &cpu in &cpus {
             program.attach(
@@ -310,7 +311,7 @@ impl Sampler {
             .then(|| exits::attach(&mut ebpf))
             .and_then(|r| {
                 r.map_err(|e| {
-                    log::warn!("exit statuses are not recorded: {}", crate::util::chain(&e))
+                    log::warn!("exit statuses are not recorded: {}", crate::util::chain(&e));
                 })
                 .ok()
             });

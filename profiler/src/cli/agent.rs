@@ -141,11 +141,22 @@ fn printer(p: crate::agent::Progress<'_>) {
             eprintln!("\ninterrupted: writing what was collected");
         }
         Progress::Stopping(_) => eprintln!("terminated: writing what was collected"),
-        Progress::Stopped { lost_windows: 0 } => {
-            eprintln!("agent: stopped; the last window is stored");
-        }
-        Progress::Stopped { lost_windows } => {
-            eprintln!("agent: stopped; {lost_windows} windows could not be stored and are lost")
+        Progress::Stopped {
+            lost_windows,
+            pushed,
+        } => {
+            if lost_windows == 0 {
+                eprintln!("agent: stopped; the last window is stored");
+            } else {
+                eprintln!(
+                    "agent: stopped; {lost_windows} windows could not be stored and are lost"
+                );
+            }
+            if let Some((sent, dropped)) = pushed {
+                eprintln!(
+                    "agent: {sent} windows pushed since start, {dropped} dropped from the full spool"
+                );
+            }
         }
     }
 }

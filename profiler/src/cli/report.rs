@@ -123,7 +123,7 @@ fn print_stats(p: &profile::Profile) {
     // A capture keeps no cgroup per process: the parent stands in for the service's unit.
     let programs = profile::lifecycle::programs(
         &p.lifetimes,
-        &Default::default(),
+        &std::collections::HashMap::new(),
         true,
         m.duration_ns as f64 / 1e9,
     );

@@ -55,6 +55,10 @@ pub(super) struct FileIds {
     by_inode: HashMap<(u64, u64), Option<u32>>,
     by_build_id: HashMap<Vec<u8>, Option<u32>>,
     /// The vDSO (`vdso`): None until first asked for, then its id if it could be copied.
+    #[expect(
+        clippy::option_option,
+        reason = "not asked yet, asked and failed, copied"
+    )]
     vdso: Option<Option<(u32, u64)>>,
 }
 

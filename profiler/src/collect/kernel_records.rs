@@ -159,7 +159,7 @@ impl KernelRecords {
             let fd = unsafe {
                 libc::syscall(
                     libc::SYS_perf_event_open,
-                    &attr as *const PerfEventAttr,
+                    &raw const attr,
                     -1 as libc::pid_t,
                     cpu as libc::c_int,
                     -1 as libc::c_int,
@@ -234,6 +234,10 @@ impl CpuRing {
         // struct perf_event_mmap_page: data_head at 1024, data_tail at 1032.
         // SAFETY: both are u64 fields of the mapped control page, shared with the kernel,
         // accessed atomically with the orderings the ABI asks for.
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "the control page is page-aligned, so offsets 1024 and 1032 are 8-aligned"
+        )]
         let (head, tail) = unsafe {
             (
                 &*self.base.add(1024).cast::<std::sync::atomic::AtomicU64>(),

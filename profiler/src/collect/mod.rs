@@ -2,7 +2,10 @@
 //! stacks, and note what must be read while a process still lives: its exe, and where each
 //! user address falls in its mappings (`process`, from the kernel's own records:
 //! `kernel_records`). Symbolization comes after, from this.
+mod collected;
 mod files;
+mod filters;
+mod jit;
 mod kernel_records;
 mod lifetimes;
 mod mappings;
@@ -18,11 +21,13 @@ use profiler_common::{
 };
 use tokio::io::unix::AsyncFd;
 
+pub(crate) use collected::{Collected, Counts, ProcessFacts};
 pub(crate) use files::UserFile;
+pub(crate) use filters::{CgroupFilter, CommFilter};
 pub(crate) use kernel_records::{KernelRecord, KernelRecords};
 pub use perfmap::{PerfMap, ns_pid};
 pub(crate) use process::{
-    ProcessTable, SpaceId, UserLoc, procmap_query_supported, space_id, space_pid,
+    ProcessTable, SpaceId, TableBounds, UserLoc, procmap_query_supported, space_id, space_pid,
 };
 
 /// Where process facts come from besides the samples: the kernel's records (mappings, exec,
@@ -30,8 +35,8 @@ pub(crate) use process::{
 /// (an old kernel, no BTF): then /proc is read at a process's first sample, as before.
 #[derive(Default)]
 pub(crate) struct ProcessEvents {
-    pub kernel: Option<KernelRecords>,
-    pub exits: Option<RingBuf<MapData>>,
+    kernel: Option<KernelRecords>,
+    exits: Option<RingBuf<MapData>>,
     records: Vec<KernelRecord>,
 }
 
@@ -88,72 +93,25 @@ pub(crate) struct RawSample {
 /// address, already moved back by one byte so it falls inside the call instruction.
 pub(crate) type StackTable<K> = crate::util::Dense<K>;
 
-/// Which samples the user wants, beyond the in-kernel pid filter.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct CommFilter(pub Vec<String>);
-
-impl CommFilter {
-    fn wants(&self, comm: &str) -> bool {
-        self.0.is_empty() || self.0.iter().any(|c| c == comm)
-    }
-}
-
-/// `--cgroup` targets filtered here rather than in the kernel (cgroup v1 ones, or all of them
-/// when v1 and v2 are mixed): a process is kept when /proc/PID/cgroup puts it in one of them
-/// or below, decided at its first sample.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct CgroupFilter {
-    targets: Vec<crate::cgroups::CgroupTarget>,
-    decided: HashMap<u32, bool>,
-}
-
-impl CgroupFilter {
-    pub(crate) fn new(targets: Vec<crate::cgroups::CgroupTarget>) -> Self {
-        Self {
-            targets,
-            decided: HashMap::new(),
-        }
-    }
-
-    fn wants(&mut self, pid: u32) -> bool {
-        if self.targets.is_empty() {
-            return true;
-        }
-        let targets = &self.targets;
-        *self.decided.entry(pid).or_insert_with(|| {
-            // The idle task (pid 0) has no /proc entry; it is in every root cgroup.
-            let text = match std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
-                Ok(t) => t,
-                Err(_) if pid == 0 => return targets.iter().any(|t| t.path == "/"),
-                Err(_) => return false, // gone before we looked: cannot tell
-            };
-            targets.iter().any(|t| t.contains(&text))
-        })
-    }
-}
-
-/// Everything collected during a recording.
+/// The live collector: what was collected since the last cut, and the state that lives on
+/// from one cut to the next (the process table, the kernel records, the Python tracker, the
+/// filters). `cut` hands the collected part on as a `Collected`.
 #[derive(Default)]
 pub(crate) struct Collection {
-    pub samples: Vec<RawSample>,
-    pub comms: Vec<String>,
+    samples: Vec<RawSample>,
+    comms: Vec<String>,
     comm_ids: HashMap<[u8; COMM_LEN], Option<u32>>,
-    pub kstacks: StackTable<Box<[u64]>>,
+    kstacks: StackTable<Box<[u64]>>,
     /// User stacks are per address space, so keyed by it too (pid, and which exec).
-    pub ustacks: StackTable<(SpaceId, Box<[u64]>)>,
+    ustacks: StackTable<(SpaceId, Box<[u64]>)>,
     /// Python frames (innermost first), per address space like user stacks: names are
     /// per generation of a process.
-    pub pystacks: StackTable<(SpaceId, Box<[PyFrame]>)>,
+    pystacks: StackTable<(SpaceId, Box<[PyFrame]>)>,
     /// Detects, registers and names Python processes; None when Python frames are off.
-    pub python: Option<crate::python::Tracker>,
-    /// The names of this collection's Python frames, when it was cut from a live one whose
-    /// tracker stayed behind (`cut`).
-    pub py_names: HashMap<crate::python::PyKey, Option<crate::python::PyName>>,
-    /// Samples whose Python walk was cut at `MAX_PY_FRAMES` or by an unreadable frame.
-    pub py_truncated: u64,
-    pub processes: ProcessTable,
+    python: Option<crate::python::Tracker>,
+    processes: ProcessTable,
     /// The kernel's process records and exit statuses, read before each batch of samples.
-    pub events: ProcessEvents,
+    events: ProcessEvents,
     /// CLOCK_MONOTONIC ns when the kernel's process records were last read: every exec and
     /// exit before it is known (Python naming checks its generations against it).
     records_read_ns: u64,
@@ -161,13 +119,9 @@ pub(crate) struct Collection {
     batch: Vec<u8>,
     batch_ends: Vec<usize>,
     /// Paths of the cgroup v2 ids samples carry ("" if the cgroup was gone); `resolve_cgroups`.
-    pub cgroup_paths: HashMap<u64, String>,
-    /// Samples dropped by the comm filter or the userspace cgroup filter.
-    pub filtered: u64,
-    pub kstack_failed: u64,
-    pub ustack_failed: u64,
-    /// Kept samples whose user stack a table walk cut short, by `unwind::reason` (0: not cut).
-    pub unwind_truncated: [u64; 7],
+    cgroup_paths: HashMap<u64, String>,
+    /// Since the last cut (`lost_records` is the process table's).
+    counts: Counts,
     filter: CommFilter,
     cgroup_filter: CgroupFilter,
     /// Told of each process's first sample, of samples whose table walk found an address
@@ -214,30 +168,31 @@ impl Collection {
         }
     }
 
-    /// Takes what was collected since the last cut (samples, stacks, comms, counters) as a
-    /// collection of its own that symbolizes on another thread: the process facts its
-    /// addresses need are shared or copied into it. The process table, the kernel records,
-    /// the Python tracker and the filters stay here for the next window.
-    pub(crate) fn cut(&mut self) -> Collection {
-        let mut window = Collection {
+    /// Takes what was collected since the last cut (samples, stacks, comms, counts), with the
+    /// process facts its addresses need (shared or copied), as a `Collected` that symbolizes
+    /// on another thread; lifetimes become offsets from `start_mono_ns`, the span's start.
+    /// The process table, the kernel records, the Python tracker and the filters stay here.
+    pub(crate) fn cut(&mut self, start_mono_ns: u64) -> Collected {
+        let mut counts = std::mem::take(&mut self.counts);
+        counts.lost_records = std::mem::take(&mut self.processes.lost_records);
+        let lifetimes = self.processes.take_lifetimes().to_profile(start_mono_ns);
+        let mut window = Collected {
             samples: std::mem::take(&mut self.samples),
             comms: std::mem::take(&mut self.comms),
             kstacks: std::mem::take(&mut self.kstacks),
             ustacks: std::mem::take(&mut self.ustacks),
             pystacks: std::mem::take(&mut self.pystacks),
-            py_truncated: std::mem::take(&mut self.py_truncated),
-            filtered: std::mem::take(&mut self.filtered),
-            kstack_failed: std::mem::take(&mut self.kstack_failed),
-            ustack_failed: std::mem::take(&mut self.ustack_failed),
-            unwind_truncated: std::mem::take(&mut self.unwind_truncated),
-            filter: self.filter.clone(),
-            ..Collection::default()
+            counts,
+            ..Collected::default()
         };
         // Comm ids index `comms`, which went with the window.
         self.comm_ids.clear();
-        let lifetimes = self.processes.lifetimes.take_window();
-        self.fill_window(&mut window, lifetimes);
-        window.processes.lost_records = std::mem::take(&mut self.processes.lost_records);
+        self.fill_window(&mut window);
+        window.facts.lifetimes = lifetimes;
+        window
+            .facts
+            .lifetimes
+            .retain(|l| self.filter.wants(&l.comm));
         // A small cache of paths; bounded as cgroups come and go.
         if self.cgroup_paths.len() > 10_000 {
             self.cgroup_paths.clear();
@@ -245,11 +200,11 @@ impl Collection {
         window
     }
 
-    /// The samples taken at or after `since_ns` (monotonic) as a collection of their own,
-    /// as `cut` makes, leaving this one as it is: a profile of part of a window (the agent's
-    /// /debug/pprof/profile), without lifetimes (they belong to the window).
-    pub(crate) fn copy_since(&mut self, since_ns: u64) -> Collection {
-        let mut copy = Collection {
+    /// The samples taken at or after `since_ns` (monotonic) as a `Collected` of their own,
+    /// leaving this one as it is: a profile of part of a window (the agent's
+    /// /debug/pprof/profile), without lifetimes or counts (they belong to the window).
+    pub(crate) fn copy_since(&mut self, since_ns: u64) -> Collected {
+        let mut copy = Collected {
             samples: self
                 .samples
                 .iter()
@@ -260,22 +215,21 @@ impl Collection {
             kstacks: self.kstacks.clone(),
             ustacks: self.ustacks.clone(),
             pystacks: self.pystacks.clone(),
-            filter: self.filter.clone(),
-            ..Collection::default()
+            ..Collected::default()
         };
-        self.fill_window(&mut copy, Default::default());
+        self.fill_window(&mut copy);
         copy
     }
 
-    /// What a cut collection needs besides its samples and stacks: the process facts its
-    /// addresses need, its Python names and its cgroup paths.
-    fn fill_window(&mut self, window: &mut Collection, lifetimes: lifetimes::LifetimeLog) {
+    /// What a cut needs besides its samples and stacks: the process facts its addresses
+    /// need, its Python names and its cgroup paths.
+    fn fill_window(&mut self, window: &mut Collected) {
         let addrs = window
             .ustacks
             .items()
             .iter()
             .flat_map(|(space, addrs)| addrs.iter().map(move |a| (*space, *a)));
-        window.processes = self.processes.window_view(addrs, lifetimes);
+        window.facts = self.processes.window_facts(addrs);
         if let Some(t) = &self.python {
             window.py_names = window
                 .pystacks
@@ -300,6 +254,75 @@ impl Collection {
             .collect();
     }
 
+    /// Samples collected since the last cut.
+    pub(crate) fn sample_count(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// What was dropped or cut short since the last cut, and the process records lost.
+    pub(crate) fn counts(&self) -> Counts {
+        Counts {
+            lost_records: self.processes.lost_records,
+            ..self.counts
+        }
+    }
+
+    /// Reads the kernel's process records and exit statuses from these before each batch.
+    pub(crate) fn with_events(mut self, events: ProcessEvents) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// Names Python frames with this tracker.
+    pub(crate) fn with_python(mut self, tracker: crate::python::Tracker) -> Self {
+        self.python = Some(tracker);
+        self
+    }
+
+    /// The Python tracker, when Python frames are on.
+    pub(crate) fn python(&self) -> Option<&crate::python::Tracker> {
+        self.python.as_ref()
+    }
+
+    /// Resolves everything seen so far that must be read while its process lives: user
+    /// addresses (mappings), Python processes and frames, JIT names (perf maps, read on a
+    /// blocking thread: they are the processes' own files), and cgroup paths.
+    pub(crate) async fn resolve(&mut self) -> std::io::Result<()> {
+        self.processes.resolve_pending();
+        self.resolve_python();
+        self.processes.name_jit_code().await?;
+        self.resolve_cgroups();
+        Ok(())
+    }
+
+    /// Forgets exited processes (and the Python names of generations that exec'd or
+    /// exited); starts the table afresh when it outgrows `bounds` (then returns true: names
+    /// cached by file id must go too). Call after a cut: the window took what it needs.
+    pub(crate) fn prune(&mut self, bounds: process::TableBounds) -> bool {
+        // One listing of /proc, not a stat of /proc/PID for each pid in the tables: under
+        // churn those are mostly processes gone since the last window (600 a window at 60 new
+        // processes a second), each stat of a missing path a failed lookup. The tables are
+        // keyed by process (thread-group) id, which is what /proc lists. No new pid can enter
+        // the tables meanwhile: this thread fills them.
+        let listed: Option<std::collections::HashSet<u32>> =
+            crate::util::proc_pids().ok().map(Iterator::collect);
+        let mut alive: HashMap<u32, bool> = HashMap::new();
+        let mut is_alive = |pid: u32| {
+            *alive.entry(pid).or_insert_with(|| match &listed {
+                Some(listed) => listed.contains(&pid),
+                None => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            })
+        };
+        let reset = self.processes.prune(&mut is_alive, bounds);
+        // Generations are numbered by the mappings table: what it forgets (or, reset,
+        // numbers afresh) the Python names must forget too, or a reused number would find
+        // them.
+        if let Some(t) = self.python.as_mut() {
+            t.forget_gone(|pid| reset || !is_alive(pid));
+        }
+        reset
+    }
+
     /// Keeps only samples of processes in these cgroups (see `CgroupFilter`).
     /// Tells `hook` of each new process's first sample, its mappings and its exit
     /// (`unwind::ProcessEvent`).
@@ -320,24 +343,16 @@ impl Collection {
     }
 
     /// Finds the path of every cgroup id seen so far.
-    pub(crate) fn resolve_cgroups(&mut self) {
+    fn resolve_cgroups(&mut self) {
         let mut ids: Vec<u64> = self.samples.iter().map(|s| s.cgroup_id).collect();
         ids.sort_unstable();
         ids.dedup();
-        ids.retain(|id| self.cgroup_paths.get(id).is_none_or(|p| p.is_empty()));
+        ids.retain(|id| self.cgroup_paths.get(id).is_none_or(String::is_empty));
         let found = crate::cgroups::cgroup2_paths(&ids);
         for id in ids {
             self.cgroup_paths
                 .insert(id, found.get(&id).cloned().unwrap_or_default());
         }
-    }
-
-    /// Only the lifetimes of processes whose comm passes the comm filter, times made
-    /// offsets from `start_mono_ns`.
-    pub(crate) fn lifetimes(&self, start_mono_ns: u64) -> Vec<crate::profile::Lifetime> {
-        let mut v = self.processes.lifetimes.to_profile(start_mono_ns);
-        v.retain(|l| self.filter.wants(&l.comm));
-        v
     }
 
     /// When `drain` last finished reading the ring (CLOCK_MONOTONIC ns).
@@ -390,6 +405,14 @@ impl Collection {
                 KernelRecord::Exec { pid, time_ns, .. } | KernelRecord::Exit { pid, time_ns } => {
                     (*pid, *time_ns)
                 }
+                // A generation sampled before it mapped its interpreter (a libpython that
+                // ld.so or dlopen maps after the first sample): detect it now.
+                KernelRecord::Map {
+                    pid, time_ns, path, ..
+                } if crate::python::interpreter_named(path) => {
+                    tracker.mapped_interpreter(self.processes.space_at(*pid, *time_ns));
+                    continue;
+                }
                 _ => continue,
             };
             // An exec's time starts the new generation: the one before it ended.
@@ -436,11 +459,11 @@ impl Collection {
             return; // cannot happen with our own program; never trust a length blindly
         };
         let Some(comm) = self.comm_id(&h.comm) else {
-            self.filtered += 1;
+            self.counts.filtered += 1;
             return;
         };
         if !self.cgroup_filter.wants(h.pid) {
-            self.filtered += 1;
+            self.counts.filtered += 1;
             return;
         }
         let cut = (h.flags & flags::UNWIND_REASON_MASK) >> flags::UNWIND_REASON_SHIFT;
@@ -450,7 +473,7 @@ impl Collection {
         let stale = cut == profiler_common::unwind::reason::NO_MAPPING;
         if let Some(hook) = self.new_process_hook.as_mut()
             && h.pid != 0
-            && (stale || !self.processes.processes.contains_key(&h.pid))
+            && (stale || !self.processes.knows(h.pid))
         {
             // Its mappings now, not at the sample: the kernel's entry is for the samples to
             // come (a first sample taken while ld.so ran would load a space without libc).
@@ -475,8 +498,8 @@ impl Collection {
                 crate::unwind::copied::Offer::Walked(frames, why) => walked = Some((frames, why)),
             }
         }
-        self.kstack_failed += u64::from(h.flags & flags::KSTACK_FAILED != 0);
-        self.ustack_failed += u64::from(h.flags & flags::USTACK_FAILED != 0);
+        self.counts.kstack_failed += u64::from(h.flags & flags::KSTACK_FAILED != 0);
+        self.counts.ustack_failed += u64::from(h.flags & flags::USTACK_FAILED != 0);
         let (kframes, rest) = frames.split_at(klen * 8);
         let (uframes, pframes) = rest.split_at(ulen * 8);
         let kstack = self.kstacks.intern(callsites(kframes));
@@ -489,16 +512,17 @@ impl Collection {
             user = callsites_of(frames.into_iter());
             user_cut = why;
         }
-        if let Some(n) = self.unwind_truncated.get_mut(user_cut as usize) {
+        if let Some(n) = self.counts.unwind_truncated.get_mut(user_cut as usize) {
             *n += 1;
         }
         let space = self.processes.saw(h.pid, h.time_ns, &user);
         let user = with_truncation_marker(user, user_cut);
         let ustack = self.ustacks.intern((space, user));
         let python = py_frames(pframes);
-        self.py_truncated += u64::from(h.py_flags != 0);
+        self.counts.py_truncated += u64::from(h.py_flags != 0);
         if let Some(tracker) = &mut self.python {
-            tracker.saw(space, &python);
+            let table = &self.processes;
+            tracker.saw(space, &python, || table.may_run_python(space));
         }
         let pystack = self.pystacks.intern((space, python));
         self.samples.push(RawSample {
@@ -535,7 +559,7 @@ impl Collection {
     }
 
     /// Registers new Python processes and names new Python frames (they must still live).
-    pub(crate) fn resolve_python(&mut self) {
+    fn resolve_python(&mut self) {
         if let Some(t) = &mut self.python {
             let table = &self.processes;
             t.resolve_pending(|pid, time| table.space_at(pid, time), self.records_read_ns);

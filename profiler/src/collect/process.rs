@@ -19,7 +19,7 @@ use super::{
     kernel_records::{FileIdentity, KernelRecord},
     lifetimes::LifetimeLog,
     mappings::{Mapping, MappingTable},
-    perfmap::{self, PerfMap},
+    perfmap,
 };
 use crate::profile::Process;
 
@@ -50,54 +50,102 @@ pub(crate) enum UserLoc {
 }
 
 pub(crate) struct ProcessTable {
-    pub processes: BTreeMap<u32, Process>,
+    pub(super) processes: BTreeMap<u32, Process>,
     /// Shared with the windows cut from this table (`Collection::cut`), which symbolize
     /// on another thread while this one goes on.
-    pub files: Vec<std::sync::Arc<UserFile>>,
-    file_ids: FileIds,
+    pub(super) files: Vec<std::sync::Arc<UserFile>>,
+    pub(super) file_ids: FileIds,
     /// Executable mappings per process and exec, from the kernel's records.
-    pub mappings: MappingTable,
+    pub(super) mappings: MappingTable,
     /// Fork, exec and exit of every process, from the kernel.
-    pub lifetimes: LifetimeLog,
+    pub(super) lifetimes: LifetimeLog,
     /// Kernel records dropped because a ring was full: mappings may be missing.
-    pub lost_records: u64,
+    pub(super) lost_records: u64,
     /// Every (space, address) seen, resolved or not yet.
-    pub locs: HashMap<(SpaceId, u64), UserLoc>,
+    pub(super) locs: HashMap<(SpaceId, u64), UserLoc>,
     /// Addresses seen since the last `resolve_pending`, per space.
-    pending: HashMap<SpaceId, Vec<u64>>,
+    pub(super) pending: HashMap<SpaceId, Vec<u64>>,
     /// Addresses in anonymous memory that no perf map named yet, per space, with what is
     /// needed to read its map: JIT code whose map line may come later (a JVM's perf-map-agent
     /// dumps on request). Read by `JitWork`, off the drain thread.
-    unnamed_anon: HashMap<SpaceId, (perfmap::Source, Vec<u64>)>,
+    pub(super) unnamed_anon: HashMap<SpaceId, (perfmap::Source, Vec<u64>)>,
     /// JIT symbol names (`UserLoc::Named`), each once.
-    pub names: crate::util::Dense<String>,
-    normalizer: Normalizer,
+    pub(super) names: crate::util::Dense<String>,
+    pub(super) normalizer: Normalizer,
     /// Comms read from /proc of parents from before the recording (the kernel never told
     /// us theirs), so a shell or supervisor forking 60 times a second is read once, not at
     /// every fork; dropped at its exec or exit.
-    parent_comms: HashMap<u32, String>,
+    pub(super) parent_comms: HashMap<u32, String>,
 }
 
 impl ProcessTable {
-    /// What symbolizing a window needs of this table, on its own: the processes, the files
-    /// (shared), the JIT names, the locations of the window's addresses only, and the
-    /// given lifetimes.
-    pub(crate) fn window_view(
-        &mut self,
+    /// What symbolizing a window needs of this table: the processes, the files (shared),
+    /// the JIT names, and the locations of the window's addresses only.
+    pub(crate) fn window_facts(
+        &self,
         addrs: impl Iterator<Item = (SpaceId, u64)>,
-        lifetimes: LifetimeLog,
-    ) -> Self {
-        Self {
+    ) -> super::ProcessFacts {
+        super::ProcessFacts {
             processes: self.processes.clone(),
             files: self.files.clone(),
             locs: addrs
                 .filter_map(|k| self.locs.get(&k).map(|l| (k, *l)))
                 .collect(),
-            names: self.names.clone(),
-            lifetimes,
-            ..Self::default()
+            jit_names: self.names.clone(),
+            lifetimes: Vec::new(),
         }
     }
+
+    /// The lifetimes logged since the last take (those of live processes carry on).
+    pub(crate) fn take_lifetimes(&mut self) -> LifetimeLog {
+        self.lifetimes.take_window()
+    }
+
+    /// Forgets the processes `is_alive` says are gone; starts afresh (keeping the kernel's
+    /// lifetimes of live processes) when the table outgrows `bounds`, and then returns true.
+    pub(crate) fn prune(
+        &mut self,
+        is_alive: &mut dyn FnMut(u32) -> bool,
+        bounds: TableBounds,
+    ) -> bool {
+        self.processes.retain(|pid, _| is_alive(*pid));
+        self.locs
+            .retain(|(space, _), _| is_alive(space_pid(*space)));
+        let dead: Vec<u32> = self.mappings.pids().filter(|&p| !is_alive(p)).collect();
+        for pid in dead {
+            self.mappings.remove(pid);
+        }
+        let reset = self.files.len() > bounds.files
+            || self.locs.len() > bounds.locs
+            || self.names.len() > bounds.locs;
+        if reset {
+            log::info!(
+                "process table reset ({} files, {} addresses): live processes are read again",
+                self.files.len(),
+                self.locs.len()
+            );
+            let lifetimes = std::mem::take(&mut self.lifetimes);
+            *self = ProcessTable::default();
+            self.lifetimes = lifetimes;
+        }
+        reset
+    }
+
+    /// Whether `pid` has been seen (a sample, or /proc read for it).
+    pub(crate) fn knows(&self, pid: u32) -> bool {
+        self.processes.contains_key(&pid)
+    }
+}
+
+/// How much a process table remembers across windows at most; past it the table starts
+/// afresh (live processes are simply read again when next seen), which bounds open handles
+/// and memory.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TableBounds {
+    /// Mapped files.
+    pub files: usize,
+    /// Addresses (and JIT names).
+    pub locs: usize,
 }
 
 impl Default for ProcessTable {
@@ -128,13 +176,19 @@ impl ProcessTable {
         }
         let space = self.space_at(pid, time_ns);
         if !self.processes.contains_key(&pid) {
-            let mut p = read_process(pid);
+            let mut p = self.born_here(pid).unwrap_or_else(|| read_process(pid));
             // Gone before we looked: the kernel told us what it ran.
             if p.comm.is_empty() {
-                p.comm = self.lifetimes.comm(pid).unwrap_or_default().to_owned();
+                self.lifetimes
+                    .comm(pid)
+                    .unwrap_or_default()
+                    .clone_into(&mut p.comm);
             }
             if p.exe.is_empty() {
-                p.exe = self.lifetimes.exe(pid).unwrap_or_default().to_owned();
+                self.lifetimes
+                    .exe(pid)
+                    .unwrap_or_default()
+                    .clone_into(&mut p.exe);
             }
             self.processes.insert(pid, p);
         }
@@ -145,6 +199,41 @@ impl ProcessTable {
             });
         }
         space
+    }
+
+    /// Whether generation `space` may run a Python interpreter: false only when the kernel's
+    /// records hold all of its mappings (it began during the recording, or its parent's were
+    /// read from /proc) and none is a file named like one. A string test per mapping, no
+    /// read: most processes of a churn (`/bin/true`) are decided without touching /proc.
+    pub(crate) fn may_run_python(&self, space: SpaceId) -> bool {
+        let generation = (space >> 32) as u32;
+        match self.mappings.space(space_pid(space), generation) {
+            Some(s) if s.complete => s.mappings().iter().any(|m| {
+                self.files
+                    .get(m.file as usize)
+                    .and_then(|f| f.path.to_str())
+                    .is_none_or(crate::python::interpreter_named)
+            }),
+            _ => true,
+        }
+    }
+
+    /// A process whose exec the kernel's records told (it began during the recording): its
+    /// comm and executable from them, only its cgroups read from /proc. Under a churn of
+    /// short-lived processes that is one /proc read per new process instead of three (the
+    /// exe link, comm, cgroup). None: read it all from /proc. The comm is the one exec set
+    /// (a later prctl rename is not in the records; each sample carries its thread's own).
+    fn born_here(&self, pid: u32) -> Option<Process> {
+        let (comm, exe) = (self.lifetimes.comm(pid)?, self.lifetimes.exe(pid)?);
+        let cgroups = crate::cgroups::read_process_cgroups(pid);
+        Some(Process {
+            pid,
+            comm: comm.to_owned(),
+            exe: exe.to_owned(),
+            cgroup: cgroups.v2,
+            memory_cgroup: cgroups.memory,
+            cpu_cgroup: cgroups.cpu,
+        })
     }
 
     /// The address space `pid` had at `time_ns`, as far as the kernel's records read so far
@@ -420,89 +509,6 @@ impl ProcessTable {
             self.queue_jit(space, anon);
         }
     }
-
-    /// Notes anonymous-memory addresses of a space for its process's perf map. Only cheap
-    /// /proc reads here (this runs on the drain thread); the map itself is read by
-    /// `JitWork::read`.
-    fn queue_jit(&mut self, space: SpaceId, addrs: Vec<u64>) {
-        use std::collections::hash_map::Entry;
-        match self.unnamed_anon.entry(space) {
-            Entry::Occupied(mut e) => e.get_mut().1.extend(addrs),
-            Entry::Vacant(e) => {
-                // Gone already: nothing says whose map /tmp/perf-PID.map would be.
-                if let Some(src) = perfmap::Source::of(space_pid(space)) {
-                    e.insert((src, addrs));
-                }
-            }
-        }
-    }
-
-    /// Takes the addresses waiting for a perf map, to be read (`JitWork::read`, blocking file
-    /// work) where no samples are drained and no HTTP is served, then given back to
-    /// `apply_jit_names`.
-    fn jit_work(&mut self) -> JitWork {
-        JitWork(std::mem::take(&mut self.unnamed_anon).into_iter().collect())
-    }
-
-    /// Names the addresses `names` found; keeps the rest waiting for a later read while
-    /// their process lives (its map may grow).
-    fn apply_jit_names(&mut self, names: JitNames) {
-        for (space, src, mut addrs, map) in names.0 {
-            for &addr in &addrs {
-                if self.locs.get(&(space, addr)) != Some(&UserLoc::Unknown) {
-                    continue;
-                }
-                let Some(name) = map.lookup(addr) else {
-                    continue;
-                };
-                let id = self.names.intern_ref(name);
-                self.locs.insert((space, addr), UserLoc::Named(id));
-            }
-            addrs.retain(|a| self.locs.get(&(space, *a)) == Some(&UserLoc::Unknown));
-            let pid = space_pid(space);
-            if !addrs.is_empty() && std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                self.unnamed_anon
-                    .entry(space)
-                    .or_insert((src, Vec::new()))
-                    .1
-                    .extend(addrs);
-            }
-        }
-    }
-
-    /// Reads the perf maps of the processes with unnamed anonymous-memory addresses, on a
-    /// blocking thread (the caller's may drain samples or serve HTTP), and names them.
-    pub(crate) async fn name_jit_code(&mut self) -> std::io::Result<()> {
-        let work = self.jit_work();
-        let names = tokio::task::spawn_blocking(move || work.read())
-            .await
-            .map_err(std::io::Error::other)?;
-        self.apply_jit_names(names);
-        Ok(())
-    }
-}
-
-/// Perf maps to read: (space, source, addresses), sent to a blocking thread.
-struct JitWork(Vec<(SpaceId, (perfmap::Source, Vec<u64>))>);
-
-/// `JitWork` done: each process's map (empty when it has none or it was refused).
-struct JitNames(Vec<(SpaceId, perfmap::Source, Vec<u64>, PerfMap)>);
-
-impl JitWork {
-    /// Reads each process's map once. Blocking file work, bounded by the map caps.
-    fn read(self) -> JitNames {
-        JitNames(
-            self.0
-                .into_iter()
-                .map(|(space, (src, mut addrs))| {
-                    addrs.sort_unstable();
-                    addrs.dedup();
-                    let map = perfmap::read(space_pid(space), &src).unwrap_or_default();
-                    (space, src, addrs, map)
-                })
-                .collect(),
-        )
-    }
 }
 
 /// A normalizer that looks up only the mappings it needs: with the PROCMAP_QUERY ioctl (Linux
@@ -554,33 +560,5 @@ fn read_process(pid: u32) -> Process {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A parent from before the recording (this test process) is read from /proc at its
-    /// first fork only; its exit forgets it, so a pid reused later is read anew.
-    #[test]
-    fn parent_comm_is_read_once_per_process() {
-        let me = std::process::id();
-        let comm = read_comm(me).expect("reading our own comm");
-        let mut t = ProcessTable::default();
-        let fork = |pid, time_ns| KernelRecord::Fork {
-            pid,
-            ppid: me,
-            time_ns,
-        };
-        t.apply(&[fork(4_000_001, 1)]);
-        assert_eq!(t.lifetimes.comm(4_000_001), Some(comm.as_str()));
-        // What the next fork reads tells whether it went to /proc again.
-        t.parent_comms.insert(me, "cached".into());
-        t.apply(&[fork(4_000_002, 2)]);
-        assert_eq!(t.lifetimes.comm(4_000_002), Some("cached"));
-        t.apply(&[KernelRecord::Exit {
-            pid: me,
-            time_ns: 3,
-        }]);
-        assert!(!t.parent_comms.contains_key(&me));
-        t.apply(&[fork(4_000_003, 4)]);
-        assert_eq!(t.lifetimes.comm(4_000_003), Some(comm.as_str()));
-    }
-}
+#[path = "process_tests.rs"]
+mod tests;

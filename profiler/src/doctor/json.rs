@@ -50,6 +50,10 @@ struct Report<'a> {
 }
 
 #[derive(Serialize)]
+#[expect(
+    clippy::struct_field_names,
+    reason = "the names are doctor --json's schema"
+)]
 struct Controller<'a> {
     controller: &'a str,
     mount: String,
@@ -160,6 +164,10 @@ impl Subtree {
 }
 
 #[derive(Serialize)]
+#[expect(
+    clippy::struct_field_names,
+    reason = "the names are doctor --json's schema"
+)]
 struct Cpu {
     cpu: u32,
     busy_percent: f64,
@@ -167,6 +175,10 @@ struct Cpu {
 }
 
 #[derive(Serialize)]
+#[expect(
+    clippy::struct_field_names,
+    reason = "the names are doctor --json's schema"
+)]
 struct Memcg<'a> {
     pid: u32,
     comm: &'a str,

@@ -93,7 +93,7 @@ impl KmsgWatch {
                         });
                     }
                 }
-                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {}
                 Err(_) => break,
             }
         }
@@ -136,7 +136,7 @@ fn runs(t: &CpuTable) -> Vec<(u32, u64, u64, f64, f64)> {
 pub(crate) fn timeline(events: &[KernelEvent], profile: &Profile) -> Vec<String> {
     // The doctor's window is seconds long; a span too long for a table leaves the symptoms
     // without their CPU context rather than failing the report.
-    let runs = crate::profile::cpu_table(profile, &Default::default())
+    let runs = crate::profile::cpu_table(profile, &crate::profile::Filter::default())
         .map(|t| runs(&t))
         .unwrap_or_default();
     events

@@ -153,7 +153,7 @@ pub(crate) fn shares(profile: &Profile, catalogue: &[&str]) -> Vec<MemcgShare> {
 /// Per-CPU busy share from the samples: non-idle samples over the ticks expected in the
 /// recording (frequency x duration), percent.
 pub(crate) fn cpu_busy(profile: &Profile) -> Vec<(u32, f64)> {
-    let expected = profile.meta.frequency_hz as f64 * profile.meta.duration_ns as f64 / 1e9;
+    let expected = f64::from(profile.meta.frequency_hz) * profile.meta.duration_ns as f64 / 1e9;
     profile
         .meta
         .cpus

@@ -111,7 +111,7 @@ pub(crate) fn examine(
         Ok(t) => (t.counts(), None),
         Err(e) => (Vec::new(), Some(crate::util::chain(&e))),
     };
-    let (attaches, attach_error) = match tracer.as_ref().map(|t| t.attaches()) {
+    let (attaches, attach_error) = match tracer.as_ref().map(ChurnTracer::attaches) {
         Ok(Some(a)) => (a, None),
         Ok(None) => (
             Vec::new(),
@@ -141,7 +141,7 @@ pub(crate) fn examine(
             if comm.is_empty()
                 && let Ok(c) = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             {
-                *comm = c.trim_end().to_owned();
+                c.trim_end().clone_into(comm);
             }
         }
     }

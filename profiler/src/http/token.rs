@@ -60,7 +60,7 @@ impl Token {
             return Err(bad("is larger than 4 KiB"));
         }
         let token = bytes.trim_ascii();
-        if !token.iter().all(|b| b.is_ascii_graphic()) {
+        if !token.iter().all(u8::is_ascii_graphic) {
             return Err(bad("holds more than one printable word"));
         }
         if token.len() < MIN_TOKEN {

@@ -86,6 +86,10 @@ mod tests {
     use crate::profile::{Interner, Meta, Sample};
 
     #[test]
+    #[expect(
+        clippy::many_single_char_names,
+        reason = "a, b, c are the fixture's frames"
+    )]
     fn folds_counts_sorts_and_marks_kernel_frames() {
         let mut i = Interner::new(Meta::default());
         let vm = i.string("vmlinux");

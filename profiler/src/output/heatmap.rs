@@ -17,6 +17,10 @@ const SCRIPT: &str = include_str!("heatmap/app.js");
 
 impl HeatmapData {
     /// Streams the data as JSON, safe inside a `<script>` element (`<` is escaped): the records can be millions, so no intermediate strings for them.
+    #[expect(
+        clippy::many_single_char_names,
+        reason = "the record fields are named by their one-letter JSON keys"
+    )]
     pub(crate) fn write_json(&self, w: &mut impl io::Write) -> io::Result<()> {
         let list = |items: Vec<String>| format!("[{}]", items.join(","));
         let cpus = list(self.cpus.iter().map(u32::to_string).collect());

@@ -46,7 +46,7 @@ pub fn owner(path: &str) -> Owner {
         if let Some(id) = container_id(stem) {
             o.container = Some(id);
         }
-        if comp.ends_with(".service") || comp.ends_with(".scope") {
+        if [".service", ".scope"].iter().any(|s| comp.ends_with(s)) {
             o.unit = Some(comp.to_owned());
         }
     }

@@ -185,9 +185,9 @@ pub fn cgroup_of(lifetimes: &[Lifetime], attaches: &[(u32, String)]) -> HashMap<
 /// (then most starts). With
 /// `by_parent` (captures, which keep no cgroups) the parent pid stands in for the cgroup: one
 /// supervisor restarting one program. `comm_of` names parents.
-pub fn programs(
+pub fn programs<S: std::hash::BuildHasher>(
     lifetimes: &[Lifetime],
-    cgroups: &HashMap<u32, String>,
+    cgroups: &HashMap<u32, String, S>,
     by_parent: bool,
     window_s: f64,
 ) -> Vec<Program> {

@@ -77,7 +77,7 @@ fn clean_exits_and_clean_signals_are_not_failures() {
         (0, false),
         (2 << 8, true),
         (9, true),
-        (11 | 0x80, true),
+        (0xb | 0x80, true),
         (15, false),
         (1, false),
         (13, false),

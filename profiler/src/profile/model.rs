@@ -133,7 +133,7 @@ impl Lifetime {
     /// The code passed to exit(), when it exited normally.
     pub fn exit_code(&self) -> Option<u8> {
         self.exit_status
-            .filter(|s| s & 0x7f == 0)
+            .filter(|s| s.trailing_zeros() >= 7)
             .map(|s| ((s >> 8) & 0xff) as u8)
     }
 

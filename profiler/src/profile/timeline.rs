@@ -321,6 +321,7 @@ impl Profile {
     /// The samples with `from_ns <= offset_ns < to_ns` (offsets from the capture start, ns).
     /// Offsets are kept, so wall-clock times stay right; the tables are shared as they are.
     /// Untimed ranges are cut to the slice too (their samples sit at their range's start).
+    #[must_use]
     pub fn slice(&self, from_ns: u64, to_ns: u64) -> Profile {
         let mut p = self.retain(|s| (from_ns..to_ns).contains(&s.offset_ns));
         p.meta.untimed = (p.meta.untimed.iter())
@@ -331,6 +332,7 @@ impl Profile {
     }
 
     /// The samples that pass `filter`.
+    #[must_use]
     pub fn filtered(&self, filter: &Filter) -> Profile {
         let keep = filter.matcher(self);
         self.retain(keep)

@@ -104,6 +104,14 @@ struct Candidate {
     start: u64,
 }
 
+/// Whether a mapped file's name may be a CPython interpreter: `python*` or `libpython*.so*`.
+/// A process none of whose executable mappings is so named is not detected (and reads
+/// nothing): `Tracker::saw` with `maybe_python` false.
+pub(crate) fn interpreter_named(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    (base.starts_with("libpython") && base.contains(".so")) || base.starts_with("python")
+}
+
 /// Finds the interpreter in `/proc/PID/maps`: a libpython wins over the exe (the exe then
 /// only calls into it). Only files mapped executable count: a profiler (ours too) maps
 /// libpython read-only to symbolize it. None: not Python.
@@ -118,9 +126,7 @@ fn candidate(pid: u32) -> io::Result<Option<Candidate>> {
         else {
             continue;
         };
-        let base = path.rsplit('/').next().unwrap_or(path);
-        let libpython = base.starts_with("libpython") && base.contains(".so");
-        if !libpython && !base.starts_with("python") {
+        if !interpreter_named(path) {
             continue;
         }
         if perms.contains('x') {

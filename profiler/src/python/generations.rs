@@ -21,6 +21,9 @@ struct SpaceState {
     python: bool,
     /// It exec'd or exited: forgotten at the next `forget_gone`.
     ended: bool,
+    /// Sampled, but the kernel's records showed no interpreter among its mappings, so it
+    /// was not detected: detected if one is mapped later (`mapped_interpreter`).
+    deferred: bool,
 }
 
 #[derive(Default)]
@@ -59,6 +62,24 @@ impl Generations {
             }
         }
         new
+    }
+
+    /// `space` (new at `saw`) is not detected now: none of its mappings is an interpreter.
+    pub(super) fn defer(&mut self, space: SpaceId) {
+        if let Some(s) = self.spaces.get_mut(&space) {
+            s.deferred = true;
+        }
+    }
+
+    /// `space` mapped an interpreter: true when it was deferred (to be detected now), once.
+    pub(super) fn mapped_interpreter(&mut self, space: SpaceId) -> bool {
+        match self.spaces.get_mut(&space) {
+            Some(s) if s.deferred && !s.ended => {
+                s.deferred = false;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// `space` exec'd or exited: nothing more can be read of it.
@@ -138,12 +159,12 @@ mod tests {
         PyFrame { code, instr }
     }
 
-    fn name(q: &str) -> Option<PyName> {
-        Some(PyName {
+    fn name(q: &str) -> PyName {
+        PyName {
             qualname: q.into(),
             file: "x.py".into(),
             line: Some(1),
-        })
+        }
     }
 
     #[test]
@@ -153,7 +174,8 @@ mod tests {
         // The same code address and instruction before and after an exec.
         assert!(g.saw(before, &[frame(0x1000, 0x1010)]));
         assert!(!g.saw(before, &[frame(0x1000, 0x1010)]), "known already");
-        g.names.insert((before, 0x1000, 0x1010), name("first"));
+        g.names
+            .insert((before, 0x1000, 0x1010), Some(name("first")));
         assert!(g.saw(after, &[frame(0x1000, 0x1010 | ENTRY_BIT)]));
         assert_eq!(
             g.names.get(&(after, 0x1000, 0x1010)),
@@ -205,5 +227,27 @@ mod tests {
         assert_eq!(usable(g0, false, Some((250, g0)), 200), Use::Later);
         assert_eq!(usable(g0, true, Some((250, g0)), 200), Use::Never);
         assert_eq!(usable(g0, false, None, 200), Use::Later);
+    }
+
+    /// A deferred generation (no interpreter mapped at its first sample) is detected once
+    /// it maps one, once; never after it ended, and a generation not deferred never again.
+    #[test]
+    fn a_deferred_generation_is_detected_once_when_it_maps_an_interpreter() {
+        let mut g = Generations::default();
+        let (a, b, c) = (space_id(9, 1), space_id(10, 1), space_id(11, 1));
+        for s in [a, b, c] {
+            assert!(g.saw(s, &[]));
+        }
+        g.defer(a);
+        g.defer(b);
+        assert!(
+            !g.mapped_interpreter(c),
+            "detected at its first sample already"
+        );
+        assert!(g.mapped_interpreter(a));
+        assert!(!g.mapped_interpreter(a), "once");
+        g.end(b);
+        assert!(!g.mapped_interpreter(b), "ended: nothing to detect");
+        assert!(!g.mapped_interpreter(space_id(12, 1)), "never sampled");
     }
 }

@@ -46,8 +46,16 @@ impl Mem {
         };
         // SAFETY: one local iovec covering `buf`, which lives across the call; the remote
         // one is only read by the kernel, on behalf of the other process.
-        let n =
-            unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        let n = unsafe {
+            libc::process_vm_readv(
+                self.pid as libc::pid_t,
+                &raw const local,
+                1,
+                &raw const remote,
+                1,
+                0,
+            )
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -19,7 +19,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::python::{CHECK_SHIFT, INSTR_MASK, PyFrame, PyProc, STR_HASH, check_of};
 
 use crate::collect::{SpaceId, space_id, space_pid};
-pub(crate) use detect::{CodeLayout, Lines};
+pub(crate) use detect::{CodeLayout, Lines, interpreter_named};
 pub(crate) use generations::PyKey;
 use generations::{Generations, Use};
 use mem::Mem;
@@ -122,11 +122,8 @@ impl Tracker {
     pub(crate) fn register_running(&mut self, pids: &[u32]) {
         let all: Vec<u32>;
         let pids = if pids.is_empty() {
-            all = std::fs::read_dir("/proc")
-                .map(|d| {
-                    d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                        .collect()
-                })
+            all = crate::util::proc_pids()
+                .map(Iterator::collect)
                 .unwrap_or_default();
             &all
         } else {
@@ -151,10 +148,31 @@ impl Tracker {
     }
 
     /// Notes a sample of process generation `space` and its Python frames (innermost first).
-    pub(crate) fn saw(&mut self, space: SpaceId, frames: &[PyFrame]) {
+    /// `maybe_python` false: the kernel's records hold all of its mappings and none is an
+    /// interpreter (`detect::interpreter_named`), so a new generation is not detected (no
+    /// /proc read for a `/bin/true`) unless it maps one later (`mapped_interpreter`).
+    /// (Asked only of a new generation.)
+    pub(crate) fn saw(
+        &mut self,
+        space: SpaceId,
+        frames: &[PyFrame],
+        maybe_python: impl FnOnce() -> bool,
+    ) {
         let pid = space_pid(space);
         if pid != 0 && self.gens.saw(space, frames) {
-            self.new_pids.push(pid);
+            if !frames.is_empty() || maybe_python() {
+                self.new_pids.push(pid);
+            } else {
+                self.gens.defer(space);
+            }
+        }
+    }
+
+    /// Generation `space` mapped a file named like an interpreter: detected now if its
+    /// first sample was deferred.
+    pub(crate) fn mapped_interpreter(&mut self, space: SpaceId) {
+        if self.gens.mapped_interpreter(space) {
+            self.new_pids.push(space_pid(space));
         }
     }
 

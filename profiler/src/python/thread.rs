@@ -138,7 +138,7 @@ pub(super) fn tsd_base() -> io::Result<u32> {
     let mut key: libc::pthread_key_t = 0;
     // SAFETY: plain libc calls on a key we own, deleted before returning.
     unsafe {
-        if libc::pthread_key_create(&mut key, None) != 0 {
+        if libc::pthread_key_create(&raw mut key, None) != 0 {
             return Err(io::Error::last_os_error());
         }
         libc::pthread_setspecific(key, MARKER as *const libc::c_void);
@@ -178,7 +178,7 @@ mod tests {
         // SAFETY: libc calls on a key we own; the read is inside this thread's struct
         // pthread, where the sampler reads the same slot of the sampled thread.
         let seen = unsafe {
-            assert_eq!(libc::pthread_key_create(&mut key, None), 0);
+            assert_eq!(libc::pthread_key_create(&raw mut key, None), 0);
             libc::pthread_setspecific(key, value as *const libc::c_void);
             let me = libc::pthread_self() as usize;
             let seen = std::ptr::read_volatile((me + base + 16 * key as usize) as *const usize);

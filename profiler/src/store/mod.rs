@@ -194,7 +194,7 @@ impl Store {
                 .push((s.offset_ns, s.cpu));
         }
         // A window read back from the store with some of its times gone stays without them.
-        let timed = p.samples.iter().all(|s| s.has_time());
+        let timed = p.samples.iter().all(crate::profile::Sample::has_time);
         let cgroup_paths: HashMap<u64, &str> =
             p.cgroups.iter().map(|c| (c.id, c.path.as_str())).collect();
         let m = &p.meta;

@@ -17,7 +17,7 @@ pub(super) fn keep(max_age_ns: u64, max_bytes: u64) -> Retention {
 /// A 10 s window starting at `start_s` with `n` samples of `comm` on one stack main;work,
 /// at uneven times (a stride prime to the window, so neither sorted nor evenly spread) on
 /// CPUs 0 and 1.
-fn window(start_s: u64, comm: &str, n: u64) -> Profile {
+pub(super) fn window(start_s: u64, comm: &str, n: u64) -> Profile {
     let mut i = Interner::new(Meta {
         start_unix_ns: start_s * S,
         duration_ns: 10 * S,
@@ -182,7 +182,7 @@ fn wall(p: &Profile) -> Vec<(u64, u32, String)> {
             (t, s.cpu, p.str(s.comm).to_owned())
         })
         .collect();
-    v.sort();
+    v.sort_unstable();
     v
 }
 
@@ -312,7 +312,7 @@ fn threads(p: &Profile) -> Vec<(u64, u32, u32, u32)> {
         .iter()
         .map(|s| (p.meta.start_unix_ns + s.offset_ns, s.cpu, s.pid, s.tid))
         .collect();
-    v.sort();
+    v.sort_unstable();
     v
 }
 

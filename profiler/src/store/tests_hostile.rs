@@ -269,6 +269,52 @@ fn the_store_fills_the_disk_itself() {
     assert!(n > 5, "only {n} windows left");
 }
 
+/// A full disk drops sample times before windows, as `--max-size` does (`retain`'s loop):
+/// windows whose times are most of the store fill the disk, and every window's counts stay,
+/// the oldest without times and the newest with them.
+#[test]
+fn a_full_disk_drops_times_before_windows() {
+    let Some(fs) = Tmpfs::mount("times", "8m") else {
+        return;
+    };
+    let dir = fs.0.join("data");
+    let mut s = Store::open(&dir).unwrap();
+    // 3000 samples on one row a window: ~17 KB of times against one short counts row.
+    let mut stored = 0;
+    let failed = loop {
+        assert!(stored < 10_000, "10000 windows fit on a small tmpfs");
+        let w = super::tests::window(1000 + 10 * stored, "app", 3000);
+        if s.write_window(&w).is_err() {
+            break w;
+        }
+        stored += 1;
+    };
+    assert!(stored > 5, "only {stored} windows before the disk filled");
+    assert!(s.disk_cap.is_some(), "a full disk bounds the store");
+    let count = |sql: &str| -> i64 { s.conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT count(*) FROM windows"),
+        stored as i64,
+        "no window was deleted"
+    );
+    assert_eq!(
+        count("SELECT sum(samples) FROM counts"),
+        stored as i64 * 3000,
+        "every count is still there"
+    );
+    let untimed = count("SELECT count(*) FROM windows WHERE has_times = 0");
+    assert!(untimed > 0, "no window lost its times");
+    assert!(
+        count("SELECT max(start_ns) FROM windows WHERE has_times = 0")
+            < count(
+                "SELECT ifnull(min(start_ns), 9000000000000000000) FROM windows WHERE has_times = 1"
+            ),
+        "the oldest windows lose their times first"
+    );
+    // The agent's retry of the refused window now fits.
+    s.write_window(&failed).unwrap();
+}
+
 /// Another file takes all the room: a window fails half-way, and once the file is gone the
 /// same window (the agent's retry) is stored, the reserve is made again and the bound lifted;
 /// every window reads back as written (no id cached from the failed transaction).

@@ -15,15 +15,13 @@ use blazesym::symbolize::{
     source::{Elf, Source},
 };
 
-use crate::collect::untrusted::{Root, fd_path};
+use crate::{
+    collect::untrusted::{Root, fd_path},
+    util::hex,
+};
 
 /// Where distributions install debug files (`.build-id/` under each).
 const DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
-
-/// Lowercase hex, as `readelf -n` and pprof print build ids.
-pub(super) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
 
 /// The running kernel's GNU build id from /sys/kernel/notes ("" if unreadable).
 pub(super) fn kernel_build_id() -> String {

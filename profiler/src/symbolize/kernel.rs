@@ -95,6 +95,15 @@ impl KernelSymbols {
         self.hidden
     }
 
+    /// The kernel stage: the symbol containing `addr`, or why there is none.
+    pub(crate) fn resolve(&self, addr: u64) -> Result<KernelSym<'_>, super::Unknown> {
+        match self.lookup(addr) {
+            Some(sym) => Ok(sym),
+            None if self.hidden => Err(super::Unknown::KernelHidden),
+            None => Err(super::Unknown::NoKernelSymbol),
+        }
+    }
+
     /// The symbol containing `addr` (the closest start at or below it).
     pub fn lookup(&self, addr: u64) -> Option<KernelSym<'_>> {
         let i = self.syms.partition_point(|s| s.0 <= addr).checked_sub(1)?;

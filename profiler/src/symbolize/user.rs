@@ -1,11 +1,15 @@
-//! User addresses to names: batches of unique file offsets per binary, through blazesym
-//! (ELF symbols; DWARF for --inline), then demangled by `demangle`.
-use std::path::Path;
+//! The user stage: names for file offsets, in batches of unique offsets per binary, through
+//! blazesym (ELF symbols; DWARF for --inline), then demangled by `demangle`; a stripped
+//! binary's names come from its debug file (`debuginfo`).
+use std::{collections::HashMap, path::Path};
 
 use blazesym::symbolize::{
-    Input, Symbolized, Symbolizer,
+    Input, Reason, Symbolized, Symbolizer,
     source::{Elf, Source},
 };
+
+use super::{NameCache, Names, Unknown, debuginfo};
+use crate::collect::{ProcessFacts, UserFile, UserLoc};
 
 /// Marks a frame that exists only in DWARF (`--inline`): the code was inlined into its caller.
 pub(super) const INLINED_SUFFIX: &str = " (inlined)";
@@ -40,20 +44,20 @@ impl UserSymbolizer {
         }
     }
 
-    /// Names for `offsets` (file offsets) in the ELF file at `path`; None where the file has
-    /// no symbol (or cannot be read): callers show those as `binary+0xOFFSET`.
+    /// The function names of `offsets` (file offsets) in the ELF file at `path`; None where
+    /// there is none.
     #[cfg(test)]
     pub(crate) fn symbolize_file(&self, path: &Path, offsets: &[u64]) -> Vec<Option<String>> {
         self.symbolize_file_inlined(path, offsets)
             .into_iter()
-            .map(|names| names.into_iter().next())
+            .map(|names| names.ok().and_then(|n| n.into_iter().next()))
             .collect()
     }
 
-    /// Like `symbolize_file`, but each offset gets its function followed by the functions
-    /// inlined there, outermost first, each marked with `INLINED_SUFFIX` (empty: no symbol).
-    /// Without `inline` each list has at most one name.
-    pub(crate) fn symbolize_file_inlined(&self, path: &Path, offsets: &[u64]) -> Vec<Vec<String>> {
+    /// Names for `offsets` (file offsets) in the ELF file at `path`: each offset's function
+    /// followed by the functions inlined there, outermost first, each marked with
+    /// `INLINED_SUFFIX` (only with `inline`), or why there is none.
+    pub(crate) fn symbolize_file_inlined(&self, path: &Path, offsets: &[u64]) -> Vec<Names> {
         let mut elf = Elf::new(path);
         elf.debug_syms = self.dwarf;
         let src = Source::Elf(elf);
@@ -61,18 +65,84 @@ impl UserSymbolizer {
             Ok(results) => results
                 .into_iter()
                 .map(|r| match r {
-                    Symbolized::Sym(sym) => std::iter::once(super::demangle::demangle(&sym.name))
-                        .chain(sym.inlined.iter().map(|f| {
-                            format!("{}{INLINED_SUFFIX}", super::demangle::demangle(&f.name))
-                        }))
-                        .collect(),
-                    Symbolized::Unknown(_) => Vec::new(),
+                    Symbolized::Sym(sym) => {
+                        Ok(std::iter::once(super::demangle::demangle(&sym.name))
+                            .chain(sym.inlined.iter().map(|f| {
+                                format!("{}{INLINED_SUFFIX}", super::demangle::demangle(&f.name))
+                            }))
+                            .collect())
+                    }
+                    Symbolized::Unknown(reason) => Err(unknown_of(reason)),
                 })
                 .collect(),
             Err(e) => {
                 log::debug!("{}: cannot symbolize: {e}", path.display());
-                vec![Vec::new(); offsets.len()]
+                vec![Err(Unknown::Unreadable); offsets.len()]
             }
+        }
+    }
+}
+
+/// Our reason for blazesym's: an offset outside the file's loaded segments was never code
+/// we knew; the rest mean the file has no symbol there.
+fn unknown_of(reason: Reason) -> Unknown {
+    match reason {
+        Reason::InvalidFileOffset | Reason::Unmapped => Unknown::NotMapped,
+        Reason::MissingComponent | Reason::Unsupported => Unknown::Unreadable,
+        _ => Unknown::NoSymbol,
+    }
+}
+
+/// The user stage over a window: names for every (file, offset) `facts` locates and `names`
+/// lacks, one blazesym batch per file; names found are added to `names`.
+pub(crate) fn symbolize_user(facts: &ProcessFacts, user: &UserSymbolizer, names: &mut NameCache) {
+    let mut per_file: HashMap<u32, Vec<u64>> = HashMap::new();
+    for loc in facts.locs.values() {
+        if let UserLoc::File { file, offset } = *loc
+            && !names.contains_key(&(file, offset))
+        {
+            per_file.entry(file).or_default().push(offset);
+        }
+    }
+    for (file, mut offsets) in per_file {
+        offsets.sort_unstable();
+        offsets.dedup();
+        let f = &facts.files[file as usize];
+        let (path, _opened) = match f.readable_path() {
+            Ok(p) => p,
+            Err(e) => {
+                log::debug!("{}: not symbolized: {e}", f.path.display());
+                names.extend(
+                    offsets
+                        .iter()
+                        .map(|&o| ((file, o), Err(Unknown::Unreadable))),
+                );
+                continue;
+            }
+        };
+        let mut found = user.symbolize_file_inlined(&path, &offsets);
+        debug_file_names(f, &path, &offsets, &mut found);
+        for (offset, name) in offsets.iter().zip(found) {
+            names.insert((file, *offset), name);
+        }
+    }
+}
+
+/// Fills in the offsets `found` has no symbol for from the file's separate debug file, found
+/// by build id or `.gnu_debuglink` (stripped binaries).
+fn debug_file_names(f: &UserFile, path: &Path, offsets: &[u64], found: &mut [Names]) {
+    let missing: Vec<usize> = (0..offsets.len()).filter(|&i| found[i].is_err()).collect();
+    if missing.is_empty() {
+        return;
+    }
+    let Some(debug) = debuginfo::find_debug_file(path, &f.path, f.build_id.as_deref()) else {
+        return;
+    };
+    let wanted: Vec<u64> = missing.iter().map(|&i| offsets[i]).collect();
+    let named = debuginfo::symbolize_from_debug_file(path, &debug, &wanted);
+    for (i, name) in missing.into_iter().zip(named) {
+        if let Some(name) = name {
+            found[i] = Ok(vec![name]);
         }
     }
 }

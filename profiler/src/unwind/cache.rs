@@ -141,7 +141,7 @@ pub fn key(data: &[u8]) -> String {
         .and_then(|f| f.build_id().ok().flatten().map(<[u8]>::to_vec))
         .filter(|id| !id.is_empty() && id.len() <= 64);
     match build_id {
-        Some(id) => format!("b{}", hex(&id)),
+        Some(id) => format!("b{}", crate::util::hex(&id)),
         None => {
             // DefaultHasher::new() has fixed keys: the same bytes hash the same in every run
             // of one build (another build may differ: its files miss, as they would anyway).
@@ -159,10 +159,6 @@ pub fn key(data: &[u8]) -> String {
             )
         }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A directory of cache files.

@@ -59,7 +59,7 @@ impl Binary {
 /// What the loader did, for `--stats`, /metrics and the bench.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoaderStats {
-    /// Processes loaded (each pid once).
+    /// Processes loaded (each once while it lives; a pid reused after an exit counts again).
     pub processes: u64,
     pub binaries_table: u64,
     pub binaries_fp: u64,
@@ -101,7 +101,6 @@ pub struct Loader {
     /// What each loaded process's kernel entry holds, by binary (to rewrite it when one of
     /// its binaries is evicted, and to count users).
     loaded: HashMap<u32, Vec<(BinaryKey, UnwindMapping)>>,
-    ever_loaded: HashSet<u32>,
     clock: u64,
     /// Compiled tables kept on disk between runs.
     cache: Option<super::cache::TableCache>,
@@ -138,7 +137,6 @@ impl Loader {
             procs,
             binaries: HashMap::new(),
             loaded: HashMap::new(),
-            ever_loaded: HashSet::new(),
             clock: 0,
             cache: None,
             ready: Ready::new(u64::from(capacity), MAX_READY_TABLES),
@@ -217,11 +215,15 @@ impl Loader {
         }
         let n = entries.len();
         let old = self.loaded.insert(pid, entries);
+        let new_process = old.is_none();
         self.drop_users(old);
         self.write_entry(pid)?;
-        // A process loaded again (by --pid, then at its first sample) counts once.
-        self.ever_loaded.insert(pid);
-        self.stats.processes = self.ever_loaded.len() as u64;
+        // A process loaded again while it lives (by --pid, then at its first sample; at its
+        // exec) counts once. Counted, not kept: a set of every pid ever loaded grew with each
+        // new process (60 a second under churn) up to pid_max, 4M on large hosts.
+        if new_process {
+            self.stats.processes += 1;
+        }
         log::debug!("pid {pid}: {n} executable mappings loaded for unwinding");
         Ok(())
     }

@@ -302,19 +302,19 @@ fn push_merged(rows: &mut Vec<UnwindRow>, row: UnwindRow) {
         if last.pc == row.pc {
             *last = row;
             // The replaced row may now equal the one before it.
-            if rows.len() >= 2 && same_rule(&rows[rows.len() - 2], &row) {
+            if rows.len() >= 2 && same_rule(rows[rows.len() - 2], row) {
                 rows.pop();
             }
             return;
         }
-        if same_rule(last, &row) {
+        if same_rule(*last, row) {
             return;
         }
     }
     rows.push(row);
 }
 
-fn same_rule(a: &UnwindRow, b: &UnwindRow) -> bool {
+fn same_rule(a: UnwindRow, b: UnwindRow) -> bool {
     (a.kind, a.cfa_off, a.rbp_off) == (b.kind, b.cfa_off, b.rbp_off)
 }
 

@@ -251,7 +251,7 @@ fn rows_are_sorted_merged_and_gapped() {
     let table = compile(&data).unwrap();
     for w in table.rows.windows(2) {
         assert!(w[0].pc < w[1].pc, "{w:?}");
-        assert!(!same_rule(&w[0], &w[1]), "{w:?}");
+        assert!(!same_rule(w[0], w[1]), "{w:?}");
     }
     assert_eq!(table.rows.last().unwrap().kind, kind::NONE);
     assert!(table.rows.iter().any(|r| r.kind == kind::NONE));

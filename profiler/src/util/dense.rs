@@ -90,7 +90,9 @@ impl Hasher for FxHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        bytes.iter().for_each(|&b| self.write_u64(u64::from(b)));
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
     }
 
     fn write_u32(&mut self, n: u32) {

@@ -131,12 +131,12 @@ const SPECIAL: &[u8] = b"\n\r\t ;:,=-%+[]\"'\\#\0\xff\x80";
 /// One mutated input from `seeds`: 1-4 mutations of a random seed.
 fn mutate(rng: &mut Rng, seeds: &[Vec<u8>], max_input: usize) -> Vec<u8> {
     let mut v = seeds[rng.below(seeds.len())].clone();
-    for _ in 0..1 + rng.below(4) {
+    for _ in 0..=rng.below(4) {
         let len = v.len();
         let at = rng.below(len + 1);
         match rng.below(10) {
             0 => {
-                for _ in 0..1 + rng.below(8) {
+                for _ in 0..=rng.below(8) {
                     if !v.is_empty() {
                         let i = rng.below(v.len());
                         v[i] ^= 1 << rng.below(8);
@@ -209,12 +209,11 @@ pub(crate) fn fuzz(name: &str, seeds: &[&[u8]], mut check: impl FnMut(&[u8]) -> 
         let (result, peak) =
             measured(|| std::panic::catch_unwind(AssertUnwindSafe(|| check(&input))));
         let shown = String::from_utf8_lossy(&input[..input.len().min(300)]).into_owned();
-        let bound = match result {
-            Ok(bound) => bound,
-            Err(_) => panic!(
+        let Ok(bound) = result else {
+            panic!(
                 "{name}: case {case} panicked on {} bytes: {shown:?}",
                 input.len()
-            ),
+            )
         };
         assert!(
             peak <= bound,

@@ -2,10 +2,11 @@
 //! loop inside rust_inner. The tests expect those three frames, in order, on nearly every
 //! sample of the process `fixture-rust`.
 //!
-//! Frame pointers come from the workspace .cargo/config.toml. `#[inline(never)]` keeps each
-//! function a frame of its own, and each caller uses the callee's result through black_box
-//! after the call, so no call is in tail position (a tail call would drop the caller's frame
-//! even in a release build).
+//! Frame pointers come from the workspace .cargo/config.toml; tests/build.rs builds this file
+//! again without them, optimized, as `fx-rust-nofp` (the table walk's Rust fixture).
+//! `#[inline(never)]` keeps each function a frame of its own, and each caller uses the
+//! callee's result through black_box after the call, so no call is in tail position (a tail
+//! call would drop the caller's frame even in a release build).
 //!
 //! Usage: fixture-rust [SECONDS]   (default 5; exits by itself after that)
 
@@ -47,10 +48,9 @@ fn rust_outer(deadline: Instant) -> u64 {
 }
 
 fn main() {
-    let secs: f64 = std::env::args()
-        .nth(1)
-        .map(|arg| arg.parse().expect("usage: fixture-rust [SECONDS]"))
-        .unwrap_or(5.0);
+    let secs: f64 = std::env::args().nth(1).map_or(5.0, |arg| {
+        arg.parse().expect("usage: fixture-rust [SECONDS]")
+    });
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     black_box(rust_outer(deadline));
 }

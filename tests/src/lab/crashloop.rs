@@ -109,7 +109,7 @@ fn mono_ns() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -163,7 +163,7 @@ pub fn supervisor(restart_ms: u64) -> anyhow::Result<()> {
         }
         let mut status = 0;
         // SAFETY: waiting for our own child.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
+        unsafe { libc::waitpid(pid, &raw mut status, 0) };
         let _ = writeln!(log, "exit {pid} {status} {}", mono_ns());
         moved.with_context(|| format!("moving {pid} into {}", service.display()))?;
         fs::remove_dir(&service).with_context(|| format!("rmdir {}", service.display()))?;
@@ -193,13 +193,11 @@ pub fn cleanup() -> anyhow::Result<CleanupReport> {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let starts = read_log()
-        .map(|l| {
-            l.iter()
-                .filter(|l| matches!(l, LogLine::Start { .. }))
-                .count()
-        })
-        .unwrap_or(0);
+    let starts = read_log().map_or(0, |l| {
+        l.iter()
+            .filter(|l| matches!(l, LogLine::Start { .. }))
+            .count()
+    });
     if Path::new(CRASHLOOP_DIR).exists() {
         fs::remove_dir_all(CRASHLOOP_DIR).context(CRASHLOOP_DIR)?;
     }

@@ -51,7 +51,7 @@ pub fn zombie(count: u32) -> anyhow::Result<LabReport> {
     if !baseline_file.exists() {
         fs::write(&baseline_file, (before - 1).to_string())?;
     }
-    let first = next_index()?;
+    let first = next_index();
     for i in first..first + count {
         let cg = parent.join(format!("z{i}"));
         fs::create_dir(&cg).with_context(|| format!("mkdir {}", cg.display()))?;
@@ -70,11 +70,11 @@ pub fn zombie(count: u32) -> anyhow::Result<LabReport> {
     })
 }
 
-fn next_index() -> anyhow::Result<u32> {
-    Ok(fs::read_to_string(Path::new(LAB_DIR).join("next"))
+fn next_index() -> u32 {
+    fs::read_to_string(Path::new(LAB_DIR).join("next"))
         .ok()
         .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0))
+        .unwrap_or(0)
 }
 
 /// Forks a child that joins `cg` before it touches `file`, so the page cache it makes is
@@ -91,11 +91,11 @@ fn charge_in(cg: &Path, file: &Path) -> anyhow::Result<()> {
             && fs::write(file, vec![0x5au8; FILE_BYTES]).is_ok()
             && fs::read(file).is_ok();
         // SAFETY: leave the forked child without running the parent's destructors.
-        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        unsafe { libc::_exit(i32::from(!ok)) };
     }
     let mut status = 0;
     // SAFETY: waiting for our own child.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
+    unsafe { libc::waitpid(pid, &raw mut status, 0) };
     if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
         bail!("the lab process in {} failed", cg.display());
     }

@@ -25,7 +25,7 @@ pub(super) fn cpu_report(profile: &Profile) -> Result<String, SpanTooLong> {
     for col in 0..t.span.cols {
         let sec = t.span.first_s + col as u64;
         let clock = format_clock(profile.meta.start_unix_ns + sec * 1_000_000_000);
-        let _ = write!(out, "{clock:<8} {:>5}s", sec);
+        let _ = write!(out, "{clock:<8} {sec:>5}s");
         if untimed[col] {
             // Stored windows past the agent's --keep-times: counts without times or CPUs.
             out.push_str(" no exact times (the store kept only counts for this second)\n");
@@ -59,7 +59,7 @@ fn saturated_runs(profile: &Profile, t: &CpuTable, out: &mut String) {
                 continue;
             }
             let start = col;
-            let mut tops: std::collections::HashMap<u32, u64> = Default::default();
+            let mut tops = std::collections::HashMap::<u32, u64>::new();
             while col < row.len() && row[col].saturated {
                 if let Some((comm, n)) = row[col].top {
                     *tops.entry(comm).or_default() += n;

@@ -1,0 +1,118 @@
+//! Unit tests of `process`: naming from the kernel's records, Python candidates, parent comms.
+use super::*;
+
+/// A parent from before the recording (this test process) is read from /proc at its
+/// first fork only; its exit forgets it, so a pid reused later is read anew.
+#[test]
+fn parent_comm_is_read_once_per_process() {
+    let me = std::process::id();
+    let comm = read_comm(me).expect("reading our own comm");
+    let mut t = ProcessTable::default();
+    let fork = |pid, time_ns| KernelRecord::Fork {
+        pid,
+        ppid: me,
+        time_ns,
+    };
+    t.apply(&[fork(4_000_001, 1)]);
+    assert_eq!(t.lifetimes.comm(4_000_001), Some(comm.as_str()));
+    // What the next fork reads tells whether it went to /proc again.
+    t.parent_comms.insert(me, "cached".into());
+    t.apply(&[fork(4_000_002, 2)]);
+    assert_eq!(t.lifetimes.comm(4_000_002), Some("cached"));
+    t.apply(&[KernelRecord::Exit {
+        pid: me,
+        time_ns: 3,
+    }]);
+    assert!(!t.parent_comms.contains_key(&me));
+    t.apply(&[fork(4_000_003, 4)]);
+    assert_eq!(t.lifetimes.comm(4_000_003), Some(comm.as_str()));
+}
+
+/// A process whose exec the records told is named by them: its comm and exe are the
+/// records' (here made up for this live test process, so /proc would say otherwise),
+/// only its cgroup is read from /proc.
+#[test]
+fn a_process_born_during_the_recording_is_named_by_its_records() {
+    let me = std::process::id();
+    let mut t = ProcessTable::default();
+    t.apply(&[
+        KernelRecord::Exec {
+            pid: me,
+            time_ns: 1,
+            comm: "fx-born".into(),
+        },
+        KernelRecord::Map {
+            pid: me,
+            time_ns: 2,
+            start: 0x1000,
+            end: 0x2000,
+            pgoff: 0,
+            path: "/nonexistent/fx-born".into(),
+            id: FileIdentity::Inode(1, 1),
+        },
+    ]);
+    t.saw(me, 3, &[]);
+    let p = &t.processes[&me];
+    assert_eq!(
+        (p.comm.as_str(), p.exe.as_str()),
+        ("fx-born", "/nonexistent/fx-born")
+    );
+    assert_eq!(p.cgroup, crate::cgroups::read_process_cgroups(me).v2);
+    assert!(!p.cgroup.is_empty(), "the cgroup is still read from /proc");
+    // A process the records never described is read from /proc.
+    let mut t = ProcessTable::default();
+    t.saw(me, 3, &[]);
+    assert_eq!(t.processes[&me].comm, read_comm(me).unwrap());
+}
+
+/// Python detection is skipped only for a space the records hold whole with no file
+/// named like an interpreter; a libpython mapped later makes it a candidate.
+#[test]
+fn only_spaces_without_an_interpreter_file_are_ruled_out_of_python() {
+    let dir = std::env::temp_dir().join(format!("may-run-python-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Files are one by build id: each name a copy of another binary.
+    let map = |pid, time_ns, start: u64, name: &str, of: &str| {
+        let path = dir.join(name);
+        std::fs::copy(of, &path).unwrap();
+        let m = std::fs::metadata(&path).unwrap();
+        use std::os::unix::fs::MetadataExt as _;
+        KernelRecord::Map {
+            pid,
+            time_ns,
+            start,
+            end: start + 0x1000,
+            pgoff: 0,
+            path: path.display().to_string(),
+            id: FileIdentity::Inode(m.dev(), m.ino()),
+        }
+    };
+    let pid = 4_000_300;
+    let mut t = ProcessTable::default();
+    t.apply(&[
+        KernelRecord::Exec {
+            pid,
+            time_ns: 10,
+            comm: "fx-true".into(),
+        },
+        map(pid, 11, 0x10000, "fx-true", "/bin/true"),
+    ]);
+    let space = t.space_at(pid, 12);
+    assert_eq!(
+        t.mappings.space(pid, 1).map(|s| s.mappings().len()),
+        Some(1)
+    );
+    assert!(
+        !t.may_run_python(space),
+        "a complete space without an interpreter"
+    );
+    t.apply(&[map(pid, 13, 0x20000, "libpython3.99.so.1.0", "/bin/false")]);
+    assert!(t.may_run_python(space), "libpython mapped");
+    // A process from before the recording (mappings only partly known) and one the
+    // records never told of may run anything.
+    let old = 4_000_301;
+    t.apply(&[map(old, 14, 0x10000, "fx-true", "/bin/true")]);
+    assert!(t.may_run_python(t.space_at(old, 15)));
+    assert!(t.may_run_python(space_id(4_000_302, 0)));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
