@@ -7,10 +7,12 @@
 //! only when owned by us and writable by no one else, bounded in size, checksummed, and its
 //! rows checked (sorted, known kinds) before the kernel sees them.
 use std::{
+    collections::HashSet,
     fs::File,
     io::{self, Read as _},
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
+    sync::{Arc, Condvar, Mutex, PoisonError},
 };
 
 use profiler_common::unwind::{SEARCH_STEPS, UnwindRow, kind};
@@ -167,6 +169,25 @@ pub struct TableCache {
     dir: PathBuf,
     max_bytes: u64,
     compiler: [u8; 20],
+    /// Keys of the tables being compiled now, shared by every clone (`compiling`).
+    compiling: Arc<(Mutex<HashSet<String>>, Condvar)>,
+}
+
+/// A table being compiled by this thread (`TableCache::compiling`); the key is free again,
+/// and the threads waiting for it woken, when it drops.
+pub struct Compiling<'a> {
+    cache: &'a TableCache,
+    key: String,
+}
+
+impl Drop for Compiling<'_> {
+    fn drop(&mut self) {
+        let (keys, done) = &*self.cache.compiling;
+        keys.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.key);
+        done.notify_all();
+    }
 }
 
 impl TableCache {
@@ -181,7 +202,26 @@ impl TableCache {
             dir: dir.to_owned(),
             max_bytes,
             compiler: own_build_id(),
+            compiling: Arc::default(),
         })
+    }
+
+    /// Waits while another thread compiles the table of cache key `key`, then holds the key
+    /// until the guard drops. Two threads compile tables (the loader's pool for the kernel,
+    /// the stack-copy thread for the copies of the same processes' first samples) and at a
+    /// recording's start both want the same binaries at once: the second now reads what the
+    /// first put here instead of compiling it again.
+    pub fn compiling(&self, key: &str) -> Compiling<'_> {
+        let (keys, done) = &*self.compiling;
+        let mut held = keys.lock().unwrap_or_else(PoisonError::into_inner);
+        while held.contains(key) {
+            held = done.wait(held).unwrap_or_else(PoisonError::into_inner);
+        }
+        held.insert(key.to_owned());
+        Compiling {
+            cache: self,
+            key: key.to_owned(),
+        }
     }
 
     /// The default directory of `profiler record`: $XDG_CACHE_HOME or ~/.cache, then

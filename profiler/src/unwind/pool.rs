@@ -194,6 +194,9 @@ impl Compiled {
         // key, and used only while that file is still missing: installed since (by build id
         // or .gnu_debuglink), the table is compiled again with it.
         let cache_key = cache.map(|_| super::cache::key(data));
+        // One compile of a binary at a time: a thread that wants it meanwhile waits, then
+        // reads it from the cache (`TableCache::compiling`).
+        let _turn = cache.zip(cache_key.as_deref()).map(|(c, k)| c.compiling(k));
         let without_debug = cache_key.as_ref().map(|k| format!("{k}-nodebug"));
         let cached = cache
             .zip(cache_key.as_deref())
@@ -369,5 +372,41 @@ mod ready_tests {
         assert_eq!(r.tables.len(), 3);
         assert!(r.order.len() <= 6, "{}", r.order.len());
         assert!(r.contains((2, 999)) && !r.contains((2, 0)));
+    }
+}
+
+#[cfg(test)]
+mod compile_once_tests {
+    use super::*;
+
+    /// Two threads wanting libc's table at once (the loader's pool and the stack-copy thread
+    /// at a recording's start): one compiles it, the other reads it from the cache.
+    #[test]
+    fn a_binary_wanted_by_two_threads_at_once_is_compiled_once() {
+        let dir = std::env::temp_dir().join(format!("unw-once-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cache = TableCache::open(&dir, 64 << 20).unwrap();
+        let path = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let data = std::fs::read(path).expect("Debian's libc");
+        let start = std::sync::Barrier::new(2);
+        let hits: Vec<bool> = std::thread::scope(|s| {
+            let both: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        let c = Compiled::new(path, &data, Some(&cache));
+                        assert!(c.table.is_ok(), "{:?}", c.table.as_ref().err());
+                        c.cache_hit
+                    })
+                })
+                .collect();
+            both.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            hits.iter().filter(|hit| !**hit).count(),
+            1,
+            "compiled by both threads: {hits:?}"
+        );
     }
 }
