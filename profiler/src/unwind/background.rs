@@ -287,12 +287,12 @@ impl BackgroundLoader {
         Box::new(move |event| me.submit(event))
     }
 
-    /// What was loaded so far.
     /// The loader's disk cache of tables, for the collector's walks of stack copies.
     pub fn cache(&self) -> Option<super::cache::TableCache> {
         self.loader.lock().ok()?.cache().cloned()
     }
 
+    /// What was loaded so far.
     pub fn stats(&self) -> LoaderStats {
         self.stats.lock().map(|s| *s).unwrap_or_default()
     }
