@@ -102,8 +102,13 @@ pub mod counter {
     /// User stacks walked by table that stopped early, per `unwind::reason` (index
     /// UNWIND_REASON_BASE + reason; reason 0 is unused).
     pub const UNWIND_REASON_BASE: u32 = 5;
+    /// Sent samples that carry a stack copy (`flags::STACK_COPY`).
+    pub const STACK_COPIES: u32 = UNWIND_REASON_BASE + 7;
+    /// Samples that wanted a stack copy and were sent without one: the ring buffer was half
+    /// full already, or the CPU's copy ration was spent (`unwind::COPIES_PER_SECOND`).
+    pub const STACK_COPIES_REFUSED: u32 = STACK_COPIES + 1;
     /// Number of counters.
-    pub const COUNT: u32 = UNWIND_REASON_BASE + 7;
+    pub const COUNT: u32 = STACK_COPIES_REFUSED + 1;
 }
 
 /// The fixed part of one sample record in the ring buffer. The record is variable length:

@@ -23,7 +23,7 @@ use aya_log_ebpf::debug;
 use profiler_common::{
     COMM_LEN, HEADER_BYTES, MAX_CGROUP_FILTER, MAX_FRAMES, MAX_PID_FILTER, RING_BUFFER_BYTES,
     SEEN_PIDS_CAPACITY, SampleScratch, WAKEUP_FRACTION, counter, flags,
-    unwind::{COPY_AT_MASK, reason},
+    unwind::{COPY_AT_MASK, COPY_BYTES, COPY_HEADER_BYTES, reason},
 };
 
 use crate::unwind;
@@ -176,14 +176,20 @@ fn sample(ctx: &PerfEventContext) {
     let mut len = HEADER_BYTES + (klen + ulen + 2 * plen) as usize * 8;
     // Not loaded yet: the stack itself goes with the record (after the last frame), for
     // userspace to walk by table later. The common path (loaded, or --unwind fp) pays nothing;
-    // copies are rationed per CPU (`COPIES_PER_SECOND`).
-    if copy && unwind::copy_allowed(s.header.time_ns) {
-        // Masked for the verifier (the frames end below the mask; the copy's room follows).
-        let at = len & COPY_AT_MASK;
-        let n = unwind::copy_stack(ctx, user_mode, scratch.cast::<u8>().wrapping_add(at));
-        if n > 0 {
-            s.header.flags |= flags::STACK_COPY;
-            len = at + n;
+    // copies take half the ring at most (`copy_fits`) and are rationed per CPU
+    // (`COPIES_PER_SECOND`): a copy refused is counted, the sample still sent.
+    if copy {
+        if copy_fits() && unwind::copy_allowed(s.header.time_ns) {
+            // Masked for the verifier (the frames end below the mask; the copy's room follows).
+            let at = len & COPY_AT_MASK;
+            let n = unwind::copy_stack(ctx, user_mode, scratch.cast::<u8>().wrapping_add(at));
+            if n > 0 {
+                s.header.flags |= flags::STACK_COPY;
+                len = at + n;
+                count(counter::STACK_COPIES);
+            }
+        } else {
+            count(counter::STACK_COPIES_REFUSED);
         }
     }
     // Mask the length so the verifier sees it bounded by the scratch size.
@@ -228,6 +234,18 @@ fn wakeup_flag(pid: u32, maybe_new: bool) -> u64 {
     } else {
         BPF_RB_NO_WAKEUP as u64
     }
+}
+
+/// Whether a stack copy leaves half the ring buffer free. A copy is up to 16 KiB, a sample
+/// without one a few hundred bytes: copies may fill the first half of the ring only, so a
+/// burst of them (every process of a host copied at a recording's start, or a reader behind
+/// for a moment) is refused, and counted, before it could cost a sample.
+#[inline(always)]
+fn copy_fits() -> bool {
+    // SAFETY: a read of a load-time constant (a quarter of the ring's real size).
+    let quarter = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
+    SAMPLES.query(BPF_RB_AVAIL_DATA as u64) + (COPY_HEADER_BYTES + COPY_BYTES) as u64
+        <= 2 * quarter
 }
 
 /// True the first time `pid` is seen (the idle task never counts).

@@ -354,10 +354,12 @@ impl Session {
         self.collection.drain(self.ring.get_mut());
         let drained = self.collection.drained_at_ns();
         // Samples whose stack copies wait for tables: their compiles are given a while,
-        // then what still waits is walked with the tables there are.
+        // then what still waits is walked with the tables there are. The ring is read
+        // meanwhile (its samples held for the next window): it must not fill.
         let deadline = tokio::time::Instant::now() + COPY_TABLES_WAIT;
         while self.collection.copies_waiting() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
+            self.collection.hold(self.ring.get_mut());
         }
         self.collection.add_deferred(true);
         if let Some(d) = self.settle_delay {
@@ -398,7 +400,16 @@ impl Session {
             named_counters: self
                 .loader
                 .as_ref()
-                .map(|l| crate::unwind::report::named_counters(&l.stats()))
+                .map(|l| {
+                    let mut named = crate::unwind::report::named_counters(&l.stats());
+                    // Since the start, as the loader's figures.
+                    named.push(("unwind_stack_copies".to_owned(), k.stack_copies));
+                    named.push((
+                        "unwind_stack_copies_refused".to_owned(),
+                        k.stack_copies_refused,
+                    ));
+                    named
+                })
                 .unwrap_or_default(),
         };
         self.start_unix_ns = unix_at(end_mono_ns);

@@ -126,6 +126,10 @@ pub(crate) struct KernelCounters {
     pub ustack_failed: u64,
     /// Table walks stopped early, by `unwind::reason` code (index 0 unused).
     pub unwind_truncated: [u64; 7],
+    /// Samples sent with a stack copy, and samples sent without the copy they wanted
+    /// (`counter::STACK_COPIES_REFUSED`).
+    pub stack_copies: u64,
+    pub stack_copies_refused: u64,
 }
 
 /// Options for `Sampler::start`.
@@ -401,6 +405,8 @@ impl Sampler {
                 }
                 by_reason
             },
+            stack_copies: read(counter::STACK_COPIES)?,
+            stack_copies_refused: read(counter::STACK_COPIES_REFUSED)?,
         })
     }
 }

@@ -3,6 +3,7 @@
 //! user address falls in its mappings (`process`, from the kernel's own records:
 //! `kernel_records`). Symbolization comes after, from this.
 mod collected;
+mod copies;
 mod files;
 mod filters;
 mod jit;
@@ -118,6 +119,10 @@ pub(crate) struct Collection {
     /// Sample records read from the ring, waiting for the process records before them.
     batch: Vec<u8>,
     batch_ends: Vec<usize>,
+    /// Sample records read from the ring while a window's end waited (`hold`), added first
+    /// by the next `drain`.
+    held: Vec<u8>,
+    held_ends: Vec<usize>,
     /// Paths of the cgroup v2 ids samples carry ("" if the cgroup was gone); `resolve_cgroups`.
     cgroup_paths: HashMap<u64, String>,
     /// Since the last cut (`lost_records` is the process table's).
@@ -331,12 +336,6 @@ impl Collection {
         self
     }
 
-    /// Walks the stack copies samples carry with `unwinder` (see `unwind::copied`).
-    pub(crate) fn with_copy_unwinder(mut self, unwinder: crate::unwind::CopyUnwinder) -> Self {
-        self.copies = Some(unwinder);
-        self
-    }
-
     pub(crate) fn with_cgroup_filter(mut self, filter: CgroupFilter) -> Self {
         self.cgroup_filter = filter;
         self
@@ -371,6 +370,9 @@ impl Collection {
         );
         batch.clear();
         ends.clear();
+        // Held records first (ends are offsets into the batch, which starts with them).
+        batch.append(&mut self.held);
+        ends.append(&mut self.held_ends);
         while let Some(item) = ring.next() {
             batch.extend_from_slice(&item);
             ends.push(batch.len());
@@ -488,12 +490,9 @@ impl Collection {
         let mut walked = None;
         if h.flags & flags::STACK_COPY != 0
             && let Some(unwinder) = self.copies.as_mut()
-            && let Some(mappings) = self
-                .processes
-                .unwind_mappings(h.pid, h.time_ns)
-                .or_else(|| crate::unwind::proc_mappings(h.pid).ok())
         {
-            match unwinder.offer(record, frames_end, mappings) {
+            let mappings = self.processes.unwind_mappings(h.pid, h.time_ns);
+            match unwinder.offer(record, frames_end, h.pid, mappings) {
                 crate::unwind::copied::Offer::Deferred => return,
                 crate::unwind::copied::Offer::Walked(frames, why) => walked = Some((frames, why)),
             }
@@ -536,26 +535,6 @@ impl Collection {
             ustack,
             pystack,
         });
-    }
-
-    /// Adds the records that waited for their stack copy's tables (`unwind::copied`): those
-    /// whose tables are ready, or all of them when `force` (walked with what there is).
-    pub(crate) fn add_deferred(&mut self, force: bool) {
-        let Some(unwinder) = self.copies.as_mut() else {
-            return;
-        };
-        let records = unwinder.take_ready(force);
-        for record in &records {
-            self.add(record);
-        }
-        if let Some(u) = self.copies.as_mut() {
-            u.done_forcing();
-        }
-    }
-
-    /// Whether records wait for stack-copy tables still being compiled.
-    pub(crate) fn copies_waiting(&mut self) -> bool {
-        self.copies.as_ref().is_some_and(|u| u.waiting())
     }
 
     /// Registers new Python processes and names new Python frames (they must still live).

@@ -6,6 +6,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     sync::{Arc, Mutex, mpsc},
+    time::{Duration, Instant},
 };
 
 use profiler_common::unwind::{COPY_HEADER_BYTES, MAX_FRAMES, StackCopy, UnwindRow, kind, reason};
@@ -184,6 +185,16 @@ const MAX_ROWS: usize = 8 << 20;
 /// the tables there are (its frame-pointer stack kept when that walk does worse).
 const MAX_DEFERRED_BYTES: usize = 32 << 20;
 
+/// How long /proc's mappings of a process from before the recording (the kernel's records
+/// do not hold its whole space) serve the walks of its copies. Read for every copied sample,
+/// they were a read of /proc/PID/maps per sample, and a stat of each of its files at each
+/// check of the records waiting for tables, all on the thread that drains the ring buffer:
+/// at a recording's start, when every running process is copied, it fell behind.
+const PROC_MAPS_FOR: Duration = Duration::from_secs(1);
+
+/// Processes whose /proc mappings are kept at most (beyond, all are read again).
+const MAX_PROC_MAPS: usize = 4096;
+
 /// Tables compiled for copies, by binary (None: no table can be made for it).
 type Tables = Arc<Mutex<HashMap<BinaryKey, Option<Arc<Rows>>>>>;
 
@@ -211,7 +222,13 @@ pub struct CopyUnwinder {
     /// `table::mapping_bias` at address 0, by binary and file offset.
     bias_at_zero: HashMap<(BinaryKey, u64), Option<u64>>,
     /// Records waiting for tables, oldest first, with their process's mappings.
-    deferred: VecDeque<(Vec<u8>, Vec<MappingSpec>)>,
+    deferred: VecDeque<(Vec<u8>, Arc<Vec<MappingSpec>>)>,
+    /// /proc's mappings of processes from before the recording, by pid, and when read
+    /// (`PROC_MAPS_FOR`).
+    proc_maps: HashMap<u32, (Instant, Arc<Vec<MappingSpec>>)>,
+    /// The mappings a record handed back by `take_ready` was kept with (`retake`): its
+    /// process may have exited since.
+    retaken: Option<Arc<Vec<MappingSpec>>>,
     deferred_bytes: usize,
     /// Set while `take_ready` hands out records that will not wait again.
     forcing: bool,
@@ -250,16 +267,33 @@ impl CopyUnwinder {
             stop,
             bias_at_zero: HashMap::new(),
             deferred: VecDeque::new(),
+            proc_maps: HashMap::new(),
+            retaken: None,
             deferred_bytes: 0,
             forcing: false,
         })
     }
 
-    /// Walks the copy in `record` (at `copy_at`) now when every binary of `mappings` has its
-    /// table, else keeps the record for later (and has the missing tables compiled).
-    pub fn offer(&mut self, record: &[u8], copy_at: usize, mappings: Vec<MappingSpec>) -> Offer {
+    /// Walks the copy in `record` (at `copy_at`) of process `pid` now when every binary of
+    /// its mappings has its table, else keeps the record for later (and has the missing
+    /// tables compiled). `mappings` are the kernel records' when they hold its whole space;
+    /// None reads /proc's (`PROC_MAPS_FOR`).
+    pub fn offer(
+        &mut self,
+        record: &[u8],
+        copy_at: usize,
+        pid: u32,
+        mappings: Option<Vec<MappingSpec>>,
+    ) -> Offer {
         let Some(copy) = record.get(copy_at..).and_then(Copy::parse) else {
             return Offer::Walked(Vec::new(), reason::READ_FAULT);
+        };
+        let mappings = match self.retaken.take() {
+            Some(kept) => Some(kept),
+            None => self.mappings_of(pid, mappings),
+        };
+        let Some(mappings) = mappings else {
+            return Offer::Walked(Vec::new(), reason::NOT_LOADED);
         };
         if !self.forcing
             && !self.ready(&mappings)
@@ -271,6 +305,34 @@ impl CopyUnwinder {
         }
         let (frames, why) = self.unwind(&mappings, &copy);
         Offer::Walked(frames, why)
+    }
+
+    /// `given`, or /proc's mappings of `pid` (read again once `PROC_MAPS_FOR` old), each
+    /// file's identity read once.
+    fn mappings_of(
+        &mut self,
+        pid: u32,
+        given: Option<Vec<MappingSpec>>,
+    ) -> Option<Arc<Vec<MappingSpec>>> {
+        if let Some(m) = given {
+            return Some(Arc::new(m));
+        }
+        let now = Instant::now();
+        if let Some((at, maps)) = self.proc_maps.get(&pid)
+            && now.duration_since(*at) < PROC_MAPS_FOR
+        {
+            return Some(Arc::clone(maps));
+        }
+        let mut maps = super::proc_mappings(pid).ok()?;
+        for m in &mut maps {
+            m.key = m.key();
+        }
+        if self.proc_maps.len() >= MAX_PROC_MAPS {
+            self.proc_maps.clear();
+        }
+        let maps = Arc::new(maps);
+        self.proc_maps.insert(pid, (now, Arc::clone(&maps)));
+        Some(maps)
     }
 
     /// Whether every binary of `mappings` has its table here; asks for those missing.
@@ -296,14 +358,15 @@ impl CopyUnwinder {
     }
 
     /// Records kept by `offer` whose tables are ready now (all of them when `force`), oldest
-    /// first, to be offered again (they are walked then, not kept again).
-    pub fn take_ready(&mut self, force: bool) -> Vec<Vec<u8>> {
+    /// first, with the mappings they were kept with, to be offered again (`retake` first):
+    /// they are walked then, not kept again.
+    pub fn take_ready(&mut self, force: bool) -> Vec<(Vec<u8>, Arc<Vec<MappingSpec>>)> {
         let mut out = Vec::new();
         let mut keep = VecDeque::new();
         while let Some((record, mappings)) = self.deferred.pop_front() {
             if force || self.ready(&mappings) {
                 self.deferred_bytes -= record.len();
-                out.push(record);
+                out.push((record, mappings));
             } else {
                 keep.push_back((record, mappings));
             }
@@ -313,9 +376,15 @@ impl CopyUnwinder {
         out
     }
 
+    /// The next record offered is one `take_ready` handed back, kept with `mappings`.
+    pub fn retake(&mut self, mappings: Arc<Vec<MappingSpec>>) {
+        self.retaken = Some(mappings);
+    }
+
     /// Ends a `take_ready` hand-out.
     pub fn done_forcing(&mut self) {
         self.forcing = false;
+        self.retaken = None;
     }
 
     /// Whether records wait for tables still being compiled.
