@@ -102,7 +102,7 @@ pub mod counter {
     /// User stacks walked by table that stopped early, per `unwind::reason` (index
     /// UNWIND_REASON_BASE + reason; reason 0 is unused).
     pub const UNWIND_REASON_BASE: u32 = 5;
-    /// Sent samples that carry a stack copy (`flags::STACK_COPY`).
+    /// Samples given a stack copy (`flags::STACK_COPY`).
     pub const STACK_COPIES: u32 = UNWIND_REASON_BASE + 7;
     /// Samples that wanted a stack copy and were sent without one: the ring buffer was half
     /// full already, or the CPU's copy ration was spent (`unwind::COPIES_PER_SECOND`).

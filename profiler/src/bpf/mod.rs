@@ -126,7 +126,7 @@ pub(crate) struct KernelCounters {
     pub ustack_failed: u64,
     /// Table walks stopped early, by `unwind::reason` code (index 0 unused).
     pub unwind_truncated: [u64; 7],
-    /// Samples sent with a stack copy, and samples sent without the copy they wanted
+    /// Samples given a stack copy, and samples sent without the copy they wanted
     /// (`counter::STACK_COPIES_REFUSED`).
     pub stack_copies: u64,
     pub stack_copies_refused: u64,
