@@ -244,8 +244,7 @@ fn wakeup_flag(pid: u32, maybe_new: bool) -> u64 {
 fn copy_fits() -> bool {
     // SAFETY: a read of a load-time constant (a quarter of the ring's real size).
     let quarter = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
-    SAMPLES.query(BPF_RB_AVAIL_DATA as u64) + (COPY_HEADER_BYTES + COPY_BYTES) as u64
-        <= 2 * quarter
+    SAMPLES.query(BPF_RB_AVAIL_DATA as u64) + (COPY_HEADER_BYTES + COPY_BYTES) as u64 <= 2 * quarter
 }
 
 /// True the first time `pid` is seen (the idle task never counts).

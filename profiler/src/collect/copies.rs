@@ -45,8 +45,7 @@ impl Collection {
 
     /// Whether records wait for stack-copy tables still being compiled.
     pub(crate) fn copies_waiting(&self) -> bool {
-        self
-            .copies
+        self.copies
             .as_ref()
             .is_some_and(crate::unwind::CopyUnwinder::waiting)
     }
