@@ -181,6 +181,11 @@ pub(crate) fn copy_stack(ctx: &PerfEventContext, user_mode: bool, dst: *mut u8) 
         let left = COPY_BYTES - got;
         let to_page = COPY_CHUNK - ((sp as usize + got) & (COPY_CHUNK - 1));
         let n = if to_page < left { to_page } else { left };
+        // Read back through memory, so the check below stays: LLVM knows n <= COPY_CHUNK and
+        // dropped it, and 6.1's verifier does not take that bound from the comparison of two
+        // registers above (it rejected the read below as past the scratch).
+        // SAFETY: a read of a local.
+        let n = unsafe { core::ptr::read_volatile(&n) };
         if n == 0 || n > COPY_CHUNK {
             break;
         }
