@@ -130,7 +130,8 @@ pub fn compile_with_debug<D: std::ops::Deref<Target = [u8]>>(
 fn entry_stop(file: &object::File<'_>, spans: &mut Spans) {
     use object::ObjectSymbol as _;
     let entry = file.entry();
-    if entry == 0 || spans.iter().any(|(a, b, _)| *a <= entry && entry < *b) {
+    // A binary without any CFI (Go's) stays without rows: walked by frame pointer.
+    if entry == 0 || spans.is_empty() || spans.iter().any(|(a, b, _)| *a <= entry && entry < *b) {
         return;
     }
     // Its symbol's size; else (ld.so's _start is in no symbol table) up to the next CFI.
