@@ -142,6 +142,18 @@ fn sample(ctx: &PerfEventContext) {
             f |= (why << flags::UNWIND_REASON_SHIFT) & flags::UNWIND_REASON_MASK;
             count(counter::UNWIND_REASON_BASE + (why & 7));
         }
+        // Copies take half the ring at most (`copy_fits`) and are rationed per CPU
+        // (`COPIES_PER_SECOND`). A copy refused is counted, the sample still sent; a walk
+        // that stopped at a binary still compiling then takes the frame-pointer walk below
+        // instead (whole through frame-pointer code, where the table walk kept only the
+        // frames before that binary).
+        if copy && !(copy_fits() && unwind::copy_allowed(s.header.time_ns)) {
+            count(counter::STACK_COPIES_REFUSED);
+            copy = false;
+            if why == reason::NOT_LOADED {
+                table_frames = None;
+            }
+        }
     }
     // --- end of table unwinding ---
     let ubytes = if pid == 0 {
@@ -175,21 +187,16 @@ fn sample(ctx: &PerfEventContext) {
 
     let mut len = HEADER_BYTES + (klen + ulen + 2 * plen) as usize * 8;
     // Not loaded yet: the stack itself goes with the record (after the last frame), for
-    // userspace to walk by table later. The common path (loaded, or --unwind fp) pays nothing;
-    // copies take half the ring at most (`copy_fits`) and are rationed per CPU
-    // (`COPIES_PER_SECOND`): a copy refused is counted, the sample still sent.
+    // userspace to walk by table later (allowed above). The common path (loaded, or --unwind
+    // fp) pays nothing.
     if copy {
-        if copy_fits() && unwind::copy_allowed(s.header.time_ns) {
-            // Masked for the verifier (the frames end below the mask; the copy's room follows).
-            let at = len & COPY_AT_MASK;
-            let n = unwind::copy_stack(ctx, user_mode, scratch.cast::<u8>().wrapping_add(at));
-            if n > 0 {
-                s.header.flags |= flags::STACK_COPY;
-                len = at + n;
-                count(counter::STACK_COPIES);
-            }
-        } else {
-            count(counter::STACK_COPIES_REFUSED);
+        // Masked for the verifier (the frames end below the mask; the copy's room follows).
+        let at = len & COPY_AT_MASK;
+        let n = unwind::copy_stack(ctx, user_mode, scratch.cast::<u8>().wrapping_add(at));
+        if n > 0 {
+            s.header.flags |= flags::STACK_COPY;
+            len = at + n;
+            count(counter::STACK_COPIES);
         }
     }
     // Mask the length so the verifier sees it bounded by the scratch size.
