@@ -477,11 +477,12 @@ impl Collection {
             && h.pid != 0
             && (stale || !self.processes.knows(h.pid))
         {
-            // Its mappings now, not at the sample: the kernel's entry is for the samples to
-            // come (a first sample taken while ld.so ran would load a space without libc).
             hook(crate::unwind::ProcessEvent::Sampled {
                 pid: h.pid,
                 stale,
+                // Its mappings now, not at the sample: the kernel's entry is for the samples
+                // to come, and a sample taken before an exec this drain read (or in ld.so)
+                // would replace the newer mappings `tell_mappings` just gave the loader.
                 mappings: self.processes.unwind_mappings(h.pid, u64::MAX),
             });
         }
@@ -624,3 +625,7 @@ fn py_frames(bytes: &[u8]) -> Box<[PyFrame]> {
         })
         .collect()
 }
+
+#[cfg(test)]
+#[path = "collection_tests.rs"]
+mod tests;

@@ -561,4 +561,4 @@ fn read_process(pid: u32) -> Process {
 
 #[cfg(test)]
 #[path = "process_tests.rs"]
-mod tests;
+pub(super) mod tests;

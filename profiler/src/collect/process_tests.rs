@@ -75,17 +75,7 @@ fn only_spaces_without_an_interpreter_file_are_ruled_out_of_python() {
     let map = |pid, time_ns, start: u64, name: &str, of: &str| {
         let path = dir.join(name);
         std::fs::copy(of, &path).unwrap();
-        let m = std::fs::metadata(&path).unwrap();
-        use std::os::unix::fs::MetadataExt as _;
-        KernelRecord::Map {
-            pid,
-            time_ns,
-            start,
-            end: start + 0x1000,
-            pgoff: 0,
-            path: path.display().to_string(),
-            id: FileIdentity::Inode(m.dev(), m.ino()),
-        }
+        map_record(pid, time_ns, start, &path.display().to_string())
     };
     let pid = 4_000_300;
     let mut t = ProcessTable::default();
@@ -115,4 +105,20 @@ fn only_spaces_without_an_interpreter_file_are_ruled_out_of_python() {
     assert!(t.may_run_python(t.space_at(old, 15)));
     assert!(t.may_run_python(space_id(4_000_302, 0)));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The kernel's record of a page-long executable mapping of the file at `path` (which must
+/// exist: it is identified by its device and inode).
+pub(crate) fn map_record(pid: u32, time_ns: u64, start: u64, path: &str) -> KernelRecord {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(path).unwrap();
+    KernelRecord::Map {
+        pid,
+        time_ns,
+        start,
+        end: start + 0x1000,
+        pgoff: 0,
+        path: path.to_owned(),
+        id: FileIdentity::Inode(m.dev(), m.ino()),
+    }
 }

@@ -103,32 +103,20 @@ impl KmsgWatch {
 
 /// A CPU's run of saturated seconds: (cpu, first second, seconds, mean busy %, mean sys %).
 fn runs(t: &CpuTable) -> Vec<(u32, u64, u64, f64, f64)> {
-    let mut v = Vec::new();
-    for (ci, row) in t.seconds.iter().enumerate() {
-        let mut col = 0;
-        while col < row.len() {
-            if !row[col].saturated {
-                col += 1;
-                continue;
-            }
-            let start = col;
-            let (mut busy, mut sys) = (0.0, 0.0);
-            while col < row.len() && row[col].saturated {
-                busy += row[col].busy_pct;
-                sys += row[col].sys_pct;
-                col += 1;
-            }
-            let n = (col - start) as f64;
-            v.push((
+    t.saturated_runs()
+        .into_iter()
+        .map(|(ci, cols)| {
+            let run = &t.seconds[ci][cols.clone()];
+            let n = run.len() as f64;
+            (
                 t.cpus[ci],
-                t.span.first_s + start as u64,
-                (col - start) as u64,
-                busy / n,
-                sys / n,
-            ));
-        }
-    }
-    v
+                t.span.first_s + cols.start as u64,
+                run.len() as u64,
+                run.iter().map(|s| s.busy_pct).sum::<f64>() / n,
+                run.iter().map(|s| s.sys_pct).sum::<f64>() / n,
+            )
+        })
+        .collect()
 }
 
 /// One line per symptom, after the saturated run that ended last before it (or overlaps it):

@@ -221,6 +221,29 @@ pub struct CpuTable {
     pub seconds: Vec<Vec<CpuSecond>>,
 }
 
+impl CpuTable {
+    /// Every run of consecutive saturated seconds, CPU by CPU, each in time order: the CPU's
+    /// index in `cpus` and `seconds`, and the run's columns.
+    pub fn saturated_runs(&self) -> Vec<(usize, std::ops::Range<usize>)> {
+        let mut runs = Vec::new();
+        for (ci, row) in self.seconds.iter().enumerate() {
+            let mut col = 0;
+            while col < row.len() {
+                if !row[col].saturated {
+                    col += 1;
+                    continue;
+                }
+                let start = col;
+                while col < row.len() && row[col].saturated {
+                    col += 1;
+                }
+                runs.push((ci, start..col));
+            }
+        }
+        runs
+    }
+}
+
 /// The CPUs of `profile`, ascending: the recorded ones and any seen in samples.
 pub fn cpu_ids(profile: &Profile) -> Vec<u32> {
     let mut cpus: Vec<u32> = profile.meta.cpus.clone();

@@ -50,43 +50,31 @@ pub(super) fn cpu_report(profile: &Profile) -> Result<String, SpanTooLong> {
 
 /// One line per saturated run: CPU, from-to, and the top comm over the run.
 fn saturated_runs(profile: &Profile, t: &CpuTable, out: &mut String) {
-    let mut any = false;
-    for (ci, row) in t.seconds.iter().enumerate() {
-        let mut col = 0;
-        while col < row.len() {
-            if !row[col].saturated {
-                col += 1;
-                continue;
+    let runs = t.saturated_runs();
+    for (ci, cols) in &runs {
+        let mut tops = std::collections::HashMap::<u32, u64>::new();
+        for second in &t.seconds[*ci][cols.clone()] {
+            if let Some((comm, n)) = second.top {
+                *tops.entry(comm).or_default() += n;
             }
-            let start = col;
-            let mut tops = std::collections::HashMap::<u32, u64>::new();
-            while col < row.len() && row[col].saturated {
-                if let Some((comm, n)) = row[col].top {
-                    *tops.entry(comm).or_default() += n;
-                }
-                col += 1;
-            }
-            let top = tops
-                .into_iter()
-                .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
-                .map_or("?", |(c, _)| profile.str(c));
-            let at = |c: usize| {
-                format_clock(
-                    profile.meta.start_unix_ns + (t.span.first_s + c as u64) * 1_000_000_000,
-                )
-            };
-            let _ = writeln!(
-                out,
-                "saturated: CPU{} {}-{} ({} s), mostly {top}",
-                t.cpus[ci],
-                at(start),
-                at(col),
-                col - start
-            );
-            any = true;
         }
+        let top = tops
+            .into_iter()
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+            .map_or("?", |(c, _)| profile.str(c));
+        let at = |c: usize| {
+            format_clock(profile.meta.start_unix_ns + (t.span.first_s + c as u64) * 1_000_000_000)
+        };
+        let _ = writeln!(
+            out,
+            "saturated: CPU{} {}-{} ({} s), mostly {top}",
+            t.cpus[*ci],
+            at(cols.start),
+            at(cols.end),
+            cols.len()
+        );
     }
-    if !any {
+    if runs.is_empty() {
         out.push_str("saturated: none\n");
     }
 }
