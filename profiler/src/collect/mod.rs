@@ -495,7 +495,12 @@ impl Collection {
             let mappings = self.processes.unwind_mappings(h.pid, h.time_ns);
             match unwinder.offer(record, frames_end, h.pid, mappings) {
                 crate::unwind::copied::Offer::Deferred => return,
-                crate::unwind::copied::Offer::Walked(frames, why) => walked = Some((frames, why)),
+                crate::unwind::copied::Offer::Walked(frames, why) => {
+                    if let Some(n) = self.counts.copy_walks.get_mut(why as usize) {
+                        *n += 1;
+                    }
+                    walked = Some((frames, why));
+                }
             }
         }
         self.counts.kstack_failed += u64::from(h.flags & flags::KSTACK_FAILED != 0);
