@@ -30,7 +30,7 @@ const ROUNDS: u32 = 2;
 /// Time allowed after a run's duration for start-up and writing outputs.
 const EXIT_GRACE: Duration = Duration::from_secs(60);
 
-pub(crate) fn kernel_cost(seconds: u64, frequency: u64) -> Result<()> {
+pub(crate) fn kernel_cost(seconds: u64, frequency: u64, record_args: &[String]) -> Result<()> {
     let (bin, out_dir) = prepare(Extras {
         bench: true,
         ..Extras::default()
@@ -38,7 +38,7 @@ pub(crate) fn kernel_cost(seconds: u64, frequency: u64) -> Result<()> {
     let tmp = std::env::temp_dir().join(format!("profiler-bench-{}", std::process::id()));
     fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     catch_ctrl_c();
-    let result = measure(&bin, &tmp, &out_dir, seconds, frequency);
+    let result = measure(&bin, &tmp, &out_dir, seconds, frequency, record_args);
     let _ = fs::remove_dir_all(&tmp);
     let m = result?;
     print_table(&m);
@@ -50,6 +50,8 @@ pub(crate) fn kernel_cost(seconds: u64, frequency: u64) -> Result<()> {
 struct Measurement {
     seconds: u64,
     frequency: u64,
+    /// Extra `record` options of our runs (the bench's `-- ...`).
+    record_args: Vec<String>,
     cpus: usize,
     ours: ProgStats,
     report: ReportStats,
@@ -66,6 +68,7 @@ fn measure(
     out_dir: &Path,
     seconds: u64,
     frequency: u64,
+    record_args: &[String],
 ) -> Result<Measurement> {
     let _stats = BpfStatsEnabled::enable()?;
     // SAFETY: sysconf has no preconditions.
@@ -85,7 +88,8 @@ fn measure(
             &format!("{seconds}s"),
             "-o",
         ])
-        .arg(capture);
+        .arg(capture)
+        .args(record_args);
         cmd
     };
 
@@ -95,7 +99,8 @@ fn measure(
     let mut report = None;
     for round in 1..=ROUNDS {
         println!(
-            "==> round {round}/{ROUNDS}: profiler record -F {frequency} for {seconds}s, {cpus} CPUs busy"
+            "==> round {round}/{ROUNDS}: profiler record -F {frequency} {} for {seconds}s, {cpus} CPUs busy",
+            record_args.join(" ")
         );
         let capture = tmp.join(format!("bench-{round}.capture"));
         let (mut ours_proc, stats) = start_and_read(record(frequency, &capture), seconds)?;
@@ -150,6 +155,7 @@ fn measure(
     Ok(Measurement {
         seconds,
         frequency,
+        record_args: record_args.to_vec(),
         cpus,
         ours,
         report,
@@ -203,6 +209,9 @@ fn print_table(m: &Measurement) {
     let r = &m.report;
     let (s, f, cpus, kernel) = (m.seconds, m.frequency, m.cpus, host::kernel_release());
     println!("\nkernel cost: {s}s at {f} Hz, {cpus} CPUs busy, kernel {kernel}");
+    if !m.record_args.is_empty() {
+        println!("our record options: {}", m.record_args.join(" "));
+    }
     let row = |metric: &str, ours: &dyn Display, bpftrace: &dyn Display, target: &dyn Display| {
         let line = format!("{metric:<32} {ours:>12} {bpftrace:>12}  {target}");
         println!("{}", line.trim_end());
@@ -257,6 +266,7 @@ fn to_json(m: &Measurement) -> serde_json::Value {
     let Measurement {
         seconds,
         frequency,
+        record_args,
         cpus,
         ours,
         report,
@@ -277,6 +287,7 @@ fn to_json(m: &Measurement) -> serde_json::Value {
         "seconds": seconds,
         "rounds": ROUNDS,
         "frequency_hz": frequency,
+        "record_args": record_args,
         "cpus_busy": cpus,
         "ours": {
             "bpf_ns_per_sample": round(ours_ns, 1),

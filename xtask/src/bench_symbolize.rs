@@ -28,7 +28,7 @@ const WORKER: &str = r#"while :; do
   seq 1 200000 | sort -R | sort -n | tail -n 1 >/dev/null
 done"#;
 
-pub(crate) fn symbolize(seconds: u64, frequency: u64) -> Result<()> {
+pub(crate) fn symbolize(seconds: u64, frequency: u64, record_args: &[String]) -> Result<()> {
     let (bin, out_dir) = prepare(Extras {
         bench: true,
         ..Extras::default()
@@ -44,7 +44,10 @@ pub(crate) fn symbolize(seconds: u64, frequency: u64) -> Result<()> {
     fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
     catch_ctrl_c();
 
-    println!("recording {seconds} s at {frequency} Hz with the profiler, under load");
+    println!(
+        "recording {seconds} s at {frequency} Hz with the profiler {}, under load",
+        record_args.join(" ")
+    );
     let capture = work.join("w.capture");
     let record_log = work.join("record.log");
     let load = start_load()?;
@@ -54,6 +57,7 @@ pub(crate) fn symbolize(seconds: u64, frequency: u64) -> Result<()> {
         .arg(format!("{seconds}s"))
         .arg("-o")
         .arg(&capture)
+        .args(record_args)
         .stderr(File::create(&record_log)?);
     let mut rec = Proc::spawn(&mut rec)?;
     // Sampling ends where symbolizing starts: stop the load then, so our symbolization time
@@ -110,9 +114,12 @@ pub(crate) fn symbolize(seconds: u64, frequency: u64) -> Result<()> {
         &mut flame,
     ])?;
 
+    let ours_frames = mean_frames(&fs::read_to_string(work.join("out.folded"))?);
     let r = Results {
         seconds,
         frequency,
+        record_args: record_args.to_vec(),
+        ours_frames,
         ours_samples,
         perf_samples,
         record_symbolize_s,
@@ -213,6 +220,22 @@ fn parse_symbolized(stderr: &str) -> Option<(u64, f64)> {
     Some((n.parse().ok()?, rest.strip_suffix(" s")?.parse().ok()?))
 }
 
+/// Sample-weighted mean of frames per stack in folded text (`a;b;c 12` lines).
+fn mean_frames(folded: &str) -> f64 {
+    let (mut frames, mut samples) = (0.0, 0.0);
+    for line in folded.lines() {
+        let Some((stack, count)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(count) = count.parse::<f64>() else {
+            continue;
+        };
+        frames += count * (stack.matches(';').count() + 1) as f64;
+        samples += count;
+    }
+    if samples > 0.0 { frames / samples } else { 0.0 }
+}
+
 /// From `perf record`'s stderr: `[ perf record: Captured and wrote 1.2 MB x (N samples) ]`.
 fn parse_perf_samples(stderr: &str) -> Option<u64> {
     let (_, rest) = stderr.rsplit_once('(')?;
@@ -222,6 +245,10 @@ fn parse_perf_samples(stderr: &str) -> Option<u64> {
 struct Results {
     seconds: u64,
     frequency: u64,
+    /// Extra `record` options of our recording (the bench's `-- ...`).
+    record_args: Vec<String>,
+    /// Frames per sample in our folded output: deeper stacks cost more to render.
+    ours_frames: f64,
     ours_samples: u64,
     perf_samples: u64,
     /// Our symbolization at record time, s.
@@ -246,6 +273,9 @@ fn print_table(r: &Results) {
         "\nsymbolize: {} s at {} Hz, every CPU busy",
         r.seconds, r.frequency
     );
+    if !r.record_args.is_empty() {
+        println!("our record options: {}", r.record_args.join(" "));
+    }
     let row = |metric: &str, ours: String, perf: String| {
         println!("{metric:<34} {ours:>14} {perf:>14}");
     };
@@ -254,6 +284,11 @@ fn print_table(r: &Results) {
         "samples",
         r.ours_samples.to_string(),
         r.perf_samples.to_string(),
+    );
+    row(
+        "frames per sample, mean",
+        format!("{:.1}", r.ours_frames),
+        "-".into(),
     );
     row(
         "symbolize at record time, s",
@@ -300,6 +335,8 @@ fn to_json(r: &Results) -> serde_json::Value {
     json!({
         "seconds": r.seconds,
         "frequency_hz": r.frequency,
+        "record_args": r.record_args,
+        "ours_frames_per_sample": round(r.ours_frames, 2),
         "ours_samples": r.ours_samples,
         "perf_samples": r.perf_samples,
         "record_symbolize_s": round(r.record_symbolize_s, 3),
@@ -329,5 +366,6 @@ mod tests {
             Some(1101234)
         );
         assert_eq!(parse_perf_samples("nothing"), None);
+        assert!((mean_frames("a;b;c 3\na 1\nbad line\n") - 2.5).abs() < 1e-9);
     }
 }

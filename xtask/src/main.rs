@@ -114,6 +114,10 @@ enum Bench {
         /// Sampling frequency for our profiler and bpftrace, in Hz.
         #[arg(long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..))]
         frequency: u64,
+        /// More `profiler record` options for our runs, after `--` (e.g. `-- --unwind fp
+        /// --python off` to compare like with like against bpftrace's frame-pointer walk).
+        #[arg(last = true)]
+        record_args: Vec<String>,
     },
     /// Python frames: BPF and userspace cost per sample on a 60-frame Python stack, with and
     /// without the walk, and top-10 shares and cost against `py-spy record --rate 99`.
@@ -130,6 +134,9 @@ enum Bench {
         /// Sampling frequency for both, in Hz.
         #[arg(long, default_value_t = 10000, value_parser = clap::value_parser!(u64).range(1..=10000))]
         frequency: u64,
+        /// More `profiler record` options for our recording, after `--` (e.g. `-- --unwind fp`).
+        #[arg(last = true)]
+        record_args: Vec<String>,
     },
     /// Table unwinding against frame pointers, profile-bee --dwarf, bpftrace and perf
     /// --call-graph dwarf on fx-unwind, python3.11, xz and sqlite3: BPF ns per sample,
@@ -192,12 +199,20 @@ fn dispatch(task: Task) -> Result<ExitCode> {
             hz,
             seconds,
         })?,
-        Task::Bench(Bench::KernelCost { seconds, frequency }) => {
-            bench_kernel_cost::kernel_cost(seconds, frequency)?;
+        Task::Bench(Bench::KernelCost {
+            seconds,
+            frequency,
+            record_args,
+        }) => {
+            bench_kernel_cost::kernel_cost(seconds, frequency, &record_args)?;
         }
         Task::Bench(Bench::Python { seconds }) => bench_python::python(seconds)?,
-        Task::Bench(Bench::Symbolize { seconds, frequency }) => {
-            bench_symbolize::symbolize(seconds, frequency)?;
+        Task::Bench(Bench::Symbolize {
+            seconds,
+            frequency,
+            record_args,
+        }) => {
+            bench_symbolize::symbolize(seconds, frequency, &record_args)?;
         }
         Task::Bench(Bench::Unwind {
             seconds,
