@@ -38,6 +38,9 @@ const KINDS: [u8; 7] = [
 /// Default bound of the directory: a few hundred binaries' tables.
 pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
 
+/// Room a table write leaves free on the cache's disk: this, or a quarter of a smaller disk.
+const KEEP_FREE: u64 = 1 << 30;
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CacheError {
     #[error("not an unwind table cache file (bad magic or version)")]
@@ -284,6 +287,20 @@ impl TableCache {
             return;
         }
         let path = self.path(key);
+        // The disk's room goes to the agent's store first (its tables are kept beside its
+        // windows, and the copy thread compiles every binary of the host's processes at its
+        // start): a table that would leave less than `KEEP_FREE` of the disk free is not
+        // kept (compiled again next time). Filled by tables, a small data disk left the
+        // store no room once the disk had some again (tests/tests/agent.rs, full disk).
+        if let Some((free, size)) = crate::util::disk_space(&self.dir)
+            && free.saturating_sub(bytes.len() as u64) < (size / 4).min(KEEP_FREE)
+        {
+            log::debug!(
+                "{}: not cached, it would leave less than a quarter of the disk or 1 GiB free",
+                path.display()
+            );
+            return;
+        }
         if let Err(e) = crate::util::write_atomic(&path, |w| w.write_all(&bytes)) {
             log::debug!(
                 "{}: cannot write the unwind table cache: {e}",
