@@ -78,6 +78,12 @@ pub mod flags {
     /// (`unwind::reason::*`, 0 = it did not).
     pub const UNWIND_REASON_SHIFT: u32 = 8;
     pub const UNWIND_REASON_MASK: u32 = 0xf << UNWIND_REASON_SHIFT;
+    /// The record ends with a copy of the user stack (`unwind::StackCopy`, then its bytes),
+    /// taken because the process's tables were not in the kernel yet (`reason::NOT_LOADED`)
+    /// or the walk left its loaded mappings (`reason::NO_MAPPING`: a library mapped since,
+    /// the kernel's entry not updated yet): userspace walks it with the same rows and the
+    /// mappings the kernel's records gave it.
+    pub const STACK_COPY: u32 = 1 << 3;
 }
 
 /// Indexes into the per-CPU `COUNTERS` array. Every sample the program sees ends in exactly
@@ -96,8 +102,13 @@ pub mod counter {
     /// User stacks walked by table that stopped early, per `unwind::reason` (index
     /// UNWIND_REASON_BASE + reason; reason 0 is unused).
     pub const UNWIND_REASON_BASE: u32 = 5;
+    /// Samples given a stack copy (`flags::STACK_COPY`).
+    pub const STACK_COPIES: u32 = UNWIND_REASON_BASE + 7;
+    /// Samples that wanted a stack copy and were sent without one: the ring buffer was half
+    /// full already, or the CPU's copy ration was spent (`unwind::COPIES_PER_SECOND`).
+    pub const STACK_COPIES_REFUSED: u32 = STACK_COPIES + 1;
     /// Number of counters.
-    pub const COUNT: u32 = UNWIND_REASON_BASE + 7;
+    pub const COUNT: u32 = STACK_COPIES_REFUSED + 1;
 }
 
 /// The fixed part of one sample record in the ring buffer. The record is variable length:
@@ -139,7 +150,20 @@ pub struct SampleHeader {
 pub struct SampleScratch {
     pub header: SampleHeader,
     pub frames: [u64; 2 * MAX_FRAMES + 2 * python::MAX_PY_FRAMES],
+    /// Room for a stack copy (`flags::STACK_COPY`) written right after the last frame in use
+    /// (at most `unwind::COPY_AT_MASK` bytes into the scratch, the bound the verifier sees):
+    /// its registers, `COPY_BYTES`, and one page of slack the verifier needs (it cannot see
+    /// that the page-sized reads add up to no more than `COPY_BYTES`).
+    pub copy: [u64; COPY_ROOM / 8],
 }
+
+/// Bytes of `SampleScratch::copy`: from the end of the frames to `COPY_AT_MASK`, then the
+/// copy's header, bytes and slack.
+const COPY_ROOM: usize = unwind::COPY_AT_MASK + 1 - HEADER_BYTES - FRAME_BYTES
+    + unwind::COPY_HEADER_BYTES
+    + unwind::COPY_BYTES
+    + unwind::COPY_CHUNK;
+const FRAME_BYTES: usize = 8 * (2 * MAX_FRAMES + 2 * python::MAX_PY_FRAMES);
 
 /// Size of the header in bytes.
 pub const HEADER_BYTES: usize = core::mem::size_of::<SampleHeader>();
@@ -147,8 +171,17 @@ pub const HEADER_BYTES: usize = core::mem::size_of::<SampleHeader>();
 // The layout is an ABI between two compilers: pin it.
 const _: () = assert!(HEADER_BYTES == 64);
 const _: () = assert!(
-    core::mem::size_of::<SampleScratch>() == 64 + 2 * 8 * MAX_FRAMES + 16 * python::MAX_PY_FRAMES
+    core::mem::size_of::<SampleScratch>()
+        == unwind::COPY_AT_MASK
+            + 1
+            + unwind::COPY_HEADER_BYTES
+            + unwind::COPY_BYTES
+            + unwind::COPY_CHUNK
 );
+// Every frame ends below the copy's furthest start.
+const _: () = assert!(HEADER_BYTES + FRAME_BYTES <= unwind::COPY_AT_MASK + 1);
+// A per-CPU map value may not exceed 32 KiB (the kernel's PCPU_MIN_UNIT_SIZE).
+const _: () = assert!(core::mem::size_of::<SampleScratch>() <= 32 << 10);
 const _: () = assert!(core::mem::align_of::<SampleHeader>() == 8);
 
 #[cfg(feature = "user")]
@@ -313,6 +346,10 @@ pub mod unwind {
         pub const FRAME_POINTER: u32 = 0;
         /// Walk by the rows at `table_start..table_start + table_len`.
         pub const TABLE: u32 = 1;
+        /// Its table is still being compiled (the process's other binaries are walkable
+        /// already): a walk reaching it stops as `reason::NOT_LOADED`, and the sampler
+        /// copies the stack for userspace to walk.
+        pub const PENDING: u32 = 2;
     }
 
     /// One executable mapping of a process.
@@ -356,7 +393,9 @@ pub mod unwind {
     pub mod reason {
         /// Reached the entry (or a zero return address): not a truncation.
         pub const NONE: u32 = 0;
-        /// The process's mappings were not loaded yet: walked by frame pointer instead.
+        /// The process's mappings, or the table of the binary the walk reached, were not
+        /// loaded yet: walked by frame pointer instead, and the stack copied
+        /// (`flags::STACK_COPY`) for userspace to walk by table.
         pub const NOT_LOADED: u32 = 1;
         /// An address in no known executable mapping.
         pub const NO_MAPPING: u32 = 2;
@@ -379,6 +418,37 @@ pub mod unwind {
             "unsupported rule",
         ];
     }
+
+    /// Most user-stack bytes copied into a record whose process's tables are not in the kernel
+    /// yet (`flags::STACK_COPY`), from RSP up. perf's `--call-graph dwarf` copies 8 KiB by
+    /// default; 16 KiB reaches the entry of deeper interpreters too. Read a page at a time, so a
+    /// stack whose top is nearer than this gives what it has.
+    pub const COPY_BYTES: usize = 16 << 10;
+    /// The copy starts after the record's last frame, at an offset masked with this for the
+    /// verifier (a power of two less one, above the header and every frame).
+    pub const COPY_AT_MASK: usize = 0x1fff;
+    /// Stack copies a CPU sends per second at most (counted per 100 ms): a copy is up to 16
+    /// KiB, and a host starting many processes (a build) or one whose huge library compiles
+    /// for seconds would otherwise fill the ring buffer with them. At 99 Hz it never binds;
+    /// a sample over it keeps the walk it has, cut as the kernel walk was.
+    pub const COPIES_PER_SECOND: u32 = 100;
+    /// The unit of those reads: a page (a read that crosses into an unmapped page fails whole).
+    pub const COPY_CHUNK: usize = 4096;
+    /// Size of `StackCopy`.
+    pub const COPY_HEADER_BYTES: usize = core::mem::size_of::<StackCopy>();
+
+    /// Starts a record's stack copy (after its Python frames): the registers the walk starts
+    /// from and how many stack bytes, from `sp` up, follow.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct StackCopy {
+        pub ip: u64,
+        pub sp: u64,
+        pub bp: u64,
+        /// Bytes copied (0 when even the first read failed), at most `COPY_BYTES`.
+        pub len: u64,
+    }
+    const _: () = assert!(core::mem::size_of::<StackCopy>() == 32);
 
     #[cfg(feature = "user")]
     // SAFETY: repr(C), integers only, no padding (sizes asserted above).

@@ -22,7 +22,8 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use profiler_common::{
     COMM_LEN, HEADER_BYTES, MAX_CGROUP_FILTER, MAX_FRAMES, MAX_PID_FILTER, RING_BUFFER_BYTES,
-    SEEN_PIDS_CAPACITY, SampleScratch, WAKEUP_FRACTION, counter, flags, unwind::reason,
+    SEEN_PIDS_CAPACITY, SampleScratch, WAKEUP_FRACTION, counter, flags,
+    unwind::{COPY_AT_MASK, COPY_BYTES, COPY_HEADER_BYTES, reason},
 };
 
 use crate::unwind;
@@ -120,19 +121,38 @@ fn sample(ctx: &PerfEventContext) {
     // A process whose mappings userspace loaded is walked by table; one not loaded yet falls
     // back to the frame-pointer walk below, marked and counted as such.
     let mut table_frames = None;
+    let mut copy = false;
+    let user_mode = klen == 0 && in_user_mode(ctx);
     if pid != 0 && unwind::enabled() {
-        let user_mode = klen == 0 && in_user_mode(ctx);
         let why = match unwind::mappings(pid) {
             Some(procs) => {
                 let (n, why) = unwind::walk(ctx, user_mode, procs, frames, klen);
                 table_frames = Some(n);
+                // Its table not in yet, or an address outside the loaded mappings (a library
+                // mapped since the kernel's entry was written): userspace has both.
+                copy = why == reason::NOT_LOADED || why == reason::NO_MAPPING;
                 why
             }
-            None => reason::NOT_LOADED,
+            None => {
+                copy = true;
+                reason::NOT_LOADED
+            }
         };
         if why != reason::NONE {
             f |= (why << flags::UNWIND_REASON_SHIFT) & flags::UNWIND_REASON_MASK;
             count(counter::UNWIND_REASON_BASE + (why & 7));
+        }
+        // Copies take half the ring at most (`copy_fits`) and are rationed per CPU
+        // (`COPIES_PER_SECOND`). A copy refused is counted, the sample still sent; a walk
+        // that stopped at a binary still compiling then takes the frame-pointer walk below
+        // instead (whole through frame-pointer code, where the table walk kept only the
+        // frames before that binary).
+        if copy && !(copy_fits() && unwind::copy_allowed(s.header.time_ns)) {
+            count(counter::STACK_COPIES_REFUSED);
+            copy = false;
+            if why == reason::NOT_LOADED {
+                table_frames = None;
+            }
         }
     }
     // --- end of table unwinding ---
@@ -165,8 +185,22 @@ fn sample(ctx: &PerfEventContext) {
     h.py_flags = pflags;
     h.flags = f;
 
+    let mut len = HEADER_BYTES + (klen + ulen + 2 * plen) as usize * 8;
+    // Not loaded yet: the stack itself goes with the record (after the last frame), for
+    // userspace to walk by table later (allowed above). The common path (loaded, or --unwind
+    // fp) pays nothing.
+    if copy {
+        // Masked for the verifier (the frames end below the mask; the copy's room follows).
+        let at = len & COPY_AT_MASK;
+        let n = unwind::copy_stack(ctx, user_mode, scratch.cast::<u8>().wrapping_add(at));
+        if n > 0 {
+            s.header.flags |= flags::STACK_COPY;
+            len = at + n;
+            count(counter::STACK_COPIES);
+        }
+    }
     // Mask the length so the verifier sees it bounded by the scratch size.
-    let len = (HEADER_BYTES + (klen + ulen + 2 * plen) as usize * 8) & 0x1fff;
+    let len = len & 0x7fff;
     let len = if len > core::mem::size_of::<SampleScratch>() {
         core::mem::size_of::<SampleScratch>()
     } else {
@@ -207,6 +241,17 @@ fn wakeup_flag(pid: u32, maybe_new: bool) -> u64 {
     } else {
         BPF_RB_NO_WAKEUP as u64
     }
+}
+
+/// Whether a stack copy leaves half the ring buffer free. A copy is up to 16 KiB, a sample
+/// without one a few hundred bytes: copies may fill the first half of the ring only, so a
+/// burst of them (every process of a host copied at a recording's start, or a reader behind
+/// for a moment) is refused, and counted, before it could cost a sample.
+#[inline(always)]
+fn copy_fits() -> bool {
+    // SAFETY: a read of a load-time constant (a quarter of the ring's real size).
+    let quarter = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
+    SAMPLES.query(BPF_RB_AVAIL_DATA as u64) + (COPY_HEADER_BYTES + COPY_BYTES) as u64 <= 2 * quarter
 }
 
 /// True the first time `pid` is seen (the idle task never counts).

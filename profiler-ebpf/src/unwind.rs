@@ -8,7 +8,10 @@ use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     helpers::{
         bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+        generated::{
+            bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user as probe_read_user_raw,
+            bpf_task_pt_regs,
+        },
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
@@ -17,8 +20,9 @@ use aya_ebpf::{
 use profiler_common::{
     MAX_FRAMES as FRAME_SLOTS,
     unwind::{
-        DEFAULT_ROWS, MAX_FRAMES, MAX_MAPPINGS, MAX_PROCS, ProcMappings, SEARCH_STEPS,
-        UnwindMapping, UnwindRow, kind, mapping, reason,
+        COPIES_PER_SECOND, COPY_BYTES, COPY_CHUNK, COPY_HEADER_BYTES, DEFAULT_ROWS, MAX_FRAMES,
+        MAX_MAPPINGS, MAX_PROCS, ProcMappings, SEARCH_STEPS, StackCopy, UnwindMapping, UnwindRow,
+        kind, mapping, reason,
     },
 };
 
@@ -131,6 +135,92 @@ pub(crate) fn walk(
     (e.n, e.reason)
 }
 
+/// This CPU's stack copies in the current 100 ms: (window number, copies in it).
+#[map(name = "UNWIND_COPIES")]
+static UNWIND_COPIES: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Whether this CPU may send one more stack copy now (`COPIES_PER_SECOND`, per 100 ms).
+#[inline(always)]
+pub(crate) fn copy_allowed(now_ns: u64) -> bool {
+    let Some(slot) = UNWIND_COPIES.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU value, and perf_event programs do not nest on one CPU.
+    let c = unsafe { &mut *slot };
+    let window = now_ns / 100_000_000;
+    if c[0] != window {
+        c[0] = window;
+        c[1] = 0;
+    }
+    if c[1] >= u64::from(COPIES_PER_SECOND / 10) {
+        return false;
+    }
+    c[1] += 1;
+    true
+}
+
+/// Copies the registers and the top of the user stack (`COPY_BYTES` at most, from RSP up) to
+/// `dst` (a `StackCopy`, then the bytes), for a process whose tables are not in the kernel
+/// yet: userspace walks the copy with the same rows once it has them (perf's own method,
+/// here only for those samples). Returns the bytes written, 0 when the registers are unknown.
+///
+/// The stack is read a page at a time: one read crossing into an unmapped page (the top of
+/// the stack is often nearer than COPY_BYTES) would fail whole, so this keeps every page
+/// below the first that does not read. Unrolled (COPY_BYTES / COPY_CHUNK + 1 reads, the first
+/// and last partial pages); `got` is masked so the verifier sees each read inside `dst`'s
+/// room of COPY_HEADER_BYTES + COPY_BYTES + COPY_CHUNK.
+#[inline(always)]
+pub(crate) fn copy_stack(ctx: &PerfEventContext, user_mode: bool, dst: *mut u8) -> usize {
+    let Some((ip, sp, bp)) = user_regs(ctx, user_mode) else {
+        return 0;
+    };
+    let bytes = dst.wrapping_add(COPY_HEADER_BYTES);
+    let mut got = 0usize;
+    let mut i = 0;
+    while i <= COPY_BYTES / COPY_CHUNK {
+        let left = COPY_BYTES - got;
+        let to_page = COPY_CHUNK - ((sp as usize + got) & (COPY_CHUNK - 1));
+        let n = if to_page < left { to_page } else { left };
+        // Read back through memory, so the check below stays: LLVM knows n <= COPY_CHUNK and
+        // dropped it, and 6.1's verifier does not take that bound from the comparison of two
+        // registers above (it rejected the read below as past the scratch).
+        // SAFETY: a read of a local.
+        let n = unsafe { core::ptr::read_volatile(&n) };
+        if n == 0 || n > COPY_CHUNK {
+            break;
+        }
+        // Masked for the verifier: got < COPY_BYTES here (n would be 0 at COPY_BYTES).
+        let at = got & (COPY_BYTES - 1);
+        // SAFETY: `at + n <= COPY_BYTES + COPY_CHUNK` bytes after the header fit the room
+        // the caller gives; user memory read through the checked helper.
+        let r = unsafe {
+            probe_read_user_raw(
+                bytes.wrapping_add(at).cast(),
+                n as u32,
+                (sp + got as u64) as *const core::ffi::c_void,
+            )
+        };
+        if r != 0 {
+            break;
+        }
+        got = at + n;
+        i += 1;
+    }
+    // SAFETY: the header's room at `dst`, as above; unaligned: `dst` follows the frames.
+    unsafe {
+        core::ptr::write_unaligned(
+            dst.cast::<StackCopy>(),
+            StackCopy {
+                ip,
+                sp,
+                bp,
+                len: got as u64,
+            },
+        )
+    };
+    COPY_HEADER_BYTES + got
+}
+
 /// The user registers at the sample: the interrupted ones when the tick hit user mode, else
 /// the ones the task saved on kernel entry (top of its kernel stack).
 #[inline(always)]
@@ -184,6 +274,9 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
     let found = find_mapping(unsafe { &*w.procs }, pc);
     let m = found.unwrap_or_default();
+    if m.kind == mapping::PENDING {
+        return stop(w, reason::NOT_LOADED); // its table is being compiled: copy the stack
+    }
     let (cfa, saved_bp) = if found.is_none() || m.kind == mapping::FRAME_POINTER {
         // A frame-pointer binary may have STOP rows at its threads' entries (Go's
         // runtime.mstart: what its frame pointer points at is no frame of the thread).

@@ -116,6 +116,10 @@ const TABLE_BOUNDS: TableBounds = TableBounds {
     locs: 1_000_000,
 };
 
+/// How long the end of a window waits for tables that samples' stack copies need
+/// (`unwind::copied`): libc's compiles in a fraction of a second, a large binary's in seconds.
+const COPY_TABLES_WAIT: Duration = Duration::from_secs(10);
+
 /// A sampler attached on every CPU and what it collected since the last cut.
 pub(crate) struct Session {
     sampler: Sampler,
@@ -196,6 +200,9 @@ impl Session {
         };
         if let Some(loader) = &loader {
             collection = collection.on_new_process(loader.hook());
+            let cache = loader.cache();
+            collection = collection
+                .with_copy_unwinder(crate::unwind::CopyUnwinder::new(config.unwind, cache)?);
         }
         if let (Some(facts), Some(map)) = (python, sampler.take_python_map()) {
             let mut tracker = crate::python::Tracker::new(map, facts);
@@ -346,6 +353,15 @@ impl Session {
     async fn settle(&mut self) -> Result<u64, RecordError> {
         self.collection.drain(self.ring.get_mut());
         let drained = self.collection.drained_at_ns();
+        // Samples whose stack copies wait for tables: their compiles are given a while,
+        // then what still waits is walked with the tables there are. The ring is read
+        // meanwhile (its samples held for the next window): it must not fill.
+        let deadline = tokio::time::Instant::now() + COPY_TABLES_WAIT;
+        while self.collection.copies_waiting() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.collection.hold(self.ring.get_mut());
+        }
+        self.collection.add_deferred(true);
         if let Some(d) = self.settle_delay {
             tokio::time::sleep(d).await;
         }
@@ -384,7 +400,16 @@ impl Session {
             named_counters: self
                 .loader
                 .as_ref()
-                .map(|l| crate::unwind::report::named_counters(&l.stats()))
+                .map(|l| {
+                    let mut named = crate::unwind::report::named_counters(&l.stats());
+                    // Since the start, as the loader's figures.
+                    named.push(("unwind_stack_copies".to_owned(), k.stack_copies));
+                    named.push((
+                        "unwind_stack_copies_refused".to_owned(),
+                        k.stack_copies_refused,
+                    ));
+                    named
+                })
                 .unwrap_or_default(),
         };
         self.start_unix_ns = unix_at(end_mono_ns);

@@ -105,6 +105,22 @@ fn temporary_name(path: &std::path::Path) -> std::path::PathBuf {
     path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
+/// Bytes free for us and the size of the file system holding `dir` (None if unknown).
+pub(crate) fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: `c` is a NUL-terminated path and `st` a properly sized out-parameter.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &raw mut st) != 0 {
+            return None;
+        }
+        Some((
+            st.f_bavail.saturating_mul(st.f_frsize),
+            st.f_blocks.saturating_mul(st.f_frsize),
+        ))
+    }
+}
+
 /// Fails now if `write_atomic(path, ..)` could not write later: an existing file must be
 /// writable, and its directory must take the temporary file. Leaves everything as it was.
 pub(crate) fn check_atomic_writable(path: &std::path::Path) -> std::io::Result<()> {

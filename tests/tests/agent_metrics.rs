@@ -1,14 +1,17 @@
 //! The agent's /metrics values, not just their names: every one of the 11 metrics documented
 //! in docs/agent.md is read and checked against what the kernel says about the same things
 //! (a fixture's CPU time from /proc, the agent's own CPU and RSS, the dying-cgroup count) and
-//! against the sampling design (F x seconds x CPUs samples).
+//! against the sampling design (F x seconds x CPUs samples); the stack-copy counters against
+//! programs started while the agent samples.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use profiler_tests::{Agent, TempDir, cannot_run, cpu_seconds, exclusive, require_bpf};
+use profiler_tests::{
+    Agent, TempDir, cannot_run, cpu_seconds, exclusive, require_bpf, run_program,
+};
 
 const HZ: f64 = 49.0;
 const WINDOW_S: f64 = 2.0;
@@ -341,6 +344,107 @@ fn metric_values_match_the_kernel_and_the_design() {
     assert!(
         rss >= agent_rss * 0.75 && rss <= agent_rss * 1.25,
         "agent RSS {rss} B in the metric, {agent_rss} B in /proc\n{text}"
+    );
+    assert!(agent.stop().success());
+}
+
+/// The stack-copy counters (docs/unwinding.md, Stack copies). A program started while the
+/// agent samples is sampled before its tables are in the kernel: those samples come with a
+/// copy of the user stack, which the agent walks with the same rows. fx-unwind has no frame
+/// pointers and spends its time in Debian's libc (none either), so only those walks make its
+/// first samples whole; run again and again for 50 ms, like a short job in a loop, most of
+/// its samples are such first samples.
+#[test]
+fn stack_copies_of_programs_started_under_the_agent_are_counted_and_walked() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("agent-copies");
+    // Under a comm of its own: other fx-unwind runs on the machine are not counted.
+    let comm = format!("fxc-{}", std::process::id());
+    let program = dir.path().join(&comm);
+    std::fs::copy(env!("FIXTURE_FX_UNWIND"), &program).expect("copying fx-unwind");
+    let mut agent = Agent::start(
+        &dir.file("data"),
+        &["--window", "2s", "-F", "99", "--comm", &comm],
+    );
+    let metrics = |agent: &Agent| {
+        let text = String::from_utf8_lossy(&agent.get("/metrics").1).into_owned();
+        (parse(&text), text)
+    };
+    let stored = |m: &BTreeMap<String, f64>| {
+        m.get("profiler_windows_total{outcome=\"stored\"}")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    for _ in 0..40 {
+        let run = run_program(&program, &["0.05", "qsort"], Duration::from_secs(30));
+        assert!(run.status.success(), "{comm} failed: {run:?}");
+    }
+    // The runs' samples are in the windows cut from now on: the second one holds the last
+    // of them (a record waiting for its copy's tables waits at most 10 s at a window's end).
+    let after_runs = stored(&metrics(&agent).0);
+    let waited = Instant::now();
+    let (m, text) = loop {
+        let (m, text) = metrics(&agent);
+        if stored(&m) >= after_runs + 2.0 {
+            break (m, text);
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(120),
+            "no two windows stored after the runs:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let get = |series: &str| -> f64 {
+        *m.get(series)
+            .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{text}"))
+    };
+    let sent = get("profiler_unwind_stack_copies_total");
+    let refused = get("profiler_unwind_stack_copies_refused_total");
+    let walked = get("profiler_unwind_stack_copies_walked_total");
+    let truncated: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("profiler_unwind_stack_copy_truncated_total{"))
+        .map(|(_, v)| v)
+        .sum();
+    let samples = get(&format!(
+        "profiler_process_cpu_seconds_total{{comm=\"{comm}\"}}"
+    )) * 99.0;
+    eprintln!(
+        "{comm}: {samples:.0} samples; copies {sent} sent, {refused} refused, {walked} walked, \
+         {truncated} of those walks cut\n{text}"
+    );
+    assert!(
+        samples >= 20.0,
+        "only {samples:.0} samples of {comm}\n{text}"
+    );
+    // Every run's first samples were copied, and the agent walked them: the sampler's count
+    // is of every process (the comm filter comes after), the walks only of the fixture's.
+    assert!(walked > 0.0, "no stack copy walked\n{text}");
+    assert!(
+        sent >= walked,
+        "{walked} copies walked of {sent} sent\n{text}"
+    );
+    assert!(
+        walked <= samples + 0.5,
+        "{walked} copies walked, more than {comm}'s {samples} samples\n{text}"
+    );
+    // Its copies' walks reach the entry: through Debian's libc without frame pointers.
+    assert!(
+        truncated * 10.0 <= walked,
+        "{truncated} of {walked} walks of stack copies stopped before the entry\n{text}"
+    );
+    // And so do its samples' stacks (only the fixture's are kept): first samples included.
+    let cut: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("profiler_unwind_truncated_total{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert!(
+        cut * 10.0 <= samples,
+        "{cut} of {comm}'s {samples:.0} samples' stacks stopped before the entry\n{text}"
     );
     assert!(agent.stop().success());
 }

@@ -1,15 +1,20 @@
 //! Compiled unwind tables kept on disk (`--unwind-cache`, issue 10): a second recording reads
 //! fx-unwind's, libc's and ld.so's tables from the cache instead of compiling them, and
-//! cache files damaged in place are refused (compiled again), so stacks stay whole.
+//! cache files damaged in place are refused (compiled again), so stacks stay whole. A table
+//! cached before the binary's debug file was installed is compiled again once it is.
 
 use std::path::Path;
 
+use profiler::unwind::{cache::TableCache, pool::Compiled};
 use profiler_tests::{
-    TempDir, exclusive, expect_success, has_chain, head, read_folded, record, require_bpf, samples,
-    spawn_fixture_args,
+    InstalledDebugFile, TempDir, build_id, exclusive, expect_success, has_chain, head, read_folded,
+    record, require_bpf, samples, spawn_fixture_args,
 };
 
 const FIXTURE: &str = env!("FIXTURE_FX_UNWIND");
+/// A binary whose CFI is only in .debug_frame, stripped into its separate debug file.
+const FX_DFRAME_STRIP: &str = env!("FIXTURE_FX_DFRAME_STRIP");
+const FX_DFRAME_STRIP_DEBUG: &str = env!("FIXTURE_FX_DFRAME_STRIP_DEBUG");
 
 /// Records fx-unwind `qsort` for 3 s with the cache in `cache`; returns the share (percent) of
 /// its samples that reach `_start -> main -> a -> b`, their count, and how many tables
@@ -99,5 +104,81 @@ fn tables_come_from_the_disk_cache_and_damaged_files_are_refused() {
     assert!(
         total >= 100 && share >= 95,
         "damaged: {share}% of {total}\n{log}"
+    );
+}
+
+/// Copies of the stripped binary and its debug file with the build id's last byte changed
+/// in both: a build id of this test alone, so the debug file it installs under
+/// /usr/lib/debug/.build-id is not one another test (unwind_edges) installs and removes.
+fn own_build_id_copies(dir: &TempDir) -> (String, String, String) {
+    let id = build_id(FX_DFRAME_STRIP);
+    let bytes: Vec<u8> = (0..id.len() / 2)
+        .map(|i| u8::from_str_radix(&id[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let mut new = bytes.clone();
+    *new.last_mut().unwrap() ^= 0xa5;
+    let copy = |from: &str, name: &str| {
+        let mut data = std::fs::read(from).unwrap();
+        let at = data
+            .windows(bytes.len())
+            .position(|w| w == bytes.as_slice())
+            .unwrap_or_else(|| panic!("{from} does not hold its build id"));
+        data[at..at + new.len()].copy_from_slice(&new);
+        let path = dir.file(name);
+        std::fs::write(&path, data).unwrap();
+        path
+    };
+    let binary = copy(FX_DFRAME_STRIP, "fx-dframe-strip");
+    let debug = copy(FX_DFRAME_STRIP_DEBUG, "fx-dframe-strip.debug");
+    let new_id = build_id(&binary);
+    assert_ne!(new_id, id);
+    assert_eq!(build_id(&debug), new_id);
+    (binary, debug, new_id)
+}
+
+/// The binary's table through the cache: (rows, read from the cache).
+fn table_via_cache(binary: &str, cache: &TableCache) -> (usize, bool) {
+    let data = std::fs::read(binary).unwrap();
+    let compiled = Compiled::new(Path::new(binary), &data, Some(cache));
+    let rows = compiled.table.expect("a table").rows.len();
+    (rows, compiled.cache_hit)
+}
+
+#[test]
+fn a_table_cached_before_its_debug_file_was_installed_is_compiled_again() {
+    // Installing a debug file under /usr/lib/debug needs root.
+    if !require_bpf() {
+        return;
+    }
+    let dir = TempDir::new("unwind-cache-debug");
+    let (binary, debug, id) = own_build_id_copies(&dir);
+    assert!(
+        !InstalledDebugFile::path(&id).exists(),
+        "a debug file for {id} is installed already"
+    );
+    let cache = TableCache::open(Path::new(&dir.file("tables")), 16 << 20).unwrap();
+
+    let (without, hit) = table_via_cache(&binary, &cache);
+    assert!(!hit, "an empty cache gave a table");
+    let (again, hit) = table_via_cache(&binary, &cache);
+    assert!(
+        hit && again == without,
+        "nothing changed: the cached table is used"
+    );
+
+    let _installed = InstalledDebugFile::new(&id, &debug);
+    let (with, hit) = table_via_cache(&binary, &cache);
+    assert!(
+        !hit,
+        "the table cached without the debug file was used after it was installed"
+    );
+    assert!(
+        with > without,
+        "the debug file's .debug_frame added no rows ({without} -> {with})"
+    );
+    let (again, hit) = table_via_cache(&binary, &cache);
+    assert!(
+        hit && again == with,
+        "the table made with the debug file is cached"
     );
 }

@@ -20,6 +20,8 @@ const OTHER: &str = "other";
 pub(crate) struct Metrics {
     /// Samples whose table walk stopped early, by `unwind::reason` code, since start.
     unwind_truncated: [u64; 7],
+    /// Walks of stack copies by the reason they stopped at (0: whole), since start.
+    copy_walks: [u64; 7],
     /// `unwind::report::metrics_text` as of the last window; empty under `--unwind fp`.
     unwind_text: String,
     /// CPU seconds by comm (idle task excluded).
@@ -195,12 +197,38 @@ impl Metrics {
         self.crash_loops = programs.iter().filter(|p| p.crash_loop).count() as u64;
     }
 
-    /// The table walk's figures after a window: its cut-short samples added to the totals.
-    pub(crate) fn add_unwind(&mut self, stats: &crate::unwind::LoaderStats, truncated: &[u64; 7]) {
-        for (total, n) in self.unwind_truncated.iter_mut().zip(truncated) {
+    /// The table walk's figures after a window: its cut-short samples and walks of stack
+    /// copies added to the totals; `named` is the window's named counters (the sampler's
+    /// stack copies since the start, `Session::meta`).
+    pub(crate) fn add_unwind(
+        &mut self,
+        stats: &crate::unwind::LoaderStats,
+        counts: &crate::collect::Counts,
+        named: &[(String, u64)],
+    ) {
+        for (total, n) in self
+            .unwind_truncated
+            .iter_mut()
+            .zip(&counts.unwind_truncated)
+        {
             *total += n;
         }
-        self.unwind_text = crate::unwind::report::metrics_text(stats, &self.unwind_truncated);
+        for (total, n) in self.copy_walks.iter_mut().zip(&counts.copy_walks) {
+            *total += n;
+        }
+        let named = |key: &str| {
+            named
+                .iter()
+                .find_map(|(k, v)| (k == key).then_some(*v))
+                .unwrap_or(0)
+        };
+        let copies = crate::unwind::report::CopyFigures {
+            sent: named("unwind_stack_copies"),
+            refused: named("unwind_stack_copies_refused"),
+            walks: self.copy_walks,
+        };
+        self.unwind_text =
+            crate::unwind::report::metrics_text(stats, &self.unwind_truncated, &copies);
     }
 
     /// The Prometheus text exposition format (version 0.0.4).

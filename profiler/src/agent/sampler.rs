@@ -154,9 +154,11 @@ impl Stage {
                 self.shared.metrics().python_processes =
                     session.python_processes().map(|n| n as u64);
                 if let Some(stats) = session.unwind_stats() {
-                    self.shared
-                        .metrics()
-                        .add_unwind(&stats, &window.collected.counts.unwind_truncated);
+                    self.shared.metrics().add_unwind(
+                        &stats,
+                        &window.collected.counts,
+                        &window.meta.named_counters,
+                    );
                 }
                 self.queue_window(window, stopping);
                 window_end = now + self.window;

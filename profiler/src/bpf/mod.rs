@@ -16,9 +16,9 @@ use aya::{
     },
 };
 use profiler_common::{
-    GLOBAL_FILTER_CGROUPS, GLOBAL_FILTER_PIDS, GLOBAL_WAKEUP_BYTES, MAP_CGROUP_FILTER,
-    MAP_COUNTERS, MAP_PID_FILTER, MAP_SAMPLES, MAX_CGROUP_FILTER, PROGRAM_NAME, WAKEUP_FRACTION,
-    counter, python as py, ring_buffer_bytes,
+    DRAIN_INTERVAL_MS, GLOBAL_FILTER_CGROUPS, GLOBAL_FILTER_PIDS, GLOBAL_WAKEUP_BYTES,
+    MAP_CGROUP_FILTER, MAP_COUNTERS, MAP_PID_FILTER, MAP_SAMPLES, MAX_CGROUP_FILTER, PROGRAM_NAME,
+    WAKEUP_FRACTION, counter, python as py, ring_buffer_bytes,
     unwind::{self, UnwindRow},
 };
 
@@ -126,6 +126,10 @@ pub(crate) struct KernelCounters {
     pub ustack_failed: u64,
     /// Table walks stopped early, by `unwind::reason` code (index 0 unused).
     pub unwind_truncated: [u64; 7],
+    /// Samples given a stack copy, and samples sent without the copy they wanted
+    /// (`counter::STACK_COPIES_REFUSED`).
+    pub stack_copies: u64,
+    pub stack_copies_refused: u64,
 }
 
 /// Options for `Sampler::start`.
@@ -176,9 +180,20 @@ impl Sampler {
         let filter: u8 = u8::from(!config.pids.is_empty());
         let cgroup_count = cgroup_dirs.len() as u32;
         let cpus = aya::util::online_cpus().map_err(|(what, e)| BpfError::Cpus(what, e))?;
-        let ring_bytes = ring_buffer_bytes(config.frequency_hz, cpus.len() as u64);
-        let wakeup_bytes = u64::from(ring_bytes / WAKEUP_FRACTION);
         let table_walk = config.unwind != UnwindMode::Fp;
+        let ring_bytes = ring_buffer_bytes(config.frequency_hz, cpus.len() as u64);
+        // Table walks send stack copies (up to COPY_BYTES each, COPIES_PER_SECOND per CPU):
+        // room for a drain interval's worth of them on every CPU besides.
+        let ring_bytes = if table_walk {
+            let copies = u64::from(unwind::COPIES_PER_SECOND) * DRAIN_INTERVAL_MS / 1000
+                * unwind::COPY_BYTES as u64
+                * cpus.len() as u64;
+            u32::try_from((u64::from(ring_bytes) + copies).next_power_of_two())
+                .unwrap_or(ring_bytes)
+        } else {
+            ring_bytes
+        };
+        let wakeup_bytes = u64::from(ring_bytes / WAKEUP_FRACTION);
         let unwind_mode = u8::from(table_walk);
         // One row with frame pointers only: the array is allocated in full at load.
         let unwind_rows = if table_walk {
@@ -390,6 +405,8 @@ impl Sampler {
                 }
                 by_reason
             },
+            stack_copies: read(counter::STACK_COPIES)?,
+            stack_copies_refused: read(counter::STACK_COPIES_REFUSED)?,
         })
     }
 }

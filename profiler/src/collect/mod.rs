@@ -3,6 +3,7 @@
 //! user address falls in its mappings (`process`, from the kernel's own records:
 //! `kernel_records`). Symbolization comes after, from this.
 mod collected;
+mod copies;
 mod files;
 mod filters;
 mod jit;
@@ -118,6 +119,10 @@ pub(crate) struct Collection {
     /// Sample records read from the ring, waiting for the process records before them.
     batch: Vec<u8>,
     batch_ends: Vec<usize>,
+    /// Sample records read from the ring while a window's end waited (`hold`), added first
+    /// by the next `drain`.
+    held: Vec<u8>,
+    held_ends: Vec<usize>,
     /// Paths of the cgroup v2 ids samples carry ("" if the cgroup was gone); `resolve_cgroups`.
     cgroup_paths: HashMap<u64, String>,
     /// Since the last cut (`lost_records` is the process table's).
@@ -128,6 +133,9 @@ pub(crate) struct Collection {
     /// outside its loaded mappings, of new mappings and of exits (the table walk loads
     /// mappings there: `unwind::BackgroundLoader`).
     new_process_hook: Option<NewProcessHook>,
+    /// Walks the stack copies of samples taken before their process's tables were in the
+    /// kernel (`flags::STACK_COPY`); None without table walks.
+    copies: Option<crate::unwind::CopyUnwinder>,
 }
 
 /// See `Collection::on_new_process`.
@@ -147,9 +155,8 @@ pub(crate) fn truncation_name(addr: u64) -> Option<String> {
     ))
 }
 
-/// Appends the marker of the reason the header's flags give, if any.
-fn with_truncation_marker(user: Box<[u64]>, sample_flags: u32) -> Box<[u64]> {
-    let code = (sample_flags & flags::UNWIND_REASON_MASK) >> flags::UNWIND_REASON_SHIFT;
+/// Appends the marker of the reason (`unwind::reason`) the walk stopped for, if any.
+fn with_truncation_marker(user: Box<[u64]>, code: u32) -> Box<[u64]> {
     if code == 0 {
         return user;
     }
@@ -363,6 +370,9 @@ impl Collection {
         );
         batch.clear();
         ends.clear();
+        // Held records first (ends are offsets into the batch, which starts with them).
+        batch.append(&mut self.held);
+        ends.append(&mut self.held_ends);
         while let Some(item) = ring.next() {
             batch.extend_from_slice(&item);
             ends.push(batch.len());
@@ -376,6 +386,7 @@ impl Collection {
             self.add(&batch[start..end]);
             start = end;
         }
+        self.add_deferred(false);
         // After the samples: a process's last samples come before its exit record.
         if let Some(hook) = self.new_process_hook.as_mut() {
             for pid in exited {
@@ -439,8 +450,8 @@ impl Collection {
         let h = unsafe { std::ptr::read_unaligned(head_bytes.as_ptr().cast::<SampleHeader>()) };
         let (klen, ulen) = (h.kstack_len as usize, h.ustack_len as usize);
         let plen = h.py_len as usize;
-        let Some(frames) = record.get(HEADER_BYTES..HEADER_BYTES + (klen + ulen + 2 * plen) * 8)
-        else {
+        let frames_end = HEADER_BYTES + (klen + ulen + 2 * plen) * 8;
+        let Some(frames) = record.get(HEADER_BYTES..frames_end) else {
             return; // cannot happen with our own program; never trust a length blindly
         };
         let Some(comm) = self.comm_id(&h.comm) else {
@@ -451,16 +462,7 @@ impl Collection {
             self.counts.filtered += 1;
             return;
         }
-        self.counts.kstack_failed += u64::from(h.flags & flags::KSTACK_FAILED != 0);
-        self.counts.ustack_failed += u64::from(h.flags & flags::USTACK_FAILED != 0);
         let cut = (h.flags & flags::UNWIND_REASON_MASK) >> flags::UNWIND_REASON_SHIFT;
-        if let Some(n) = self.counts.unwind_truncated.get_mut(cut as usize) {
-            *n += 1;
-        }
-        let (kframes, rest) = frames.split_at(klen * 8);
-        let (uframes, pframes) = rest.split_at(ulen * 8);
-        let kstack = self.kstacks.intern(callsites(kframes));
-        let user = callsites(uframes);
         // A walk that left the loaded mappings may mean they were read too early (before
         // ld.so mapped the libraries) or a library was dlopened since: the hook reads them
         // again (it limits how often).
@@ -478,8 +480,42 @@ impl Collection {
                 mappings: self.processes.unwind_mappings(h.pid, u64::MAX),
             });
         }
+        // Taken before the process's tables were in the kernel: walk the copy of its stack
+        // (now, or once its tables are compiled: the record waits, `add_deferred`).
+        let mut walked = None;
+        if h.flags & flags::STACK_COPY != 0
+            && let Some(unwinder) = self.copies.as_mut()
+        {
+            let mappings = self.processes.unwind_mappings(h.pid, h.time_ns);
+            match unwinder.offer(record, frames_end, h.pid, mappings) {
+                crate::unwind::copied::Offer::Deferred => return,
+                crate::unwind::copied::Offer::Walked(frames, why) => {
+                    if let Some(n) = self.counts.copy_walks.get_mut(why as usize) {
+                        *n += 1;
+                    }
+                    walked = Some((frames, why));
+                }
+            }
+        }
+        self.counts.kstack_failed += u64::from(h.flags & flags::KSTACK_FAILED != 0);
+        self.counts.ustack_failed += u64::from(h.flags & flags::USTACK_FAILED != 0);
+        let (kframes, rest) = frames.split_at(klen * 8);
+        let (uframes, pframes) = rest.split_at(ulen * 8);
+        let kstack = self.kstacks.intern(callsites(kframes));
+        let mut user = callsites(uframes);
+        let mut user_cut = cut;
+        // The frame-pointer walk stays when it went further (a table missing here).
+        if let Some((frames, why)) = walked
+            && (why == profiler_common::unwind::reason::NONE || frames.len() > user.len())
+        {
+            user = callsites_of(frames.into_iter());
+            user_cut = why;
+        }
+        if let Some(n) = self.counts.unwind_truncated.get_mut(user_cut as usize) {
+            *n += 1;
+        }
         let space = self.processes.saw(h.pid, h.time_ns, &user);
-        let user = with_truncation_marker(user, h.flags);
+        let user = with_truncation_marker(user, user_cut);
         let ustack = self.ustacks.intern((space, user));
         let python = py_frames(pframes);
         self.counts.py_truncated += u64::from(h.py_flags != 0);
@@ -593,13 +629,18 @@ fn mapped_and_exited(records: &[KernelRecord]) -> (Vec<u32>, Vec<u32>) {
 /// Native-endian u64 addresses, leaf first; return addresses moved back into their call
 /// instruction so they symbolize to the caller even when the call is a function's last one.
 fn callsites(bytes: &[u8]) -> Box<[u64]> {
-    bytes
-        .chunks_exact(8)
+    callsites_of(
+        bytes
+            .chunks_exact(8)
+            .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes"))),
+    )
+}
+
+/// `callsites` of addresses already read.
+fn callsites_of(addrs: impl Iterator<Item = u64>) -> Box<[u64]> {
+    addrs
         .enumerate()
-        .map(|(i, b)| {
-            let a = u64::from_ne_bytes(b.try_into().expect("8 bytes"));
-            if i == 0 { a } else { a.saturating_sub(1) }
-        })
+        .map(|(i, a)| if i == 0 { a } else { a.saturating_sub(1) })
         .collect()
 }
 

@@ -120,17 +120,7 @@ pub(super) fn make_reserve(dir: &Path) -> bool {
 
 /// Bytes free for us on the file system holding `dir` (0 if unknown).
 fn free_bytes(dir: &Path) -> u64 {
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return 0;
-    };
-    // SAFETY: `c` is a NUL-terminated path and `st` a properly sized out-parameter.
-    unsafe {
-        let mut st: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &raw mut st) != 0 {
-            return 0;
-        }
-        st.f_bavail.saturating_mul(st.f_frsize)
-    }
+    crate::util::disk_space(dir).map_or(0, |(free, _)| free)
 }
 
 impl Store {

@@ -97,6 +97,12 @@ impl Thread {
                     load(&mut loader, &self.stats, pid, &mappings);
                 } else if self.waiting.len() < MAX_WAITING || self.waiting.contains_key(&pid) {
                     let (missing, refused) = request(&self.pool, &loader, &mappings);
+                    // Its other binaries are walkable by table meanwhile; a walk that
+                    // reaches one still compiling copies the stack (`unwind::copied`).
+                    if let Err(e) = loader.load_process_pending(pid, &mappings, &missing) {
+                        log::debug!("pid {pid}: cannot load its mappings: {e}");
+                    }
+                    mirror(&loader, &self.stats);
                     self.waiting.insert(
                         pid,
                         Waiting {
@@ -118,8 +124,11 @@ impl Thread {
                 loader.add_compiled(key, compiled);
                 self.pool.finished(key);
                 let mut done = Vec::new();
+                let mut fewer = Vec::new();
                 for (pid, w) in &mut self.waiting {
-                    w.missing.remove(&key);
+                    if w.missing.remove(&key) {
+                        fewer.push(*pid);
+                    }
                     if w.refused {
                         // Asked again: the lane may have room now.
                         (w.missing, w.refused) = request(&self.pool, &loader, &w.mappings);
@@ -131,6 +140,15 @@ impl Thread {
                 for pid in done {
                     if let Some(w) = self.waiting.remove(&pid) {
                         load(&mut loader, &self.stats, pid, &w.mappings);
+                    }
+                }
+                // Still waiting for others (a huge library): walked by this table already.
+                for pid in fewer {
+                    if let Some(w) = self.waiting.get(&pid) {
+                        if let Err(e) = loader.load_process_pending(pid, &w.mappings, &w.missing) {
+                            log::debug!("pid {pid}: cannot load its mappings: {e}");
+                        }
+                        mirror(&loader, &self.stats);
                     }
                 }
             }
@@ -282,6 +300,11 @@ impl BackgroundLoader {
     pub fn hook(self: &Arc<Self>) -> crate::collect::NewProcessHook {
         let me = Arc::clone(self);
         Box::new(move |event| me.submit(event))
+    }
+
+    /// The loader's disk cache of tables, for the collector's walks of stack copies.
+    pub fn cache(&self) -> Option<super::cache::TableCache> {
+        self.loader.lock().ok()?.cache().cloned()
     }
 
     /// What was loaded so far.

@@ -7,10 +7,12 @@
 //! only when owned by us and writable by no one else, bounded in size, checksummed, and its
 //! rows checked (sorted, known kinds) before the kernel sees them.
 use std::{
+    collections::HashSet,
     fs::File,
     io::{self, Read as _},
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
+    sync::{Arc, Condvar, Mutex, PoisonError},
 };
 
 use profiler_common::unwind::{SEARCH_STEPS, UnwindRow, kind};
@@ -35,6 +37,9 @@ const KINDS: [u8; 7] = [
 ];
 /// Default bound of the directory: a few hundred binaries' tables.
 pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+
+/// Room a table write leaves free on the cache's disk: this, or a quarter of a smaller disk.
+const KEEP_FREE: u64 = 1 << 30;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CacheError {
@@ -167,6 +172,25 @@ pub struct TableCache {
     dir: PathBuf,
     max_bytes: u64,
     compiler: [u8; 20],
+    /// Keys of the tables being compiled now, shared by every clone (`compiling`).
+    compiling: Arc<(Mutex<HashSet<String>>, Condvar)>,
+}
+
+/// A table being compiled by this thread (`TableCache::compiling`); the key is free again,
+/// and the threads waiting for it woken, when it drops.
+pub struct Compiling<'a> {
+    cache: &'a TableCache,
+    key: String,
+}
+
+impl Drop for Compiling<'_> {
+    fn drop(&mut self) {
+        let (keys, done) = &*self.cache.compiling;
+        keys.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.key);
+        done.notify_all();
+    }
 }
 
 impl TableCache {
@@ -181,7 +205,26 @@ impl TableCache {
             dir: dir.to_owned(),
             max_bytes,
             compiler: own_build_id(),
+            compiling: Arc::default(),
         })
+    }
+
+    /// Waits while another thread compiles the table of cache key `key`, then holds the key
+    /// until the guard drops. Two threads compile tables (the loader's pool for the kernel,
+    /// the stack-copy thread for the copies of the same processes' first samples) and at a
+    /// recording's start both want the same binaries at once: the second now reads what the
+    /// first put here instead of compiling it again.
+    pub fn compiling(&self, key: &str) -> Compiling<'_> {
+        let (keys, done) = &*self.compiling;
+        let mut held = keys.lock().unwrap_or_else(PoisonError::into_inner);
+        while held.contains(key) {
+            held = done.wait(held).unwrap_or_else(PoisonError::into_inner);
+        }
+        held.insert(key.to_owned());
+        Compiling {
+            cache: self,
+            key: key.to_owned(),
+        }
     }
 
     /// The default directory of `profiler record`: $XDG_CACHE_HOME or ~/.cache, then
@@ -244,6 +287,20 @@ impl TableCache {
             return;
         }
         let path = self.path(key);
+        // The disk's room goes to the agent's store first (its tables are kept beside its
+        // windows, and the copy thread compiles every binary of the host's processes at its
+        // start): a table that would leave less than `KEEP_FREE` of the disk free is not
+        // kept (compiled again next time). Filled by tables, a small data disk left the
+        // store no room once the disk had some again (tests/tests/agent.rs, full disk).
+        if let Some((free, size)) = crate::util::disk_space(&self.dir)
+            && free.saturating_sub(bytes.len() as u64) < (size / 4).min(KEEP_FREE)
+        {
+            log::debug!(
+                "{}: not cached, it would leave less than a quarter of the disk or 1 GiB free",
+                path.display()
+            );
+            return;
+        }
         if let Err(e) = crate::util::write_atomic(&path, |w| w.write_all(&bytes)) {
             log::debug!(
                 "{}: cannot write the unwind table cache: {e}",

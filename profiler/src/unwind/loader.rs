@@ -166,6 +166,18 @@ impl Loader {
     /// Loads the executable mappings of `pid` (and the tables of binaries not loaded yet)
     /// into the kernel. From then on its samples are walked by table.
     pub fn load_process(&mut self, pid: u32, mappings: &[MappingSpec]) -> std::io::Result<()> {
+        self.load_process_pending(pid, mappings, &HashSet::new())
+    }
+
+    /// `load_process`, with the binaries in `pending` (their tables are being compiled)
+    /// marked `mapping::PENDING`: the process's other binaries are walked by table at once,
+    /// a walk that reaches a pending one stops as not loaded (and its stack is copied).
+    pub fn load_process_pending(
+        &mut self,
+        pid: u32,
+        mappings: &[MappingSpec],
+        pending: &HashSet<BinaryKey>,
+    ) -> std::io::Result<()> {
         let mut sorted: Vec<&MappingSpec> = mappings.iter().collect();
         sorted.sort_by_key(|m| m.start);
         self.clock += 1;
@@ -177,8 +189,20 @@ impl Loader {
                 log::debug!("pid {pid}: more than {MAX_MAPPINGS} executable mappings");
                 break;
             }
-            let Some(entry) = self.mapping(m, &pinned) else {
-                continue;
+            let entry = match m.key().filter(|k| pending.contains(k)) {
+                Some(key) => (
+                    key,
+                    UnwindMapping {
+                        start: m.start,
+                        end: m.end,
+                        kind: mapping::PENDING,
+                        ..UnwindMapping::default()
+                    },
+                ),
+                None => match self.mapping(m, &pinned) {
+                    Some(entry) => entry,
+                    None => continue,
+                },
             };
             pinned.insert(entry.0);
             entries.push(entry);

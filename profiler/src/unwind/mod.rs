@@ -5,6 +5,7 @@
 pub mod background;
 pub mod budget;
 pub mod cache;
+pub mod copied;
 pub mod files;
 pub mod loader;
 pub mod pool;
@@ -15,6 +16,7 @@ pub mod table;
 pub mod vdso;
 
 pub use background::BackgroundLoader;
+pub use copied::CopyUnwinder;
 pub use loader::{Loader, LoaderStats, MappingSpec};
 pub use procmaps::proc_mappings;
 

@@ -180,24 +180,55 @@ impl Compiled {
     /// Compiles the table of ELF image `data` (read from `path`), or reads it from `cache`
     /// (and keeps what it compiles there). A binary whose .eh_frame covers little has its
     /// .debug_frame read too, from a separate debug file (by build id or .gnu_debuglink)
-    /// when it has none itself.
+    /// when it has none itself; a cached table made without that file is compiled again
+    /// once the file is there.
     pub fn new(path: &Path, data: &[u8], cache: Option<&super::cache::TableCache>) -> Self {
         let started = std::time::Instant::now();
+        let build_id = || {
+            use object::Object as _;
+            let elf = object::File::parse(data).ok()?;
+            elf.build_id().ok().flatten().map(<[u8]>::to_vec)
+        };
+        let debug_file = |id: Option<&[u8]>| crate::symbolize::find_debug_file(path, path, id);
+        // A table compiled while the debug file it wanted was missing is kept under its own
+        // key, and used only while that file is still missing: installed since (by build id
+        // or .gnu_debuglink), the table is compiled again with it.
         let cache_key = cache.map(|_| super::cache::key(data));
-        let cached = cache.zip(cache_key.as_deref()).and_then(|(c, k)| c.get(k));
+        // One compile of a binary at a time: a thread that wants it meanwhile waits, then
+        // reads it from the cache (`TableCache::compiling`).
+        let _turn = cache.zip(cache_key.as_deref()).map(|(c, k)| c.compiling(k));
+        let without_debug = cache_key.as_ref().map(|k| format!("{k}-nodebug"));
+        let cached = cache
+            .zip(cache_key.as_deref())
+            .and_then(|(c, k)| c.get(k))
+            .or_else(|| {
+                let t = cache
+                    .zip(without_debug.as_deref())
+                    .and_then(|(c, k)| c.get(k))?;
+                debug_file(build_id().as_deref()).is_none().then_some(t)
+            });
         let cache_hit = cached.is_some();
         let table = match cached {
             Some(t) => Ok(t),
             None => {
+                let mut debug_missing = false;
                 let compiled = super::table::compile_with_debug(data, |elf| {
                     use object::Object as _;
                     let id = elf.build_id().ok().flatten();
-                    let debug = crate::symbolize::find_debug_file(path, path, id)?;
-                    let len = debug.metadata().ok()?.len();
-                    // SAFETY: a read-only view, as for the binary itself (`mapping`).
-                    unsafe { memmap(&debug, len) }
+                    let found = debug_file(id).and_then(|debug| {
+                        let len = debug.metadata().ok()?.len();
+                        // SAFETY: a read-only view, as for the binary itself (`mapping`).
+                        unsafe { memmap(&debug, len) }
+                    });
+                    debug_missing = found.is_none();
+                    found
                 });
-                if let (Some(c), Some(k), Ok(t)) = (cache, &cache_key, &compiled) {
+                let key = if debug_missing {
+                    without_debug.as_ref()
+                } else {
+                    cache_key.as_ref()
+                };
+                if let (Some(c), Some(k), Ok(t)) = (cache, key, &compiled) {
                     c.put(k, t);
                 }
                 compiled
@@ -341,5 +372,41 @@ mod ready_tests {
         assert_eq!(r.tables.len(), 3);
         assert!(r.order.len() <= 6, "{}", r.order.len());
         assert!(r.contains((2, 999)) && !r.contains((2, 0)));
+    }
+}
+
+#[cfg(test)]
+mod compile_once_tests {
+    use super::*;
+
+    /// Two threads wanting libc's table at once (the loader's pool and the stack-copy thread
+    /// at a recording's start): one compiles it, the other reads it from the cache.
+    #[test]
+    fn a_binary_wanted_by_two_threads_at_once_is_compiled_once() {
+        let dir = std::env::temp_dir().join(format!("unw-once-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cache = TableCache::open(&dir, 64 << 20).unwrap();
+        let path = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let data = std::fs::read(path).expect("Debian's libc");
+        let start = std::sync::Barrier::new(2);
+        let hits: Vec<bool> = std::thread::scope(|s| {
+            let both: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        let c = Compiled::new(path, &data, Some(&cache));
+                        assert!(c.table.is_ok(), "{:?}", c.table.as_ref().err());
+                        c.cache_hit
+                    })
+                })
+                .collect();
+            both.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            hits.iter().filter(|hit| !**hit).count(),
+            1,
+            "compiled by both threads: {hits:?}"
+        );
     }
 }

@@ -39,10 +39,23 @@ pub fn reason_label(code: usize) -> String {
         .replace(' ', "_")
 }
 
+/// The stack copies' figures since the start (docs/unwinding.md, Stack copies).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyFigures {
+    /// Samples the sampler sent with a copy of their user stack (`counter::STACK_COPIES`),
+    /// of every process: the comm filter comes after.
+    pub sent: u64,
+    /// Samples that wanted a copy and were sent without (`counter::STACK_COPIES_REFUSED`).
+    pub refused: u64,
+    /// The collector's walks of copies (samples the filters kept), by the `unwind::reason`
+    /// each stopped at (0: it reached the entry).
+    pub walks: [u64; 7],
+}
+
 /// Prometheus text exposition (0.0.4) of the table walk: kernel memory of the tables now,
-/// the budget, evictions, binaries by walk, and `truncated` (cumulative samples cut short,
-/// by `unwind::reason` code; index 0 unused).
-pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7]) -> String {
+/// the budget, evictions, binaries by walk, `truncated` (cumulative samples cut short,
+/// by `unwind::reason` code; index 0 unused) and the stack copies.
+pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7], copies: &CopyFigures) -> String {
     let mut o = String::new();
     let mut metric = |name: &str, help: &str, kind: &str, series: &[(String, u64)]| {
         let _ = writeln!(o, "# HELP {name} {help}");
@@ -88,21 +101,45 @@ pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7]) -> String {
             ("walk=\"frame_pointer\"".to_owned(), s.binaries_fp),
         ],
     );
-    let cut: Vec<(String, u64)> = (1..truncated.len())
-        .map(|code| {
-            (
-                format!("reason=\"{}\"", reason_label(code)),
-                truncated[code],
-            )
-        })
-        .collect();
     metric(
         "profiler_unwind_truncated_total",
         "Samples whose user stack the table walk cut short, by reason.",
         "counter",
-        &cut,
+        &by_reason(truncated),
+    );
+    metric(
+        "profiler_unwind_stack_copies_total",
+        "Samples sent with a copy of their user stack (their process's tables not in the kernel yet), of every process.",
+        "counter",
+        &[(String::new(), copies.sent)],
+    );
+    metric(
+        "profiler_unwind_stack_copies_refused_total",
+        "Samples that wanted a stack copy and were sent without (ring buffer half full, or the CPU's copy ration spent).",
+        "counter",
+        &[(String::new(), copies.refused)],
+    );
+    metric(
+        "profiler_unwind_stack_copies_walked_total",
+        "Stack copies walked by the profiler (of the samples its filters kept).",
+        "counter",
+        &[(String::new(), copies.walks.iter().sum())],
+    );
+    metric(
+        "profiler_unwind_stack_copy_truncated_total",
+        "Walks of stack copies that stopped before the entry, by reason.",
+        "counter",
+        &by_reason(&copies.walks),
     );
     o
+}
+
+/// One `reason` series per truncation code (index 0, not cut, left out): zero or not, so
+/// rates work from the first scrape.
+fn by_reason(counts: &[u64; 7]) -> Vec<(String, u64)> {
+    (1..counts.len())
+        .map(|code| (format!("reason=\"{}\"", reason_label(code)), counts[code]))
+        .collect()
 }
 
 #[cfg(test)]
@@ -117,7 +154,12 @@ mod tests {
             evicted: 3,
             ..LoaderStats::default()
         };
-        let text = metrics_text(&s, &[0, 5, 0, 0, 2, 0, 1]);
+        let copies = CopyFigures {
+            sent: 9,
+            refused: 4,
+            walks: [6, 0, 0, 0, 1, 0, 0],
+        };
+        let text = metrics_text(&s, &[0, 5, 0, 0, 2, 0, 1], &copies);
         assert!(
             text.contains("\nprofiler_unwind_table_bytes 8000\n"),
             "{text}"
@@ -136,6 +178,20 @@ mod tests {
         );
         // Every reason has its series, zero or not, so rates work from the first scrape.
         assert_eq!(text.matches("profiler_unwind_truncated_total{").count(), 6);
+        for line in [
+            "profiler_unwind_stack_copies_total 9\n",
+            "profiler_unwind_stack_copies_refused_total 4\n",
+            "profiler_unwind_stack_copies_walked_total 7\n",
+            "profiler_unwind_stack_copy_truncated_total{reason=\"read_fault\"} 1\n",
+            "profiler_unwind_stack_copy_truncated_total{reason=\"not_loaded\"} 0\n",
+        ] {
+            assert!(text.contains(line), "no {line:?} in {text}");
+        }
+        assert_eq!(
+            text.matches("profiler_unwind_stack_copy_truncated_total{")
+                .count(),
+            6
+        );
         let named = named_counters(&s);
         assert!(named.contains(&("unwind_table_bytes".to_owned(), 8000)));
         assert!(named.contains(&("unwind_evicted".to_owned(), 3)));

@@ -83,6 +83,7 @@ pub fn compile_with_debug<D: std::ops::Deref<Target = [u8]>>(
         let bases = bases.clone().set_eh_frame(section.address());
         read_section(&eh_frame, &bases, &mut table, &mut spans)?;
     }
+    entry_stop(&file, &mut spans);
     let code: u64 = file
         .sections()
         .filter(|s| s.kind() == SectionKind::Text)
@@ -121,6 +122,35 @@ pub fn compile_with_debug<D: std::ops::Deref<Target = [u8]>>(
         }));
     }
     finish(table, spans)
+}
+
+/// A STOP row over the ELF entry point when no CFI covers it: ld.so's `_start` has none, and
+/// every sample taken while ld.so loads a program (each new process's first milliseconds)
+/// reaches it; it is the entry of that stack, not a frame without unwind information.
+fn entry_stop(file: &object::File<'_>, spans: &mut Spans) {
+    use object::ObjectSymbol as _;
+    let entry = file.entry();
+    // A binary without any CFI (Go's) stays without rows: walked by frame pointer.
+    if entry == 0 || spans.is_empty() || spans.iter().any(|(a, b, _)| *a <= entry && entry < *b) {
+        return;
+    }
+    // Its symbol's size; else (ld.so's _start is in no symbol table) up to the next CFI.
+    let next = spans
+        .iter()
+        .map(|(a, _, _)| *a)
+        .filter(|a| *a > entry)
+        .min()
+        .unwrap_or(entry.saturating_add(16));
+    let end = file
+        .symbols()
+        .chain(file.dynamic_symbols())
+        .find(|s| s.address() == entry && s.size() > 0)
+        .map_or(next, |s| entry.saturating_add(s.size()).min(next));
+    let stop = UnwindRow {
+        kind: kind::STOP,
+        ..UnwindRow::default()
+    };
+    spans.push((entry, end, stop));
 }
 
 /// Reads every FDE of `section` (`.eh_frame` or `.debug_frame`) into `spans`.
