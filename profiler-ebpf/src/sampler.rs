@@ -124,18 +124,24 @@ fn sample(ctx: &PerfEventContext) {
     let mut copy = false;
     let user_mode = klen == 0 && in_user_mode(ctx);
     if pid != 0 && unwind::enabled() {
-        let why = match unwind::mappings(pid) {
-            Some(procs) => {
-                let (n, why) = unwind::walk(ctx, user_mode, procs, frames, klen);
-                table_frames = Some(n);
-                // Its table not in yet, or an address outside the loaded mappings (a library
-                // mapped since the kernel's entry was written): userspace has both.
-                copy = why == reason::NOT_LOADED || why == reason::NO_MAPPING;
-                why
-            }
-            None => {
-                copy = true;
-                reason::NOT_LOADED
+        let why = if !user_mode && !unwind::entered_from_user() {
+            // A kernel thread: no user stack, nothing truncated.
+            table_frames = Some(0);
+            reason::NONE
+        } else {
+            match unwind::mappings(pid) {
+                Some(procs) => {
+                    let (n, why) = unwind::walk(ctx, user_mode, procs, frames, klen);
+                    table_frames = Some(n);
+                    // Its table not in yet, or an address outside the loaded mappings (a library
+                    // mapped since the kernel's entry was written): userspace has both.
+                    copy = why == reason::NOT_LOADED || why == reason::NO_MAPPING;
+                    why
+                }
+                None => {
+                    copy = true;
+                    reason::NOT_LOADED
+                }
             }
         };
         if why != reason::NONE {

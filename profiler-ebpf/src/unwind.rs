@@ -230,6 +230,23 @@ fn user_regs(ctx: &PerfEventContext, user_mode: bool) -> Option<(u64, u64, u64)>
         let r = unsafe { &(*ctx.ctx).regs };
         return Some((r.rip, r.rsp, r.rbp));
     }
+    let r = saved_user_regs()?;
+    Some((r.rip, r.rsp, r.rbp))
+}
+
+/// Whether a task interrupted in kernel mode has a user stack at all: only a task that
+/// entered the kernel from user space does. Kernel threads (kworker, kswapd...) have none:
+/// their saved registers are zeros, and walking them gave `[truncated: no mapping]` user
+/// frames (or a stack copy) to every kernel-thread sample.
+#[inline(always)]
+pub(crate) fn entered_from_user() -> bool {
+    saved_user_regs().is_some()
+}
+
+/// The registers the current task saved on kernel entry, if it came from user mode (the
+/// privilege level of the saved code segment is 3).
+#[inline(always)]
+fn saved_user_regs() -> Option<aya_ebpf::bindings::pt_regs> {
     // SAFETY: helpers on the current task; the result is read with probe_read_kernel.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) }
         as *const aya_ebpf::bindings::pt_regs;
@@ -238,7 +255,7 @@ fn user_regs(ctx: &PerfEventContext, user_mode: bool) -> Option<(u64, u64, u64)>
     }
     // SAFETY: a kernel pointer read through the checked helper.
     let r = unsafe { bpf_probe_read_kernel(regs) }.ok()?;
-    Some((r.rip, r.rsp, r.rbp))
+    (r.cs & 3 == 3).then_some(r)
 }
 
 /// One frame: record `ip`, then move to the caller. Returns 1 to stop the loop.
