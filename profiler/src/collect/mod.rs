@@ -4,8 +4,10 @@
 //! `kernel_records`). Symbolization comes after, from this.
 mod collected;
 mod copies;
+mod events;
 mod files;
 mod filters;
+mod frames;
 mod jit;
 mod kernel_records;
 mod lifetimes;
@@ -17,59 +19,21 @@ pub(crate) mod untrusted;
 use std::{collections::HashMap, future::Future, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
-use profiler_common::{
-    COMM_LEN, HEADER_BYTES, SampleHeader, exits::ExitEvent, flags, python::PyFrame,
-};
+use profiler_common::{COMM_LEN, HEADER_BYTES, SampleHeader, flags, python::PyFrame};
 use tokio::io::unix::AsyncFd;
 
 pub(crate) use collected::{Collected, Counts, ProcessFacts};
+pub(crate) use events::ProcessEvents;
+use events::mapped_and_exited;
 pub(crate) use files::UserFile;
 pub(crate) use filters::{CgroupFilter, CommFilter};
+pub(crate) use frames::truncation_name;
+use frames::{callsites, callsites_of, py_frames, with_truncation_marker};
 pub(crate) use kernel_records::{KernelRecord, KernelRecords};
 pub use perfmap::{PerfMap, ns_pid};
 pub(crate) use process::{
     ProcessTable, SpaceId, TableBounds, UserLoc, procmap_query_supported, space_id, space_pid,
 };
-
-/// Where process facts come from besides the samples: the kernel's records (mappings, exec,
-/// fork, exit) and the exit statuses the sampler's exit program sends. Either may be missing
-/// (an old kernel, no BTF): then /proc is read at a process's first sample, as before.
-#[derive(Default)]
-pub(crate) struct ProcessEvents {
-    kernel: Option<KernelRecords>,
-    exits: Option<RingBuf<MapData>>,
-    records: Vec<KernelRecord>,
-}
-
-impl ProcessEvents {
-    pub(crate) fn new(kernel: Option<KernelRecords>, exits: Option<RingBuf<MapData>>) -> Self {
-        Self {
-            kernel,
-            exits,
-            records: Vec::new(),
-        }
-    }
-
-    /// Applies everything waiting to `table`.
-    fn read_into(&mut self, table: &mut ProcessTable) {
-        if let Some(k) = &mut self.kernel {
-            self.records.clear();
-            k.read(&mut self.records);
-            table.apply(&self.records);
-        }
-        if let Some(exits) = &mut self.exits {
-            while let Some(item) = exits.next() {
-                let Some(bytes) = item.get(..std::mem::size_of::<ExitEvent>()) else {
-                    continue;
-                };
-                // SAFETY: an ExitEvent written by our program; unaligned read as the ring
-                // promises no alignment.
-                let e = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<ExitEvent>()) };
-                table.exited(e.pid, e.time_ns, e.status);
-            }
-        }
-    }
-}
 
 /// A sample as received, with its stacks interned but not yet symbolized.
 #[derive(Clone, Copy, Debug)]
@@ -140,30 +104,6 @@ pub(crate) struct Collection {
 
 /// See `Collection::on_new_process`.
 pub(crate) type NewProcessHook = Box<dyn FnMut(crate::unwind::ProcessEvent) + Send>;
-
-/// User "addresses" at and above this mark the root of a stack that a table walk cut short:
-/// `TRUNCATED_MARK + unwind::reason` (in the kernel half, so never a user address).
-pub(crate) const TRUNCATED_MARK: u64 = 0xffff_ffff_ffff_ff00;
-
-/// The `[truncated: reason]` name of a marker address, None for a real address.
-pub(crate) fn truncation_name(addr: u64) -> Option<String> {
-    let code = addr.checked_sub(TRUNCATED_MARK)?;
-    let names = profiler_common::unwind::reason::NAMES;
-    Some(format!(
-        "[truncated: {}]",
-        names.get(code as usize).copied().unwrap_or("unknown")
-    ))
-}
-
-/// Appends the marker of the reason (`unwind::reason`) the walk stopped for, if any.
-fn with_truncation_marker(user: Box<[u64]>, code: u32) -> Box<[u64]> {
-    if code == 0 {
-        return user;
-    }
-    let mut v = user.into_vec();
-    v.push(TRUNCATED_MARK + u64::from(code));
-    v.into_boxed_slice()
-}
 
 impl Collection {
     pub(crate) fn new(filter: CommFilter) -> Self {
@@ -402,7 +342,7 @@ impl Collection {
         let Some(tracker) = self.python.as_mut() else {
             return;
         };
-        for r in &self.events.records {
+        for r in self.events.records() {
             let (pid, time_ns) = match r {
                 KernelRecord::Exec { pid, time_ns, .. } | KernelRecord::Exit { pid, time_ns } => {
                     (*pid, *time_ns)
@@ -432,7 +372,7 @@ impl Collection {
         let Some(hook) = self.new_process_hook.as_mut() else {
             return Vec::new();
         };
-        let (mapped, exited) = mapped_and_exited(&self.events.records);
+        let (mapped, exited) = mapped_and_exited(self.events.records());
         for pid in mapped {
             let mappings = self.processes.unwind_mappings(pid, u64::MAX);
             hook(crate::unwind::ProcessEvent::Mapped { pid, mappings });
@@ -594,65 +534,6 @@ impl Collection {
             }
         }
     }
-}
-
-/// The pids with new mappings that still live after `records` (in time order, as
-/// `KernelRecords::read` sorts them), sorted; and every pid that exited, in order. A pid
-/// that exits and is reused by a new process within `records` counts as mapped when the new
-/// one maps files.
-fn mapped_and_exited(records: &[KernelRecord]) -> (Vec<u32>, Vec<u32>) {
-    // pid -> whether its last record so far is its exit.
-    let mut mapped: HashMap<u32, bool> = HashMap::new();
-    let mut exited = Vec::new();
-    for r in records {
-        match r {
-            KernelRecord::Map { pid, .. } => {
-                mapped.insert(*pid, false);
-            }
-            KernelRecord::Exit { pid, .. } => {
-                exited.push(*pid);
-                if let Some(gone) = mapped.get_mut(pid) {
-                    *gone = true;
-                }
-            }
-            _ => {}
-        }
-    }
-    let mut live: Vec<u32> = mapped
-        .into_iter()
-        .filter_map(|(pid, gone)| (!gone).then_some(pid))
-        .collect();
-    live.sort_unstable();
-    (live, exited)
-}
-
-/// Native-endian u64 addresses, leaf first; return addresses moved back into their call
-/// instruction so they symbolize to the caller even when the call is a function's last one.
-fn callsites(bytes: &[u8]) -> Box<[u64]> {
-    callsites_of(
-        bytes
-            .chunks_exact(8)
-            .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes"))),
-    )
-}
-
-/// `callsites` of addresses already read.
-fn callsites_of(addrs: impl Iterator<Item = u64>) -> Box<[u64]> {
-    addrs
-        .enumerate()
-        .map(|(i, a)| if i == 0 { a } else { a.saturating_sub(1) })
-        .collect()
-}
-
-/// Python frames as the sampler wrote them: (code, instruction) u64 pairs.
-fn py_frames(bytes: &[u8]) -> Box<[PyFrame]> {
-    bytes
-        .chunks_exact(16)
-        .map(|b| PyFrame {
-            code: u64::from_ne_bytes(b[..8].try_into().expect("8 bytes")),
-            instr: u64::from_ne_bytes(b[8..].try_into().expect("8 bytes")),
-        })
-        .collect()
 }
 
 #[cfg(test)]
