@@ -2,9 +2,11 @@
 
 mod dense;
 mod input;
+mod ticker;
 
 pub(crate) use dense::{Dense, FxDense, FxMap};
 pub(crate) use input::InputError;
+pub(crate) use ticker::Ticker;
 
 /// An error and its causes on one line, `: `-separated, for logs and HTTP bodies (the CLI
 /// prints anyhow's `{:#}`, the same). The crate's errors name only their own step and give

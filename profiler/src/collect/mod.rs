@@ -508,8 +508,10 @@ impl Collection {
         tick: Duration,
         mut on_tick: impl FnMut(&Collection),
     ) -> std::io::Result<()> {
-        let mut ticker = tokio::time::interval(tick);
+        let mut ticker = crate::util::Ticker::new(tick)?;
         tokio::pin!(stop);
+        // At once, then every `tick` (as a tokio interval ticks).
+        let mut first = Some(());
         loop {
             tokio::select! {
                 guard = ring.readable_mut() => {
@@ -523,7 +525,13 @@ impl Collection {
                     self.resolve_python();
                     self.processes.resolve_pending();
                 }
-                _ = ticker.tick() => {
+                r = async {
+                    match first.take() {
+                        Some(()) => Ok(()),
+                        None => ticker.tick().await,
+                    }
+                } => {
+                    r?;
                     // The sampler rarely wakes us (see profiler-ebpf): drain on the timer.
                     self.drain(ring.get_mut());
                     self.processes.resolve_pending();

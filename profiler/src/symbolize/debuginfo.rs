@@ -93,18 +93,78 @@ pub(crate) fn file_build_id(file: &File) -> Option<Vec<u8>> {
     elf_facts(file)?.1
 }
 
-/// (`.gnu_debuglink` name, build id) of an ELF file, reading only the parts needed.
+/// (`.gnu_debuglink` name, build id) of an ELF file, reading only the parts needed: the
+/// headers, section names and notes. Not `object::File::parse`, which reads the whole symbol
+/// table first: the drain asks this of every newly mapped binary (a busy build machine maps
+/// a new one every few seconds), and a test binary's symbols are megabytes.
 fn elf_facts(file: &File) -> Option<(Option<PathBuf>, Option<Vec<u8>>)> {
-    use object::Object as _;
-    use std::os::unix::ffi::OsStrExt as _;
+    use object::{FileKind, elf, read::elf::FileHeader as _};
     let cache = object::ReadCache::new(file);
-    let elf = object::File::parse(&cache).ok()?;
-    let link = elf
-        .gnu_debuglink()
+    match FileKind::parse(&cache).ok()? {
+        FileKind::Elf32 => elf::FileHeader32::<object::Endianness>::parse(&cache)
+            .ok()
+            .and_then(|h| facts_of(h, &cache)),
+        FileKind::Elf64 => elf::FileHeader64::<object::Endianness>::parse(&cache)
+            .ok()
+            .and_then(|h| facts_of(h, &cache)),
+        _ => None,
+    }
+}
+
+/// `elf_facts` of a parsed header: the build id from the notes of the sections (of the
+/// segments when there are no section headers), as `object::Object::build_id` finds it.
+fn facts_of<'d, Elf, R>(header: &Elf, data: R) -> Option<(Option<PathBuf>, Option<Vec<u8>>)>
+where
+    Elf: object::read::elf::FileHeader<Endian = object::Endianness>,
+    R: object::ReadRef<'d>,
+{
+    use object::{
+        elf,
+        read::elf::{ProgramHeader as _, SectionHeader as _},
+    };
+    use std::os::unix::ffi::OsStrExt as _;
+    let endian = header.endian().ok()?;
+    let headers = header.section_headers(endian, data).ok()?;
+    // The section names read at once: looked up in the file, each name is a read of its own.
+    let names = header
+        .section_strings_index(endian, data)
         .ok()
-        .flatten()
-        .map(|(name, _crc)| PathBuf::from(std::ffi::OsStr::from_bytes(name)));
-    let id = elf.build_id().ok().flatten().map(<[u8]>::to_vec);
+        .and_then(|i| headers.get(i.0))
+        .and_then(|s| s.data(endian, data).ok())
+        .unwrap_or_default();
+    let sections = object::read::elf::SectionTable::<Elf, &[u8]>::new(
+        headers,
+        object::read::StringTable::new(names, 0, names.len() as u64),
+    );
+    let gnu_build_id = |note: object::read::elf::Note<'d, Elf>| {
+        (note.name() == elf::ELF_NOTE_GNU && note.n_type(endian) == elf::NT_GNU_BUILD_ID)
+            .then(|| note.desc().to_vec())
+    };
+    let mut id = None;
+    if sections.is_empty() {
+        for segment in header.program_headers(endian, data).ok()? {
+            let Ok(Some(mut notes)) = segment.notes(endian, data) else {
+                continue;
+            };
+            while let (None, Ok(Some(note))) = (&id, notes.next()) {
+                id = gnu_build_id(note);
+            }
+        }
+    } else {
+        for section in sections.iter() {
+            let Ok(Some(mut notes)) = section.notes(endian, data) else {
+                continue;
+            };
+            while let (None, Ok(Some(note))) = (&id, notes.next()) {
+                id = gnu_build_id(note);
+            }
+        }
+    }
+    let link = sections
+        .section_by_name(endian, b".gnu_debuglink")
+        .and_then(|(_, s)| s.data(endian, data).ok())
+        .and_then(|d| d.split(|&b| b == 0).next())
+        .map(|name| PathBuf::from(std::ffi::OsStr::from_bytes(name)));
     Some((link, id))
 }
 
@@ -216,6 +276,52 @@ mod tests {
         }
         assert_eq!(hex(&gnu_build_id(&notes).unwrap()), "deadbeef01");
         assert_eq!(gnu_build_id(&notes[..20]), None);
+    }
+
+    /// What `object` reads parsing the whole file, for comparison with `elf_facts`.
+    fn facts_by_full_parse(path: &Path) -> (Option<PathBuf>, Option<Vec<u8>>) {
+        use object::Object as _;
+        use std::os::unix::ffi::OsStrExt as _;
+        let bytes = std::fs::read(path).unwrap();
+        let elf = object::File::parse(&*bytes).unwrap();
+        let link = elf.gnu_debuglink().unwrap();
+        (
+            link.map(|(n, _)| PathBuf::from(std::ffi::OsStr::from_bytes(n))),
+            elf.build_id().unwrap().map(<[u8]>::to_vec),
+        )
+    }
+
+    #[test]
+    fn elf_facts_read_what_a_full_parse_reads() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let libc = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.contains("libc.so"))
+            .expect("libc mapped in a test binary");
+        let mut with_link = 0;
+        for path in ["/proc/self/exe", "/bin/true", libc] {
+            let ours = elf_facts(&File::open(path).unwrap()).unwrap();
+            assert_eq!(ours, facts_by_full_parse(Path::new(path)), "{path}");
+            with_link += usize::from(ours.0.is_some());
+        }
+        let true_id = facts_by_full_parse(Path::new("/bin/true")).1;
+        assert!(true_id.is_some(), "/bin/true has a build id");
+        // Without section headers, the build id is found through the program headers.
+        let dir = std::env::temp_dir().join(format!("elf-facts-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut bytes = std::fs::read("/bin/true").unwrap();
+        bytes[0x28..0x30].fill(0); // e_shoff
+        bytes[0x3c..0x40].fill(0); // e_shnum, e_shstrndx
+        let no_sections = dir.join("true-no-sections");
+        std::fs::write(&no_sections, &bytes).unwrap();
+        let facts = elf_facts(&File::open(&no_sections).unwrap()).unwrap();
+        assert_eq!(facts, (None, true_id));
+        let not_elf = dir.join("not-elf");
+        std::fs::write(&not_elf, b"not an elf").unwrap();
+        assert_eq!(elf_facts(&File::open(&not_elf).unwrap()), None);
+        let _ = std::fs::remove_dir_all(&dir);
+        eprintln!("{with_link} of 3 with a .gnu_debuglink");
     }
 
     #[test]
