@@ -41,10 +41,14 @@ static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 
 #[map(name = "CGROUP_FILTER")]
 static CGROUP_FILTER: CgroupArray = CgroupArray::with_max_entries(MAX_CGROUP_FILTER, 0);
 
-/// Processes that already had a sample. The first sample of a new process wakes the reader at
-/// once, so it reads the process's mappings before a short-lived process exits.
+/// Processes that already had a sample, with the time the reader was last woken for their
+/// stale mappings (0: never). The first sample of a new process wakes the reader at once, so
+/// it reads the process's mappings before a short-lived process exits; see `stale_wake`.
 #[map(name = "SEEN_PIDS")]
-static SEEN_PIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(SEEN_PIDS_CAPACITY, 0);
+static SEEN_PIDS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(SEEN_PIDS_CAPACITY, 0);
+
+/// A process's stale mappings wake the reader at most this often (`stale_wake`).
+const STALE_WAKE_NS: u64 = 200_000_000;
 
 #[map(name = "SCRATCH")]
 static SCRATCH: PerCpuArray<SampleScratch> = PerCpuArray::with_max_entries(1, 0);
@@ -122,6 +126,8 @@ fn sample(ctx: &PerfEventContext) {
     // back to the frame-pointer walk below, marked and counted as such.
     let mut table_frames = None;
     let mut copy = false;
+    // The walk left the loaded mappings of a loaded process (`stale_wake`).
+    let mut stale = false;
     let user_mode = klen == 0 && in_user_mode(ctx);
     if pid != 0 && unwind::enabled() {
         let why = if !user_mode && !unwind::entered_from_user() {
@@ -136,6 +142,7 @@ fn sample(ctx: &PerfEventContext) {
                     // Its table not in yet, or an address outside the loaded mappings (a library
                     // mapped since the kernel's entry was written): userspace has both.
                     copy = why == reason::NOT_LOADED || why == reason::NO_MAPPING;
+                    stale = why == reason::NO_MAPPING;
                     why
                 }
                 None => {
@@ -205,6 +212,7 @@ fn sample(ctx: &PerfEventContext) {
             count(counter::STACK_COPIES);
         }
     }
+    let time_ns = s.header.time_ns;
     // Mask the length so the verifier sees it bounded by the scratch size.
     let len = len & 0x7fff;
     let len = if len > core::mem::size_of::<SampleScratch>() {
@@ -214,7 +222,8 @@ fn sample(ctx: &PerfEventContext) {
     };
     // SAFETY: `len` bytes of the scratch value, which is size_of::<SampleScratch>() long.
     let bytes = unsafe { core::slice::from_raw_parts(scratch.cast::<u8>(), len) };
-    match SAMPLES.output::<[u8]>(bytes, wakeup_flag(pid, maybe_new)) {
+    let flag = wakeup_flag(pid, maybe_new, stale, time_ns);
+    match SAMPLES.output::<[u8]>(bytes, flag) {
         Ok(()) => count(counter::SENT),
         Err(_) => {
             count(counter::LOST_RINGBUF_FULL);
@@ -239,10 +248,13 @@ fn spin_forever() {
 /// of the sample. The reader drains on a short timer instead; it is woken only when the buffer
 /// fills past WAKEUP_BYTES, so a burst cannot overrun it, or for a process's first sample.
 #[inline(always)]
-fn wakeup_flag(pid: u32, maybe_new: bool) -> u64 {
+fn wakeup_flag(pid: u32, maybe_new: bool, stale: bool, now_ns: u64) -> u64 {
     // SAFETY: a read of a load-time constant.
     let wakeup_bytes = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
-    if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > wakeup_bytes || (maybe_new && first_sample(pid)) {
+    if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > wakeup_bytes
+        || (maybe_new && first_sample(pid))
+        || (stale && stale_wake(pid, now_ns))
+    {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
@@ -263,12 +275,37 @@ fn copy_fits() -> bool {
 /// True the first time `pid` is seen (the idle task never counts).
 #[inline(always)]
 fn first_sample(pid: u32) -> bool {
-    // SAFETY: the value is a u8 read by copy.
+    // SAFETY: the value is a u64 read by copy.
     if pid == 0 || unsafe { SEEN_PIDS.get(&pid) }.is_some() {
         return false;
     }
-    let _ = SEEN_PIDS.insert(&pid, &1, 0);
+    let _ = SEEN_PIDS.insert(&pid, &0, 0);
     true
+}
+
+/// True when a walk that left the process's loaded mappings should wake the reader now: its
+/// kernel records (the mapping the code is in, written before the sample) then reach the
+/// loader at once instead of at the next timed drain (100 ms), during which every sample of
+/// the process in that library is cut (`no mapping`) and stack copies, rationed, mend only
+/// some. A new process's first load is often made while ld.so is still mapping libc. At most
+/// once per STALE_WAKE_NS a process: code in memory no file backs (JIT) never gets a mapping.
+#[inline(always)]
+fn stale_wake(pid: u32, now_ns: u64) -> bool {
+    match SEEN_PIDS.get_ptr_mut(&pid) {
+        Some(last) => {
+            // SAFETY: a map value of this program's, updated in place.
+            let last = unsafe { &mut *last };
+            if now_ns.saturating_sub(*last) < STALE_WAKE_NS {
+                return false;
+            }
+            *last = now_ns;
+            true
+        }
+        None => {
+            let _ = SEEN_PIDS.insert(&pid, &now_ns, 0);
+            true
+        }
+    }
 }
 
 /// Whether the tick interrupted user mode (the CPL bits of the saved code segment).
