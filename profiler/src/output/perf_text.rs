@@ -34,7 +34,7 @@ pub fn write_perf_text(profile: &Profile, w: &mut impl io::Write) -> io::Result<
     let names: Vec<String> = profile
         .frames
         .iter()
-        .map(|f| clean(profile.str(f.name)))
+        .map(|f| keep_offset(clean(profile.str(f.name))))
         .collect();
     let comms: Vec<String> = profile.strings.iter().map(|s| clean(s)).collect();
     let event = if profile.meta.event.is_empty() {
@@ -81,6 +81,20 @@ fn module(profile: &Profile, f: &Frame) -> String {
     }
 }
 
+/// perf prints `symbol+0xOFFSET` with `-F +symoff`, and consumers (inferno-collapse-perf,
+/// stackcollapse-perf.pl) cut a trailing `+0x...` off every name. An unknown frame is named by
+/// its place (`libc.so.6+0x26110`): an explicit `+0x0` keeps that whole name through them.
+fn keep_offset(name: String) -> String {
+    let ends_like_offset = name.rsplit_once("+0x").is_some_and(|(head, hex)| {
+        !head.is_empty() && !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    });
+    if ends_like_offset {
+        name + "+0x0"
+    } else {
+        name
+    }
+}
+
 /// A newline would end the record early; an empty name reads as a missing column.
 fn clean(s: &str) -> String {
     if s.is_empty() {
@@ -94,6 +108,17 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
+
+    #[test]
+    fn names_that_end_like_an_offset_keep_it() {
+        assert_eq!(
+            keep_offset("libc.so.6+0x26110".into()),
+            "libc.so.6+0x26110+0x0"
+        );
+        assert_eq!(keep_offset("main".into()), "main");
+        assert_eq!(keep_offset("a+0xzz".into()), "a+0xzz");
+        assert_eq!(keep_offset("+0x10".into()), "+0x10");
+    }
     use crate::{output::folded_lines, profile::timeline_pattern};
 
     /// Folds perf script text the way stackcollapse-perf / inferno-collapse-perf do: a header
