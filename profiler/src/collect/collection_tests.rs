@@ -93,3 +93,37 @@ fn processes_gone_by_the_drain_are_not_loaded() {
     );
     assert_eq!(exited, [10, 12, 13]);
 }
+
+/// Of the processes whose fork and exit are both in one drain's records, only those with no
+/// sample and no child forked are unseen; a reused pid, a process older than the records and
+/// a sampled one are kept.
+#[test]
+fn unseen_lives_are_born_and_gone_unsampled() {
+    let fork = |pid, ppid, time_ns| KernelRecord::Fork { pid, ppid, time_ns };
+    let exit = |pid, time_ns| KernelRecord::Exit { pid, time_ns };
+    let records = [
+        fork(20, 1, 1),
+        map_record(20, 2, 0x40_0000, "/usr/bin/true"),
+        exit(20, 3),
+        fork(21, 1, 4), // sampled
+        exit(21, 5),
+        fork(22, 1, 6), // forks 23, which is unseen itself
+        fork(23, 22, 7),
+        exit(23, 8),
+        exit(22, 9),
+        fork(24, 1, 10), // exits, and its pid is reused by a process that lives on
+        exit(24, 11),
+        fork(24, 1, 12),
+        exit(25, 13),    // older than the records
+        fork(26, 1, 14), // lives on
+        fork(27, 1, 15), // exits, then a stray record of the pid's next life
+        exit(27, 16),
+        map_record(27, 17, 0x40_0000, "/usr/bin/true"),
+    ];
+    let sampled = std::collections::HashSet::from([21]);
+    let mut unseen = std::collections::HashSet::new();
+    events::unseen_lives(&records, &sampled, &mut unseen);
+    let mut unseen: Vec<u32> = unseen.into_iter().collect();
+    unseen.sort_unstable();
+    assert_eq!(unseen, [20, 23]);
+}

@@ -1,7 +1,7 @@
 //! Process facts besides the samples, as the collector reads them at each drain: the
 //! kernel's side-band records (`kernel_records`) applied to the process table, the exit
 //! statuses from the sampler's exit program, and which processes the unwinder must be told of.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use aya::maps::{MapData, RingBuf};
 use profiler_common::exits::ExitEvent;
@@ -16,6 +16,8 @@ pub(crate) struct ProcessEvents {
     kernel: Option<KernelRecords>,
     exits: Option<RingBuf<MapData>>,
     records: Vec<KernelRecord>,
+    /// Processes the last records saw born and gone unsampled (`unseen_lives`).
+    unseen: HashSet<u32>,
 }
 
 impl ProcessEvents {
@@ -24,6 +26,7 @@ impl ProcessEvents {
             kernel,
             exits,
             records: Vec::new(),
+            unseen: HashSet::new(),
         }
     }
 
@@ -32,12 +35,20 @@ impl ProcessEvents {
         &self.records
     }
 
-    /// Applies everything waiting to `table`.
-    pub(super) fn read_into(&mut self, table: &mut ProcessTable) {
+    /// The processes of the last `read_into` that were born and exited within its records
+    /// with no sample: nothing but their lifetimes is kept of them.
+    pub(super) fn unseen(&self) -> &HashSet<u32> {
+        &self.unseen
+    }
+
+    /// Applies everything waiting to `table`; `sampled` holds the pids of the samples read
+    /// with these records.
+    pub(super) fn read_into(&mut self, table: &mut ProcessTable, sampled: &HashSet<u32>) {
         if let Some(k) = &mut self.kernel {
             self.records.clear();
             k.read(&mut self.records);
-            table.apply(&self.records);
+            unseen_lives(&self.records, sampled, &mut self.unseen);
+            table.apply_except(&self.records, &self.unseen);
         }
         if let Some(exits) = &mut self.exits {
             while let Some(item) = exits.next() {
@@ -81,4 +92,55 @@ pub(super) fn mapped_and_exited(records: &[KernelRecord]) -> (Vec<u32>, Vec<u32>
         .collect();
     live.sort_unstable();
     (live, exited)
+}
+
+/// Into `out`, the pids whose whole life is in `records` (forked and exited there, the exit
+/// their last record) with no sample in `sampled` and no child forked: under churn (60 new
+/// processes a second, most living a few milliseconds between two drains a second apart)
+/// these are most processes, and their mappings, copied from the parent at the fork and
+/// replaced at the exec, can serve no sample: only their lifetimes are kept.
+pub(super) fn unseen_lives(
+    records: &[KernelRecord],
+    sampled: &HashSet<u32>,
+    out: &mut HashSet<u32>,
+) {
+    // pid -> (forked here, exited, disqualified)
+    let mut lives: HashMap<u32, (bool, bool, bool)> = HashMap::new();
+    for r in records {
+        match r {
+            KernelRecord::Fork { pid, ppid, .. } => {
+                let life = lives.entry(*pid).or_default();
+                // A pid reused within the records: keep both lives.
+                *life = (true, false, life.1 || life.2);
+                lives.entry(*ppid).or_default().2 = true;
+            }
+            KernelRecord::Exit { pid, .. } => lives.entry(*pid).or_default().1 = true,
+            KernelRecord::Map { pid, .. } | KernelRecord::Exec { pid, .. } => {
+                let life = lives.entry(*pid).or_default();
+                life.2 |= life.1; // a record after its exit: a reused pid
+            }
+            KernelRecord::Lost(_) => {}
+        }
+    }
+    out.clear();
+    out.extend(lives.into_iter().filter_map(|(pid, (born, gone, kept))| {
+        (born && gone && !kept && !sampled.contains(&pid)).then_some(pid)
+    }));
+}
+
+/// The pids of the sample records `batch[..ends]`.
+pub(super) fn sampled_pids(batch: &[u8], ends: &[usize]) -> HashSet<u32> {
+    let at = std::mem::offset_of!(profiler_common::SampleHeader, pid);
+    let mut start = 0;
+    let mut pids = HashSet::new();
+    for &end in ends {
+        if let Some(b) = batch
+            .get(start + at..start + at + 4)
+            .filter(|_| start + at + 4 <= end)
+        {
+            pids.insert(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+        }
+        start = end;
+    }
+    pids
 }

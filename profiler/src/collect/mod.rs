@@ -24,7 +24,7 @@ use tokio::io::unix::AsyncFd;
 
 pub(crate) use collected::{Collected, Counts, ProcessFacts};
 pub(crate) use events::ProcessEvents;
-use events::mapped_and_exited;
+use events::{mapped_and_exited, sampled_pids};
 pub(crate) use files::UserFile;
 pub(crate) use filters::{CgroupFilter, CommFilter};
 pub(crate) use frames::truncation_name;
@@ -318,7 +318,8 @@ impl Collection {
             ends.push(batch.len());
         }
         self.records_read_ns = crate::util::monotonic_ns();
-        self.events.read_into(&mut self.processes);
+        let sampled = sampled_pids(&batch, &ends);
+        self.events.read_into(&mut self.processes, &sampled);
         self.tell_python_ends();
         let exited = self.tell_mappings();
         let mut start = 0;
@@ -342,8 +343,15 @@ impl Collection {
         let Some(tracker) = self.python.as_mut() else {
             return;
         };
+        let unseen = self.events.unseen();
         for r in self.events.records() {
             let (pid, time_ns) = match r {
+                // Never sampled: the tracker never heard of it.
+                KernelRecord::Exec { pid, .. } | KernelRecord::Exit { pid, .. }
+                    if unseen.contains(pid) =>
+                {
+                    continue;
+                }
                 KernelRecord::Exec { pid, time_ns, .. } | KernelRecord::Exit { pid, time_ns } => {
                     (*pid, *time_ns)
                 }
@@ -372,7 +380,9 @@ impl Collection {
         let Some(hook) = self.new_process_hook.as_mut() else {
             return Vec::new();
         };
-        let (mapped, exited) = mapped_and_exited(self.events.records());
+        let (mapped, mut exited) = mapped_and_exited(self.events.records());
+        // Never handed to the loader (gone before any sample or drain): nothing to forget.
+        exited.retain(|pid| !self.events.unseen().contains(pid));
         for pid in mapped {
             let mappings = self.processes.unwind_mappings(pid, u64::MAX);
             hook(crate::unwind::ProcessEvent::Mapped { pid, mappings });

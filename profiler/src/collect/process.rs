@@ -5,7 +5,7 @@
 //! processes that existed before the recording. With those, symbolization can happen later,
 //! even after the process exits.
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     path::Path,
 };
 
@@ -245,10 +245,30 @@ impl ProcessTable {
         )
     }
 
-    /// Applies the kernel's records (in time order): mappings, execs, forks, exits.
+    /// `apply_except` with every process kept.
+    #[cfg(test)]
     pub(crate) fn apply(&mut self, records: &[KernelRecord]) {
+        self.apply_except(records, &HashSet::new());
+    }
+
+    /// Applies the kernel's records (in time order): mappings, execs, forks, exits. Of the
+    /// processes in `unseen` (born and gone unsampled within `records`) only the lifetimes
+    /// are kept: their mappings could serve no sample.
+    pub(crate) fn apply_except(&mut self, records: &[KernelRecord], unseen: &HashSet<u32>) {
         for r in records {
             match r {
+                KernelRecord::Map { pid, path, .. } if unseen.contains(pid) => {
+                    if path.starts_with('/') && !path.starts_with("//") {
+                        self.lifetimes.mapped(*pid, path);
+                    }
+                }
+                KernelRecord::Exec { pid, time_ns, comm } if unseen.contains(pid) => {
+                    self.lifetimes.exec(*pid, *time_ns, comm);
+                }
+                KernelRecord::Fork { pid, ppid, time_ns } if unseen.contains(pid) => {
+                    let comm = self.fork_comm(*ppid);
+                    self.lifetimes.fork(*pid, *ppid, *time_ns, comm);
+                }
                 KernelRecord::Map {
                     pid,
                     time_ns,
@@ -298,10 +318,7 @@ impl ProcessTable {
                         None
                     };
                     self.mappings.fork(*pid, *ppid, *time_ns, || seed);
-                    let comm = match self.lifetimes.comm(*ppid) {
-                        Some(c) => Some(c.to_owned()),
-                        None => self.parent_comm(*ppid),
-                    };
+                    let comm = self.fork_comm(*ppid);
                     self.lifetimes.fork(*pid, *ppid, *time_ns, comm);
                 }
                 KernelRecord::Exit { pid, time_ns } => {
@@ -310,6 +327,14 @@ impl ProcessTable {
                 }
                 KernelRecord::Lost(n) => self.lost_records += n,
             }
+        }
+    }
+
+    /// The comm a child of `ppid` starts with: its parent's.
+    fn fork_comm(&mut self, ppid: u32) -> Option<String> {
+        match self.lifetimes.comm(ppid) {
+            Some(c) => Some(c.to_owned()),
+            None => self.parent_comm(ppid),
         }
     }
 

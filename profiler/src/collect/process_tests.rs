@@ -107,6 +107,48 @@ fn only_spaces_without_an_interpreter_file_are_ruled_out_of_python() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// An unseen process keeps its lifetime (comm, exe, exit) but gets no address space.
+#[test]
+fn unseen_processes_keep_their_lifetimes_only() {
+    let mut t = ProcessTable::default();
+    let records = [
+        KernelRecord::Fork {
+            pid: 4_000_400,
+            ppid: std::process::id(),
+            time_ns: 1,
+        },
+        KernelRecord::Exec {
+            pid: 4_000_400,
+            time_ns: 2,
+            comm: "fx-unseen".into(),
+        },
+        map_record(4_000_400, 3, 0x40_0000, "/usr/bin/true"),
+        KernelRecord::Exit {
+            pid: 4_000_400,
+            time_ns: 4,
+        },
+    ];
+    t.apply_except(&records, &std::collections::HashSet::from([4_000_400]));
+    assert_eq!(t.lifetimes.comm(4_000_400), Some("fx-unseen"));
+    assert_eq!(t.lifetimes.exe(4_000_400), Some("/usr/bin/true"));
+    assert!(
+        t.lifetimes
+            .to_profile(0)
+            .iter()
+            .any(|l| l.pid == 4_000_400 && l.exit_ns.is_some())
+    );
+    assert_eq!(t.space_at(4_000_400, 3), space_id(4_000_400, 0));
+    assert!(t.unwind_mappings(4_000_400, 3).is_none());
+    // The same records applied whole give it a space with the mapping.
+    let mut whole = ProcessTable::default();
+    whole.apply(&records);
+    assert!(
+        whole
+            .unwind_mappings(4_000_400, 3)
+            .is_some_and(|m| !m.is_empty())
+    );
+}
+
 /// The kernel's record of a page-long executable mapping of the file at `path` (which must
 /// exist: it is identified by its device and inode).
 pub(crate) fn map_record(pid: u32, time_ns: u64, start: u64, path: &str) -> KernelRecord {

@@ -37,10 +37,10 @@ pub struct BackgroundLoader {
     /// every RELOAD_INTERVAL (its walks may keep leaving the mappings, e.g. in JIT code).
     /// Its keys are the processes that were sampled and have not exited.
     last_read: Mutex<HashMap<u32, Instant>>,
-    /// Pids handed to the loader (loaded, or queued to be) that have not exited: only their
-    /// exits are sent to the loader thread. Under churn most new processes never are, and a
-    /// message per exit woke that thread 60 times a second to forget nothing.
-    handed: Mutex<HashSet<u32>>,
+    /// Pids handed to the loader that have not exited, each with whether a job for it went
+    /// to the loader thread (true) or it was only loaded here: only their exits matter, and
+    /// the exit of one never queued is done here too (no message and wake-up per exit).
+    handed: Mutex<HashMap<u32, bool>>,
 }
 
 const RELOAD_INTERVAL: Duration = Duration::from_millis(50);
@@ -212,7 +212,7 @@ impl BackgroundLoader {
             loader,
             stats,
             last_read: Mutex::new(HashMap::new()),
-            handed: Mutex::new(HashSet::new()),
+            handed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -264,10 +264,23 @@ impl BackgroundLoader {
                 if let Ok(mut last) = self.last_read.lock() {
                     last.remove(&pid);
                 }
-                // Sent for every process handed to the loader, sampled or not (`Mapped`).
-                let handed = self.handed.lock().map_or(true, |mut h| h.remove(&pid));
-                if handed && let Some(tx) = &self.tx {
-                    let _ = tx.send(Job::Forget(pid));
+                // Only for processes handed to the loader, sampled or not (`Mapped`). One
+                // with a job queued must be forgotten after it, by the thread.
+                let queued = self
+                    .handed
+                    .lock()
+                    .map_or(Some(true), |mut h| h.remove(&pid));
+                match queued {
+                    None => {}
+                    Some(false) if let Ok(mut loader) = self.loader.try_lock() => {
+                        loader.forget_process(pid);
+                        mirror(&loader, &self.stats);
+                    }
+                    Some(_) => {
+                        if let Some(tx) = &self.tx {
+                            let _ = tx.send(Job::Forget(pid));
+                        }
+                    }
                 }
             }
         }
@@ -279,20 +292,21 @@ impl BackgroundLoader {
         if let Ok(mut loader) = self.loader.try_lock()
             && loader.knows_all(&mappings)
         {
-            self.hand(pid);
+            self.hand(pid, false);
             load(&mut loader, &self.stats, pid, &mappings);
             return;
         }
         if queue && let Some(tx) = &self.tx {
-            self.hand(pid);
+            self.hand(pid, true);
             let _ = tx.send(Job::Load(pid, mappings));
         }
     }
 
-    /// Notes that `pid` went to the loader, before it does: its exit must then reach it.
-    fn hand(&self, pid: u32) {
+    /// Notes that `pid` went to the loader, before it does (`queued`: as a job to its
+    /// thread): its exit must then reach it.
+    fn hand(&self, pid: u32, queued: bool) {
         if let Ok(mut h) = self.handed.lock() {
-            h.insert(pid);
+            *h.entry(pid).or_default() |= queued;
         }
     }
 
