@@ -2,8 +2,10 @@
 //! bpf_get_stack for processes whose mappings userspace loaded (profiler::unwind::loader).
 //! Each step finds the mapping of the current address (binary search of the process's
 //! sorted executable mappings), then either follows the frame pointer (binaries that keep
-//! them; it stops at their STOP rows, e.g. Go's thread entries) or the binary's row for that address (binary search of its slice of UNWIND_ROWS),
-//! reads the return address at CFA - 8 and, when the row says so, the caller's RBP.
+//! them; it stops at their STOP rows, e.g. Go's thread entries) or the binary's row for that
+//! address (its page's rows found through the binary's page index, then a binary search of
+//! those: docs/unwinding.md, "The kernel's table format"), reads the return address at
+//! CFA - 8 and, when the row's rule says so, the caller's RBP.
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     helpers::{
@@ -21,16 +23,31 @@ use profiler_common::{
     MAX_FRAMES as FRAME_SLOTS,
     unwind::{
         COPIES_PER_SECOND, COPY_BYTES, COPY_CHUNK, COPY_HEADER_BYTES, DEFAULT_ROWS, MAX_FRAMES,
-        MAX_MAPPINGS, MAX_PROCS, ProcMappings, SEARCH_STEPS, StackCopy, UnwindMapping, UnwindRow,
-        kind, mapping, reason,
+        MAX_MAPPINGS, MAX_PROCS, MAX_RULES, PAGE_SHIFT, ProcMappings, SEARCH_STEPS, StackCopy,
+        UnwindMapping, UnwindRule, WORDS_PER_ELEMENT, kind, mapping, reason,
     },
 };
 
-/// Every binary's rows, one slice per binary (shared by all processes mapping it). Mmapable:
-/// userspace writes a table with one copy instead of a syscall per row. Sized at load from
+/// Every binary's table, one slice per binary (shared by all processes mapping it): its page
+/// index, then its rows (pc offset in the page << 16 | rule index). Mmapable: userspace
+/// writes a table with one copy instead of a syscall per row. Sized at load from
 /// `--unwind-memory`.
+/// Two words to an element (`WORDS_PER_ELEMENT`: 4-byte values would take 8 bytes each).
 #[map(name = "UNWIND_ROWS")]
-static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(DEFAULT_ROWS, BPF_F_MMAPABLE);
+static UNWIND_ROWS: Array<[u32; 2]> =
+    Array::with_max_entries(DEFAULT_ROWS / WORDS_PER_ELEMENT, BPF_F_MMAPABLE);
+
+/// The distinct rules of every loaded table, indexed by the rows' low 16 bits (two to an
+/// element, as above).
+#[map(name = "UNWIND_RULES")]
+static UNWIND_RULES: Array<[UnwindRule; 2]> =
+    Array::with_max_entries(MAX_RULES / WORDS_PER_ELEMENT, 0);
+
+/// Word `i` of UNWIND_ROWS.
+#[inline(always)]
+fn word(i: u32) -> Option<u32> {
+    UNWIND_ROWS.get(i >> 1).map(|pair| pair[(i & 1) as usize])
+}
 
 /// Executable mappings per process (tgid). Not preallocated: most slots stay empty.
 #[map(name = "UNWIND_PROCS")]
@@ -297,7 +314,7 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let (cfa, saved_bp) = if found.is_none() || m.kind == mapping::FRAME_POINTER {
         // A frame-pointer binary may have STOP rows at its threads' entries (Go's
         // runtime.mstart: what its frame pointer points at is no frame of the thread).
-        if m.table_len != 0
+        if m.pages != 0
             && find_row(&m, pc.wrapping_sub(m.bias)).is_some_and(|r| r.kind == kind::STOP)
         {
             return stop(w, reason::NONE);
@@ -373,7 +390,7 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
 /// right after it, RBP `rbp_off` slots from RSP. No stack-direction check: a handler on an
 /// alternate stack (sigaltstack) interrupted code whose stack is below its own.
 #[inline(always)]
-fn signal_frame(w: &mut Walk, row: &UnwindRow) -> i64 {
+fn signal_frame(w: &mut Walk, row: &UnwindRule) -> i64 {
     let saved_sp = w.sp + u64::from(row.cfa_off);
     let saved_bp = saved_sp.wrapping_add((i64::from(row.rbp_off) * 8) as u64);
     // SAFETY: user memory read through the checked helper.
@@ -423,29 +440,42 @@ fn find_mapping(p: &ProcMappings, pc: u64) -> Option<UnwindMapping> {
     None
 }
 
-/// The last row of mapping `m`'s table at or below file vaddr `pc`: binary search of at
-/// most SEARCH_STEPS steps (tables are capped at 2^SEARCH_STEPS rows by the loader).
+/// The rule of file vaddr `pc` in mapping `m`'s table: the page index gives the rows of
+/// `pc`'s 64 KiB page (the first at offset 0, put there by the loader), and a binary search
+/// of at most SEARCH_STEPS steps (a page has at most 2^16 rows) finds the last one at or
+/// below `pc`'s offset. profiler::unwind::kernel_rows::lookup is the same in userspace,
+/// checked against the compiler's own lookup for every row of libc, ld.so and fx-unwind.
 #[inline(always)]
-fn find_row(m: &UnwindMapping, pc: u64) -> Option<UnwindRow> {
-    if m.table_len == 0 || pc > u64::from(u32::MAX) {
+fn find_row(m: &UnwindMapping, pc: u64) -> Option<UnwindRule> {
+    if pc > u64::from(u32::MAX) {
         return None;
     }
     let pc = pc as u32;
-    let mut lo = m.table_start;
-    let mut hi = m.table_start + m.table_len;
-    if UNWIND_ROWS.get(lo)?.pc > pc {
+    let page = (pc >> PAGE_SHIFT).wrapping_sub(m.first_page);
+    // Below the first page too: the subtraction wrapped to a large number.
+    if page >= m.pages {
         return None;
     }
-    // Invariant: row lo starts at or below pc; rows from hi on start above it.
+    let at = m.table_start.wrapping_add(page);
+    let mut lo = word(at)?;
+    let mut hi = word(at.wrapping_add(1))?;
+    let off = pc & ((1 << PAGE_SHIFT) - 1);
+    // Invariant: row lo starts at or below off; rows from hi on start above it.
     let mut i = 0;
-    while i < SEARCH_STEPS && hi - lo > 1 {
+    while i < SEARCH_STEPS && hi > lo + 1 {
         let mid = lo + (hi - lo) / 2;
-        if UNWIND_ROWS.get(mid)?.pc <= pc {
+        if word(mid)? >> 16 <= off {
             lo = mid;
         } else {
             hi = mid;
         }
         i += 1;
     }
-    UNWIND_ROWS.get(lo).copied()
+    if hi <= lo {
+        return None; // an empty page: the loader writes none
+    }
+    let rule = word(lo)? & 0xffff;
+    UNWIND_RULES
+        .get(rule >> 1)
+        .map(|pair| pair[(rule & 1) as usize])
 }

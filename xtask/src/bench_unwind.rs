@@ -344,7 +344,7 @@ fn build_time(bin: &Path, pid: u32) -> Result<String> {
 }
 
 /// Memlock bytes of every BPF map `pid` holds, and of the largest array of 8-byte values
-/// (UNWIND_ROWS), from /proc/PID/fdinfo.
+/// (UNWIND_ROWS, two 4-byte words each), from /proc/PID/fdinfo.
 fn map_memory(pid: u32) -> Option<(u64, u64)> {
     let mut ids = BTreeSet::new();
     let (mut all, mut rows) = (0, 0);

@@ -14,7 +14,9 @@ use super::LoaderStats;
 pub fn named_counters(s: &LoaderStats) -> Vec<(String, u64)> {
     [
         ("unwind_table_bytes", s.table_bytes()),
-        ("unwind_table_capacity_bytes", s.rows_capacity * 8),
+        ("unwind_table_capacity_bytes", s.capacity_bytes()),
+        ("unwind_rules", s.rules),
+        ("unwind_rules_full", s.rules_full),
         ("unwind_table_mapped_bytes", s.mapped_bytes),
         ("unwind_rows_loaded", s.rows),
         ("unwind_processes", s.processes),
@@ -70,7 +72,7 @@ pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7], copies: &CopyFigures)
     };
     metric(
         "profiler_unwind_table_bytes",
-        "Kernel memory the unwind tables take now (8 bytes a row).",
+        "Kernel memory the unwind tables take now (4 bytes a row, page index and rule).",
         "gauge",
         &[(String::new(), s.table_bytes())],
     );
@@ -78,7 +80,7 @@ pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7], copies: &CopyFigures)
         "profiler_unwind_table_capacity_bytes",
         "Kernel memory reserved for unwind tables (--unwind-memory).",
         "gauge",
-        &[(String::new(), s.rows_capacity * 8)],
+        &[(String::new(), s.capacity_bytes())],
     );
     metric(
         "profiler_unwind_table_mapped_bytes",
@@ -91,6 +93,12 @@ pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7], copies: &CopyFigures)
         "Binaries whose table was evicted to make room for another's.",
         "counter",
         &[(String::new(), s.evicted)],
+    );
+    metric(
+        "profiler_unwind_rules_full_total",
+        "Binaries walked by frame pointer because the kernel's unwind rule table (65536 rules) had no room for their rules.",
+        "counter",
+        &[(String::new(), s.rules_full)],
     );
     metric(
         "profiler_unwind_binaries_total",
@@ -149,8 +157,9 @@ mod tests {
     #[test]
     fn metrics_carry_every_reason_and_the_memory() {
         let s = LoaderStats {
-            rows_now: 1000,
-            rows_capacity: 8 << 20,
+            slots_now: 1500,
+            rules: 500,
+            slots_capacity: 8 << 20,
             evicted: 3,
             ..LoaderStats::default()
         };
