@@ -145,3 +145,35 @@ fn the_page_index_is_made_absolute_where_the_slice_lands() {
     assert_eq!(t.len(), 4);
     assert_eq!(KernelTable::new(&[], &mut rules).unwrap().len(), 0);
 }
+
+/// docs/unwinding.md's worked example, word for word.
+#[test]
+fn the_documented_example() {
+    let rows = [
+        row(0x1_fff0, kind::CFA_RSP, 8),
+        row(0x1_fff4, kind::CFA_RSP, 16),
+        row(0x2_0010, kind::CFA_RSP, 8),
+        row(0x2_0020, kind::NONE, 0),
+    ];
+    let mut rules = Rules::default();
+    let t = KernelTable::new(&rows, &mut rules).unwrap();
+    let words = placed(&t, 1000);
+    assert_eq!(
+        &words[1000..1009],
+        &[
+            1003,
+            1006,
+            1009,
+            0,
+            0xfff0_0001,
+            0xfff4_0002,
+            0x0000_0002,
+            0x0010_0001,
+            0x0020_0000
+        ]
+    );
+    assert_eq!(rules.as_slice()[1], rows[0].rule());
+    assert_eq!(rules.as_slice()[2], rows[1].rule());
+    let at = |pc| lookup(&words, rules.as_slice(), 1000, t.pages, t.first_page, pc);
+    assert_eq!(at(0x2_0004), Some(rows[1].rule()));
+}
