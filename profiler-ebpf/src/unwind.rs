@@ -85,6 +85,11 @@ pub(crate) struct WalkEnd {
     /// 1 when the current address is exact (the interrupted RIP a signal frame saved), not
     /// a return address: it is looked up as is, not as the call before it.
     exact: u32,
+    _pad: u32,
+    /// The mapping the last step found (an empty range before the first): a caller is
+    /// mostly in the same binary as its callee (30 frames of one program, then libc's
+    /// start), so the step checks it before searching the process's mappings again.
+    last: UnwindMapping,
 }
 
 #[map(name = "UNWIND_END")]
@@ -125,6 +130,8 @@ pub(crate) fn walk(
             n: 0,
             reason: reason::FRAME_LIMIT,
             exact: 0,
+            _pad: 0,
+            last: UnwindMapping::default(),
         }
     };
     let mut w = Walk {
@@ -305,8 +312,18 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     };
     // Code in no file mapping (JIT code; the vDSO has a table) is walked by frame pointer, as
     // bpf_get_stack would: JIT compilers keep them, and the chain leads back into mapped code.
-    // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
-    let found = find_mapping(unsafe { &*w.procs }, pc);
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    let last = unsafe { &mut (*w.end).last };
+    let found = if pc >= last.start && pc < last.end {
+        Some(*last)
+    } else {
+        // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
+        let found = find_mapping(unsafe { &*w.procs }, pc);
+        if let Some(m) = found {
+            *last = m;
+        }
+        found
+    };
     let m = found.unwrap_or_default();
     if m.kind == mapping::PENDING {
         return stop(w, reason::NOT_LOADED); // its table is being compiled: copy the stack
@@ -362,17 +379,29 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         };
         (cfa, saved)
     };
-    // SAFETY: user memory read through the checked helper.
-    let Ok(ra) = (unsafe { bpf_probe_read_user((cfa - 8) as *const u64) }) else {
-        return stop(w, reason::READ_FAULT);
-    };
-    if saved_bp != 0 {
-        // SAFETY: as above.
-        match unsafe { bpf_probe_read_user(saved_bp as *const u64) } {
-            Ok(bp) => w.bp = bp,
-            Err(_) => return stop(w, reason::READ_FAULT),
+    let ra = if saved_bp == cfa.wrapping_sub(16) {
+        // RBP pushed right after the call (every frame-pointer frame, and most others that
+        // save it): one read of both words instead of two helper calls.
+        // SAFETY: user memory read through the checked helper.
+        let Ok([bp, ra]) = (unsafe { bpf_probe_read_user(saved_bp as *const [u64; 2]) }) else {
+            return stop(w, reason::READ_FAULT);
+        };
+        w.bp = bp;
+        ra
+    } else {
+        // SAFETY: user memory read through the checked helper.
+        let Ok(ra) = (unsafe { bpf_probe_read_user((cfa - 8) as *const u64) }) else {
+            return stop(w, reason::READ_FAULT);
+        };
+        if saved_bp != 0 {
+            // SAFETY: as above.
+            match unsafe { bpf_probe_read_user(saved_bp as *const u64) } {
+                Ok(bp) => w.bp = bp,
+                Err(_) => return stop(w, reason::READ_FAULT),
+            }
         }
-    }
+        ra
+    };
     if ra == 0 {
         return stop(w, reason::NONE); // the outermost frame
     }
