@@ -9,7 +9,7 @@ use profiler::unwind::{
     kernel_rows::{KernelTable, Rules, lookup},
     table::{Table, compile},
 };
-use profiler_common::unwind::{UnwindRule, kind};
+use profiler_common::unwind::{UnwindRow, UnwindRule, kind};
 
 const FIXTURE: &str = env!("FIXTURE_FX_UNWIND");
 
@@ -45,7 +45,7 @@ fn check(path: &str, rules: &mut Rules) -> usize {
             if pc >= to {
                 continue;
             }
-            let want = table.lookup(pc).map(|r| r.rule());
+            let want = table.lookup(pc).map(UnwindRow::rule);
             assert_eq!(
                 in_kernel(pc),
                 want,
