@@ -90,7 +90,19 @@ pub(crate) struct WalkEnd {
     /// mostly in the same binary as its callee (30 frames of one program, then libc's
     /// start), so the step checks it before searching the process's mappings again.
     last: UnwindMapping,
+    /// A copy of the user stack from `win_base`, `win_len` bytes (0: none yet): the walk
+    /// goes up the stack, and one read of WINDOW bytes holds the return addresses of
+    /// several small frames, each of which cost a helper call of its own.
+    win_base: u64,
+    win_len: u64,
+    /// WINDOW bytes and 8 more, so a word read at any offset below WINDOW stays inside.
+    win: [u8; WINDOW + 8],
 }
+
+/// Bytes of the user stack one read copies (`WalkEnd::win`): the 16-byte frames of a small
+/// recursive function, 16 of them; a 200-byte frame still gets its saved RBP and return
+/// address in one read.
+const WINDOW: usize = 256;
 
 #[map(name = "UNWIND_END")]
 static UNWIND_END: PerCpuArray<WalkEnd> = PerCpuArray::with_max_entries(1, 0);
@@ -124,15 +136,17 @@ pub(crate) fn walk(
     let Some(end) = UNWIND_END.get_ptr_mut(0) else {
         return (0, reason::READ_FAULT);
     };
+    // Field by field: the window's bytes need no clearing (win_len 0 marks them unread),
+    // and a whole WalkEnd built on the stack would take most of its 512 bytes.
     // SAFETY: per-CPU value, and perf_event programs do not nest on one CPU.
     unsafe {
-        *end = WalkEnd {
-            n: 0,
-            reason: reason::FRAME_LIMIT,
-            exact: 0,
-            _pad: 0,
-            last: UnwindMapping::default(),
-        }
+        let e = &mut *end;
+        e.n = 0;
+        e.reason = reason::FRAME_LIMIT;
+        e.exact = 0;
+        e.last.start = 0;
+        e.last.end = 0;
+        e.win_len = 0;
     };
     let mut w = Walk {
         ip,
@@ -379,28 +393,16 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         };
         (cfa, saved)
     };
-    let ra = if saved_bp == cfa.wrapping_sub(16) {
-        // RBP pushed right after the call (every frame-pointer frame, and most others that
-        // save it): one read of both words instead of two helper calls.
-        // SAFETY: user memory read through the checked helper.
-        let Ok([bp, ra]) = (unsafe { bpf_probe_read_user(saved_bp as *const [u64; 2]) }) else {
-            return stop(w, reason::READ_FAULT);
-        };
-        w.bp = bp;
-        ra
-    } else {
-        // SAFETY: user memory read through the checked helper.
-        let Ok(ra) = (unsafe { bpf_probe_read_user((cfa - 8) as *const u64) }) else {
-            return stop(w, reason::READ_FAULT);
-        };
-        if saved_bp != 0 {
-            // SAFETY: as above.
-            match unsafe { bpf_probe_read_user(saved_bp as *const u64) } {
-                Ok(bp) => w.bp = bp,
-                Err(_) => return stop(w, reason::READ_FAULT),
-            }
+    // The saved RBP first: it is below the return address (CFA - 16 or lower), and the
+    // window is read upwards from the first address asked for.
+    if saved_bp != 0 {
+        match stack_word(w, saved_bp) {
+            Some(bp) => w.bp = bp,
+            None => return stop(w, reason::READ_FAULT),
         }
-        ra
+    }
+    let Some(ra) = stack_word(w, cfa - 8) else {
+        return stop(w, reason::READ_FAULT);
     };
     if ra == 0 {
         return stop(w, reason::NONE); // the outermost frame
@@ -412,6 +414,55 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     w.ip = ra;
     w.sp = cfa;
     0
+}
+
+/// The user stack's word at `at`, from the walk's window when it holds it; else the window is
+/// read again from `at` up, WINDOW bytes or to the end of `at`'s page (a read crossing into
+/// an unmapped page fails whole, and the stack's top page may be the last one mapped).
+#[inline(always)]
+fn stack_word(w: &mut Walk, at: u64) -> Option<u64> {
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    let e = unsafe { &mut *w.end };
+    let off = at.wrapping_sub(e.win_base);
+    if off >= e.win_len || e.win_len - off < 8 {
+        let to_page = COPY_CHUNK as u64 - (at & (COPY_CHUNK as u64 - 1));
+        let n = if to_page < WINDOW as u64 {
+            to_page
+        } else {
+            WINDOW as u64
+        };
+        // Read back through memory so the check below stays for the verifier (as in
+        // `copy_stack`: 6.1 takes no bound from the comparison above).
+        // SAFETY: a read of a local.
+        let n = unsafe { core::ptr::read_volatile(&n) };
+        if n < 8 || n > WINDOW as u64 {
+            // A word across a page boundary (the stack is 8-aligned: never in practice).
+            // SAFETY: user memory read through the checked helper.
+            return unsafe { bpf_probe_read_user(at as *const u64) }.ok();
+        }
+        // SAFETY: n <= WINDOW bytes into the window's WINDOW + 8; user memory read through
+        // the checked helper.
+        let r = unsafe {
+            probe_read_user_raw(
+                e.win.as_mut_ptr().cast(),
+                n as u32,
+                at as *const core::ffi::c_void,
+            )
+        };
+        if r != 0 {
+            e.win_len = 0;
+            return None;
+        }
+        e.win_base = at;
+        e.win_len = n;
+        return Some(u64::from_ne_bytes([
+            e.win[0], e.win[1], e.win[2], e.win[3], e.win[4], e.win[5], e.win[6], e.win[7],
+        ]));
+    }
+    // Masked for the verifier: off < win_len <= WINDOW already.
+    let off = off as usize & (WINDOW - 1);
+    // SAFETY: off + 8 <= WINDOW + 8, inside the window; unaligned as the stack may be.
+    Some(unsafe { core::ptr::read_unaligned(e.win.as_ptr().add(off).cast::<u64>()) })
 }
 
 /// Crosses a signal frame (`__restore_rt`, where the handler returns to): the registers of
