@@ -18,8 +18,9 @@ pub mod vdso;
 
 pub use background::BackgroundLoader;
 pub use copied::CopyUnwinder;
-pub use loader::{Loader, LoaderStats, MappingSpec};
+pub use loader::{Loader, MappingSpec};
 pub use procmaps::proc_mappings;
+pub use report::LoaderStats;
 
 /// What the collector tells the loader about a process (`collect::NewProcessHook`).
 #[derive(Debug)]
