@@ -284,12 +284,26 @@ pub mod churn {
 pub mod unwind {
     /// Map names and load-time globals.
     pub const MAP_ROWS: &str = "UNWIND_ROWS";
+    pub const MAP_RULES: &str = "UNWIND_RULES";
     pub const MAP_PROCS: &str = "UNWIND_PROCS";
     /// Load-time global (u8): 0 = frame pointers only (bpf_get_stack), 1 = unwind by table
     /// where userspace loaded one (a process not loaded yet falls back to frame pointers).
     pub const GLOBAL_MODE: &str = "UNWIND_MODE";
-    /// Rows as compiled; the loader sets the real count from `--unwind-memory`.
-    pub const DEFAULT_ROWS: u32 = 64 << 20 >> 3;
+    /// Words (u32: kernel rows and page indexes) of UNWIND_ROWS as compiled; the loader
+    /// sets the real count from `--unwind-memory`.
+    pub const DEFAULT_ROWS: u32 = 64 << 20 >> 2;
+    /// Words in one element of UNWIND_ROWS and UNWIND_RULES: an array map stores each
+    /// element in a multiple of 8 bytes (`round_up(value_size, 8)`), so 4-byte values would
+    /// take 8 bytes each; two to an element take 4. The mmap of UNWIND_ROWS is then a plain
+    /// array of u32.
+    pub const WORDS_PER_ELEMENT: u32 = 2;
+    /// Code pages of the kernel layout: a kernel row's high 16 bits are its pc's offset in a
+    /// page of this many bytes of file vaddr (`PAGE_SHIFT` bits).
+    pub const PAGE_SHIFT: u32 = 16;
+    /// Distinct rules UNWIND_RULES holds (two to an element), shared by every binary and
+    /// never freed (a kernel row's low 16 bits index it). A binary whose rules do not fit
+    /// gets no table.
+    pub const MAX_RULES: u32 = 1 << 16;
     /// Processes whose mappings the kernel holds at once.
     pub const MAX_PROCS: u32 = 4096;
     /// Executable mappings kept per process (sorted by start); more are left out and their
@@ -297,8 +311,8 @@ pub mod unwind {
     pub const MAX_MAPPINGS: usize = 64;
     /// User frames the table walk produces at most (the same limit as a frame-pointer stack).
     pub const MAX_FRAMES: u32 = crate::MAX_FRAMES as u32;
-    /// Binary search steps: enough for 2^24 rows in one binary (128 MiB of rows).
-    pub const SEARCH_STEPS: u32 = 24;
+    /// Binary search steps inside one page: a page has at most 2^16 rows (one per byte).
+    pub const SEARCH_STEPS: u32 = 16;
 
     /// `UnwindRow::kind` values: how the CFA (the caller's RSP) is found.
     pub mod kind {
@@ -321,8 +335,11 @@ pub mod unwind {
         pub const SIGNAL: u8 = 6;
     }
 
-    /// One row of a binary's table: the rule from `pc` (a file virtual address) up to the next
-    /// row's. x86_64: the return address is always at CFA - 8.
+    /// One row of a binary's table as userspace keeps it (compiled, cached on disk, walked
+    /// over stack copies): the rule from `pc` (a file virtual address) up to the next row's.
+    /// x86_64: the return address is always at CFA - 8. The kernel holds it as a 4-byte
+    /// row, the pc's offset in its 64 KiB page and the index of its `UnwindRule` in
+    /// UNWIND_RULES (docs/unwinding.md, "The kernel's table format").
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct UnwindRow {
@@ -338,13 +355,38 @@ pub mod unwind {
     }
     const _: () = assert!(core::mem::size_of::<UnwindRow>() == 8);
 
+    /// A row's rule without its address: what UNWIND_RULES holds, one copy per distinct
+    /// rule (libc has a few hundred), indexed by the low 16 bits of the kernel's rows.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct UnwindRule {
+        /// As `UnwindRow::cfa_off`.
+        pub cfa_off: u16,
+        /// As `UnwindRow::rbp_off`.
+        pub rbp_off: i8,
+        /// `kind::*`; the all-zero rule (index 0, never written) is `kind::NONE`.
+        pub kind: u8,
+    }
+    const _: () = assert!(core::mem::size_of::<UnwindRule>() == 4);
+
+    impl UnwindRow {
+        /// Its rule, without the address.
+        pub const fn rule(&self) -> UnwindRule {
+            UnwindRule {
+                cfa_off: self.cfa_off,
+                rbp_off: self.rbp_off,
+                kind: self.kind,
+            }
+        }
+    }
+
     /// `UnwindMapping::kind` values.
     pub mod mapping {
         /// Walk this binary's frames by frame pointer (it keeps them, or has no table). Its
         /// rows, if it has any, are only `kind::STOP` ranges (Go's thread entries): the walk
         /// ends there.
         pub const FRAME_POINTER: u32 = 0;
-        /// Walk by the rows at `table_start..table_start + table_len`.
+        /// Walk by the table whose page index starts at `table_start`.
         pub const TABLE: u32 = 1;
         /// Its table is still being compiled (the process's other binaries are walkable
         /// already): a walk reaching it stops as `reason::NOT_LOADED`, and the sampler
@@ -361,16 +403,15 @@ pub mod unwind {
         pub end: u64,
         /// Subtracted from an address to get the binary's file vaddr (the table's `pc`).
         pub bias: u64,
-        /// First row of the binary's table in UNWIND_ROWS, and its row count.
+        /// Where the binary's slice of UNWIND_ROWS starts: its page index, `pages + 1`
+        /// entries (the absolute index of each page's first row, then the end of its rows).
         pub table_start: u32,
-        pub table_len: u32,
+        /// Pages of 2^PAGE_SHIFT bytes the table covers, from `first_page` on; 0: no table.
+        pub pages: u32,
         /// `mapping::*`.
         pub kind: u32,
-        #[expect(
-            clippy::pub_underscore_fields,
-            reason = "repr(C) padding the other crates initialize"
-        )]
-        pub _pad: u32,
+        /// The file vaddr of the table's first row >> PAGE_SHIFT.
+        pub first_page: u32,
     }
     const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 40);
 
@@ -453,6 +494,9 @@ pub mod unwind {
     #[cfg(feature = "user")]
     // SAFETY: repr(C), integers only, no padding (sizes asserted above).
     unsafe impl aya::Pod for UnwindRow {}
+    #[cfg(feature = "user")]
+    // SAFETY: as above.
+    unsafe impl aya::Pod for UnwindRule {}
     #[cfg(feature = "user")]
     // SAFETY: as above.
     unsafe impl aya::Pod for UnwindMapping {}

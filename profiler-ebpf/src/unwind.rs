@@ -2,8 +2,10 @@
 //! bpf_get_stack for processes whose mappings userspace loaded (profiler::unwind::loader).
 //! Each step finds the mapping of the current address (binary search of the process's
 //! sorted executable mappings), then either follows the frame pointer (binaries that keep
-//! them; it stops at their STOP rows, e.g. Go's thread entries) or the binary's row for that address (binary search of its slice of UNWIND_ROWS),
-//! reads the return address at CFA - 8 and, when the row says so, the caller's RBP.
+//! them; it stops at their STOP rows, e.g. Go's thread entries) or the binary's row for that
+//! address (its page's rows found through the binary's page index, then a binary search of
+//! those: docs/unwinding.md, "The kernel's table format"), reads the return address at
+//! CFA - 8 and, when the row's rule says so, the caller's RBP.
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     helpers::{
@@ -21,16 +23,31 @@ use profiler_common::{
     MAX_FRAMES as FRAME_SLOTS,
     unwind::{
         COPIES_PER_SECOND, COPY_BYTES, COPY_CHUNK, COPY_HEADER_BYTES, DEFAULT_ROWS, MAX_FRAMES,
-        MAX_MAPPINGS, MAX_PROCS, ProcMappings, SEARCH_STEPS, StackCopy, UnwindMapping, UnwindRow,
-        kind, mapping, reason,
+        MAX_MAPPINGS, MAX_PROCS, MAX_RULES, PAGE_SHIFT, ProcMappings, SEARCH_STEPS, StackCopy,
+        UnwindMapping, UnwindRule, WORDS_PER_ELEMENT, kind, mapping, reason,
     },
 };
 
-/// Every binary's rows, one slice per binary (shared by all processes mapping it). Mmapable:
-/// userspace writes a table with one copy instead of a syscall per row. Sized at load from
+/// Every binary's table, one slice per binary (shared by all processes mapping it): its page
+/// index, then its rows (pc offset in the page << 16 | rule index). Mmapable: userspace
+/// writes a table with one copy instead of a syscall per row. Sized at load from
 /// `--unwind-memory`.
+/// Two words to an element (`WORDS_PER_ELEMENT`: 4-byte values would take 8 bytes each).
 #[map(name = "UNWIND_ROWS")]
-static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(DEFAULT_ROWS, BPF_F_MMAPABLE);
+static UNWIND_ROWS: Array<[u32; 2]> =
+    Array::with_max_entries(DEFAULT_ROWS / WORDS_PER_ELEMENT, BPF_F_MMAPABLE);
+
+/// The distinct rules of every loaded table, indexed by the rows' low 16 bits (two to an
+/// element, as above).
+#[map(name = "UNWIND_RULES")]
+static UNWIND_RULES: Array<[UnwindRule; 2]> =
+    Array::with_max_entries(MAX_RULES / WORDS_PER_ELEMENT, 0);
+
+/// Word `i` of UNWIND_ROWS.
+#[inline(always)]
+fn word(i: u32) -> Option<u32> {
+    UNWIND_ROWS.get(i >> 1).map(|pair| pair[(i & 1) as usize])
+}
 
 /// Executable mappings per process (tgid). Not preallocated: most slots stay empty.
 #[map(name = "UNWIND_PROCS")]
@@ -68,7 +85,24 @@ pub(crate) struct WalkEnd {
     /// 1 when the current address is exact (the interrupted RIP a signal frame saved), not
     /// a return address: it is looked up as is, not as the call before it.
     exact: u32,
+    _pad: u32,
+    /// The mapping the last step found (an empty range before the first): a caller is
+    /// mostly in the same binary as its callee (30 frames of one program, then libc's
+    /// start), so the step checks it before searching the process's mappings again.
+    last: UnwindMapping,
+    /// A copy of the user stack from `win_base`, `win_len` bytes (0: none yet): the walk
+    /// goes up the stack, and one read of WINDOW bytes holds the return addresses of
+    /// several small frames, each of which cost a helper call of its own.
+    win_base: u64,
+    win_len: u64,
+    /// WINDOW bytes and 8 more, so a word read at any offset below WINDOW stays inside.
+    win: [u8; WINDOW + 8],
 }
+
+/// Bytes of the user stack one read copies (`WalkEnd::win`): the 16-byte frames of a small
+/// recursive function, 16 of them; a 200-byte frame still gets its saved RBP and return
+/// address in one read.
+const WINDOW: usize = 256;
 
 #[map(name = "UNWIND_END")]
 static UNWIND_END: PerCpuArray<WalkEnd> = PerCpuArray::with_max_entries(1, 0);
@@ -102,13 +136,17 @@ pub(crate) fn walk(
     let Some(end) = UNWIND_END.get_ptr_mut(0) else {
         return (0, reason::READ_FAULT);
     };
+    // Field by field: the window's bytes need no clearing (win_len 0 marks them unread),
+    // and a whole WalkEnd built on the stack would take most of its 512 bytes.
     // SAFETY: per-CPU value, and perf_event programs do not nest on one CPU.
     unsafe {
-        *end = WalkEnd {
-            n: 0,
-            reason: reason::FRAME_LIMIT,
-            exact: 0,
-        }
+        let e = &mut *end;
+        e.n = 0;
+        e.reason = reason::FRAME_LIMIT;
+        e.exact = 0;
+        e.last.start = 0;
+        e.last.end = 0;
+        e.win_len = 0;
     };
     let mut w = Walk {
         ip,
@@ -288,8 +326,18 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     };
     // Code in no file mapping (JIT code; the vDSO has a table) is walked by frame pointer, as
     // bpf_get_stack would: JIT compilers keep them, and the chain leads back into mapped code.
-    // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
-    let found = find_mapping(unsafe { &*w.procs }, pc);
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    let last = unsafe { &mut (*w.end).last };
+    let found = if pc >= last.start && pc < last.end {
+        Some(*last)
+    } else {
+        // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
+        let found = find_mapping(unsafe { &*w.procs }, pc);
+        if let Some(m) = found {
+            *last = m;
+        }
+        found
+    };
     let m = found.unwrap_or_default();
     if m.kind == mapping::PENDING {
         return stop(w, reason::NOT_LOADED); // its table is being compiled: copy the stack
@@ -297,7 +345,7 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let (cfa, saved_bp) = if found.is_none() || m.kind == mapping::FRAME_POINTER {
         // A frame-pointer binary may have STOP rows at its threads' entries (Go's
         // runtime.mstart: what its frame pointer points at is no frame of the thread).
-        if m.table_len != 0
+        if m.pages != 0
             && find_row(&m, pc.wrapping_sub(m.bias)).is_some_and(|r| r.kind == kind::STOP)
         {
             return stop(w, reason::NONE);
@@ -345,17 +393,17 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         };
         (cfa, saved)
     };
-    // SAFETY: user memory read through the checked helper.
-    let Ok(ra) = (unsafe { bpf_probe_read_user((cfa - 8) as *const u64) }) else {
-        return stop(w, reason::READ_FAULT);
-    };
+    // The saved RBP first: it is below the return address (CFA - 16 or lower), and the
+    // window is read upwards from the first address asked for.
     if saved_bp != 0 {
-        // SAFETY: as above.
-        match unsafe { bpf_probe_read_user(saved_bp as *const u64) } {
-            Ok(bp) => w.bp = bp,
-            Err(_) => return stop(w, reason::READ_FAULT),
+        match stack_word(w, saved_bp) {
+            Some(bp) => w.bp = bp,
+            None => return stop(w, reason::READ_FAULT),
         }
     }
+    let Some(ra) = stack_word(w, cfa - 8) else {
+        return stop(w, reason::READ_FAULT);
+    };
     if ra == 0 {
         return stop(w, reason::NONE); // the outermost frame
     }
@@ -368,12 +416,61 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     0
 }
 
+/// The user stack's word at `at`, from the walk's window when it holds it; else the window is
+/// read again from `at` up, WINDOW bytes or to the end of `at`'s page (a read crossing into
+/// an unmapped page fails whole, and the stack's top page may be the last one mapped).
+#[inline(always)]
+fn stack_word(w: &mut Walk, at: u64) -> Option<u64> {
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    let e = unsafe { &mut *w.end };
+    let off = at.wrapping_sub(e.win_base);
+    if off >= e.win_len || e.win_len - off < 8 {
+        let to_page = COPY_CHUNK as u64 - (at & (COPY_CHUNK as u64 - 1));
+        let n = if to_page < WINDOW as u64 {
+            to_page
+        } else {
+            WINDOW as u64
+        };
+        // Read back through memory so the check below stays for the verifier (as in
+        // `copy_stack`: 6.1 takes no bound from the comparison above).
+        // SAFETY: a read of a local.
+        let n = unsafe { core::ptr::read_volatile(&n) };
+        if n < 8 || n > WINDOW as u64 {
+            // A word across a page boundary (the stack is 8-aligned: never in practice).
+            // SAFETY: user memory read through the checked helper.
+            return unsafe { bpf_probe_read_user(at as *const u64) }.ok();
+        }
+        // SAFETY: n <= WINDOW bytes into the window's WINDOW + 8; user memory read through
+        // the checked helper.
+        let r = unsafe {
+            probe_read_user_raw(
+                e.win.as_mut_ptr().cast(),
+                n as u32,
+                at as *const core::ffi::c_void,
+            )
+        };
+        if r != 0 {
+            e.win_len = 0;
+            return None;
+        }
+        e.win_base = at;
+        e.win_len = n;
+        return Some(u64::from_ne_bytes([
+            e.win[0], e.win[1], e.win[2], e.win[3], e.win[4], e.win[5], e.win[6], e.win[7],
+        ]));
+    }
+    // Masked for the verifier: off < win_len <= WINDOW already.
+    let off = off as usize & (WINDOW - 1);
+    // SAFETY: off + 8 <= WINDOW + 8, inside the window; unaligned as the stack may be.
+    Some(unsafe { core::ptr::read_unaligned(e.win.as_ptr().add(off).cast::<u64>()) })
+}
+
 /// Crosses a signal frame (`__restore_rt`, where the handler returns to): the registers of
 /// the interrupted code are in the sigcontext the kernel pushed, RSP at `sp + cfa_off`, RIP
 /// right after it, RBP `rbp_off` slots from RSP. No stack-direction check: a handler on an
 /// alternate stack (sigaltstack) interrupted code whose stack is below its own.
 #[inline(always)]
-fn signal_frame(w: &mut Walk, row: &UnwindRow) -> i64 {
+fn signal_frame(w: &mut Walk, row: &UnwindRule) -> i64 {
     let saved_sp = w.sp + u64::from(row.cfa_off);
     let saved_bp = saved_sp.wrapping_add((i64::from(row.rbp_off) * 8) as u64);
     // SAFETY: user memory read through the checked helper.
@@ -423,29 +520,42 @@ fn find_mapping(p: &ProcMappings, pc: u64) -> Option<UnwindMapping> {
     None
 }
 
-/// The last row of mapping `m`'s table at or below file vaddr `pc`: binary search of at
-/// most SEARCH_STEPS steps (tables are capped at 2^SEARCH_STEPS rows by the loader).
+/// The rule of file vaddr `pc` in mapping `m`'s table: the page index gives the rows of
+/// `pc`'s 64 KiB page (the first at offset 0, put there by the loader), and a binary search
+/// of at most SEARCH_STEPS steps (a page has at most 2^16 rows) finds the last one at or
+/// below `pc`'s offset. profiler::unwind::kernel_rows::lookup is the same in userspace,
+/// checked against the compiler's own lookup for every row of libc, ld.so and fx-unwind.
 #[inline(always)]
-fn find_row(m: &UnwindMapping, pc: u64) -> Option<UnwindRow> {
-    if m.table_len == 0 || pc > u64::from(u32::MAX) {
+fn find_row(m: &UnwindMapping, pc: u64) -> Option<UnwindRule> {
+    if pc > u64::from(u32::MAX) {
         return None;
     }
     let pc = pc as u32;
-    let mut lo = m.table_start;
-    let mut hi = m.table_start + m.table_len;
-    if UNWIND_ROWS.get(lo)?.pc > pc {
+    let page = (pc >> PAGE_SHIFT).wrapping_sub(m.first_page);
+    // Below the first page too: the subtraction wrapped to a large number.
+    if page >= m.pages {
         return None;
     }
-    // Invariant: row lo starts at or below pc; rows from hi on start above it.
+    let at = m.table_start.wrapping_add(page);
+    let mut lo = word(at)?;
+    let mut hi = word(at.wrapping_add(1))?;
+    let off = pc & ((1 << PAGE_SHIFT) - 1);
+    // Invariant: row lo starts at or below off; rows from hi on start above it.
     let mut i = 0;
-    while i < SEARCH_STEPS && hi - lo > 1 {
+    while i < SEARCH_STEPS && hi > lo + 1 {
         let mid = lo + (hi - lo) / 2;
-        if UNWIND_ROWS.get(mid)?.pc <= pc {
+        if word(mid)? >> 16 <= off {
             lo = mid;
         } else {
             hi = mid;
         }
         i += 1;
     }
-    UNWIND_ROWS.get(lo).copied()
+    if hi <= lo {
+        return None; // an empty page: the loader writes none
+    }
+    let rule = word(lo)? & 0xffff;
+    UNWIND_RULES
+        .get(rule >> 1)
+        .map(|pair| pair[(rule & 1) as usize])
 }

@@ -18,12 +18,16 @@ use profiler_tests::{
 const FIXTURE: &str = env!("FIXTURE_FX_UNWIND");
 const FX_BIG: &str = env!("FIXTURE_FX_BIG");
 
-/// Rows of the table the profiler compiles for the binary at `path`.
+/// Entries of UNWIND_ROWS (4 bytes each: rows and page index) the table the profiler
+/// compiles for the binary at `path` takes in the kernel.
 fn rows(path: &Path) -> u64 {
     let data = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let table = profiler::unwind::table::compile(&data)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    table.rows.len() as u64
+    let mut rules = profiler::unwind::kernel_rows::Rules::default();
+    let kernel = profiler::unwind::kernel_rows::KernelTable::new(&table.rows, &mut rules)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    u64::from(kernel.len())
 }
 
 /// The file `pid` maps whose name starts with `prefix` (e.g. `libc.so`), waiting (5 s at
@@ -126,7 +130,7 @@ fn tables_evicted_for_another_process_come_back_whole() {
         fixture_rows < budget_rows,
         "fx-unwind needs {fixture_rows} rows"
     );
-    let budget = (budget_rows * 8).to_string();
+    let budget = (budget_rows * 4).to_string();
     eprintln!(
         "rows: python3 {py_rows}, libc {libc_rows}, fx-unwind's {fixture_rows}; budget {budget_rows}"
     );
@@ -182,7 +186,7 @@ fn tables_evicted_for_another_process_come_back_whole() {
         counter("unwind_table_capacity_bytes"),
     );
     assert!(
-        bytes > 0 && bytes <= capacity && capacity == budget_rows * 8,
+        bytes > 0 && bytes <= capacity && capacity == budget_rows * 4,
         "table bytes {bytes} of {capacity}:\n{stats}"
     );
 

@@ -5,7 +5,8 @@
 //! `--unwind dwarf`, profile-bee `--dwarf`, bpftrace's frame-pointer `ustack`, and
 //! `perf record --call-graph dwarf`. Reported: BPF ns per sample (bpf_stats), the share of
 //! each program's samples whose user stack reaches its entry, our lost samples, our BPF map
-//! memory against the binaries' raw .eh_frame bytes, and table build times.
+//! memory against the binaries' raw .eh_frame bytes, and table build times. First, on a quiet
+//! machine, the cost of 30-frame table walks (`bench_unwind_deep`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -37,7 +38,13 @@ const NO_FP_CFLAGS: &[&str] = &[
     "-fno-optimize-sibling-calls",
 ];
 
-pub(crate) fn unwind(seconds: u64, debug: bool, profile_bee: bool) -> Result<()> {
+/// `deep30_only`: the 30-frame section alone (half a minute).
+pub(crate) fn unwind(
+    seconds: u64,
+    debug: bool,
+    profile_bee: bool,
+    deep30_only: bool,
+) -> Result<()> {
     let (bin, out_dir) = prepare_build(
         Extras {
             bench: true,
@@ -49,10 +56,16 @@ pub(crate) fn unwind(seconds: u64, debug: bool, profile_bee: bool) -> Result<()>
     let tmp = std::env::temp_dir().join(format!("profiler-bench-unwind-{}", std::process::id()));
     fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     catch_ctrl_c();
-    let result = measure(&bin, &tmp, seconds, profile_bee);
+    let result = measure(&bin, &tmp, seconds, profile_bee, deep30_only);
     let _ = fs::remove_dir_all(&tmp);
     let m = result?;
-    let table = render(&m, seconds, if debug { "debug" } else { "release" });
+    let build = if debug { "debug" } else { "release" };
+    let mut table = if deep30_only {
+        format!("unwind bench, 30-frame section only, {build} build of the profiler\n")
+    } else {
+        render(&m, seconds, build)
+    };
+    table += &crate::bench_unwind_deep::render(&m.deep30);
     print!("{table}");
     let path = out_dir.join("unwind.txt");
     fs::write(&path, &table).with_context(|| format!("cannot write {}", path.display()))?;
@@ -74,7 +87,10 @@ struct Run {
     map_bytes: Option<(u64, u64, u64)>,
 }
 
+#[derive(Default)]
 struct Measurement {
+    /// The 30-frame section's runs.
+    deep30: Vec<crate::bench_unwind_deep::DeepRun>,
     runs: Vec<Run>,
     eh_frame_bytes: u64,
     binaries: usize,
@@ -82,7 +98,13 @@ struct Measurement {
     build_python: String,
 }
 
-fn measure(bin: &Path, tmp: &Path, seconds: u64, profile_bee_too: bool) -> Result<Measurement> {
+fn measure(
+    bin: &Path,
+    tmp: &Path,
+    seconds: u64,
+    profile_bee_too: bool,
+    deep30_only: bool,
+) -> Result<Measurement> {
     let fx = tmp.join("fx-unwind");
     let source = util::workspace_root().join("tests/fixtures/fx-unwind.c");
     util::run(
@@ -92,6 +114,14 @@ fn measure(bin: &Path, tmp: &Path, seconds: u64, profile_bee_too: bool) -> Resul
             .arg(&fx)
             .arg(&source),
     )?;
+    // Before the workload starts: the section wants the CPUs to itself.
+    let deep30 = crate::bench_unwind_deep::measure(bin, tmp, &fx)?;
+    if deep30_only {
+        return Ok(Measurement {
+            deep30,
+            ..Measurement::default()
+        });
+    }
     let input = tmp.join("xz-input");
     // Compressible but not trivially: base64 of random bytes.
     util::run(Command::new("sh").arg("-c").arg(format!(
@@ -168,6 +198,7 @@ fn measure(bin: &Path, tmp: &Path, seconds: u64, profile_bee_too: bool) -> Resul
     let sleeper = Proc::spawn(Command::new("sleep").arg("60"))?;
     let build_libc = build_time(bin, sleeper.pid())?;
     Ok(Measurement {
+        deep30,
         runs,
         eh_frame_bytes,
         binaries,
@@ -344,7 +375,7 @@ fn build_time(bin: &Path, pid: u32) -> Result<String> {
 }
 
 /// Memlock bytes of every BPF map `pid` holds, and of the largest array of 8-byte values
-/// (UNWIND_ROWS), from /proc/PID/fdinfo.
+/// (UNWIND_ROWS, two 4-byte words each), from /proc/PID/fdinfo.
 fn map_memory(pid: u32) -> Option<(u64, u64)> {
     let mut ids = BTreeSet::new();
     let (mut all, mut rows) = (0, 0);

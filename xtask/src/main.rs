@@ -9,6 +9,7 @@ mod bench_python;
 mod bench_support;
 mod bench_symbolize;
 mod bench_unwind;
+mod bench_unwind_deep;
 mod host;
 mod kernels;
 mod lab;
@@ -151,6 +152,9 @@ enum Bench {
         /// Leave profile-bee out (it is not installed, and installing it takes long).
         #[arg(long)]
         no_profile_bee: bool,
+        /// Only the 30-frame section: fx-unwind deep30 recorded --unwind fp, then dwarf.
+        #[arg(long)]
+        deep30_only: bool,
     },
 }
 
@@ -218,7 +222,8 @@ fn dispatch(task: Task) -> Result<ExitCode> {
             seconds,
             debug,
             no_profile_bee,
-        }) => bench_unwind::unwind(seconds, debug, !no_profile_bee)?,
+            deep30_only,
+        }) => bench_unwind::unwind(seconds, debug, !no_profile_bee && !deep30_only, deep30_only)?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -18,8 +18,7 @@ use aya::{
 use profiler_common::{
     DRAIN_INTERVAL_MS, GLOBAL_FILTER_CGROUPS, GLOBAL_FILTER_PIDS, GLOBAL_WAKEUP_BYTES,
     MAP_CGROUP_FILTER, MAP_COUNTERS, MAP_PID_FILTER, MAP_SAMPLES, MAX_CGROUP_FILTER, PROGRAM_NAME,
-    WAKEUP_FRACTION, counter, python as py, ring_buffer_bytes,
-    unwind::{self, UnwindRow},
+    WAKEUP_FRACTION, counter, python as py, ring_buffer_bytes, unwind,
 };
 
 use crate::unwind::{Loader, UnwindMode};
@@ -195,13 +194,16 @@ impl Sampler {
         };
         let wakeup_bytes = u64::from(ring_bytes / WAKEUP_FRACTION);
         let unwind_mode = u8::from(table_walk);
-        // One row with frame pointers only: the array is allocated in full at load.
-        let unwind_rows = if table_walk {
-            u32::try_from(config.unwind_memory / size_of::<UnwindRow>() as u64)
+        // One entry with frame pointers only: the arrays are allocated in full at load.
+        // UNWIND_ROWS holds 4-byte entries (kernel rows and page indexes).
+        let (unwind_rows, unwind_rules) = if table_walk {
+            let rows = u32::try_from(config.unwind_memory / 4)
                 .unwrap_or(u32::MAX)
-                .max(1)
+                .max(2)
+                / unwind::WORDS_PER_ELEMENT;
+            (rows, unwind::MAX_RULES / unwind::WORDS_PER_ELEMENT)
         } else {
-            1
+            (1, 1)
         };
         let fsbase_offset: u32 = config.python.map_or(0, |p| p.fsbase_offset);
         let exit_code_offset = exits::exit_code_offset().unwrap_or(0);
@@ -220,6 +222,7 @@ impl Sampler {
             )
             .map_max_entries(MAP_SAMPLES, ring_bytes)
             .map_max_entries(unwind::MAP_ROWS, unwind_rows)
+            .map_max_entries(unwind::MAP_RULES, unwind_rules)
             .load(SAMPLER_OBJECT)?;
         if !cgroup_dirs.is_empty() {
             let mut map = CgroupArray::try_from(
@@ -245,10 +248,14 @@ impl Sampler {
             let rows = ebpf
                 .take_map(unwind::MAP_ROWS)
                 .ok_or(BpfError::Missing("unwind rows"))?;
+            let rules = ebpf
+                .take_map(unwind::MAP_RULES)
+                .ok_or(BpfError::Missing("unwind rules"))?;
             let procs = ebpf
                 .take_map(unwind::MAP_PROCS)
                 .ok_or(BpfError::Missing("unwind mappings"))?;
-            let mut loader = Loader::new(config.unwind, rows, unwind_rows, procs)
+            let words = unwind_rows * unwind::WORDS_PER_ELEMENT;
+            let mut loader = Loader::new(config.unwind, rows, words, rules, procs)
                 .map_err(BpfError::UnwindMaps)?;
             if let Some(dir) = config.unwind_cache {
                 match crate::unwind::cache::TableCache::open(

@@ -54,7 +54,7 @@ pub struct RecordArgs {
     /// pointer.
     #[arg(long, value_enum, default_value_t = UnwindMode::Auto)]
     pub unwind: UnwindMode,
-    /// Kernel memory for unwind tables (8 bytes a row; libc needs about 190 KiB): 64M, 512K...
+    /// Kernel memory for unwind tables (4 bytes a row; libc needs about 110 KiB): 64M, 512K...
     /// Binaries beyond it are walked by frame pointer.
     #[arg(long, default_value = "64M", value_name = "BYTES", value_parser = parse_bytes)]
     pub unwind_memory: u64,

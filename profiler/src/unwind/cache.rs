@@ -15,7 +15,7 @@ use std::{
     sync::{Arc, Condvar, Mutex, PoisonError},
 };
 
-use profiler_common::unwind::{SEARCH_STEPS, UnwindRow, kind};
+use profiler_common::unwind::{UnwindRow, kind};
 
 use super::table::Table;
 
@@ -23,8 +23,9 @@ const MAGIC: &[u8; 8] = b"PROFUNW\0";
 /// Bumped on any change of the layout below.
 const VERSION: u32 = 1;
 const HEADER: usize = 56;
-/// Largest table the kernel walk searches (its binary search has SEARCH_STEPS steps).
-const MAX_ROWS: usize = 1 << SEARCH_STEPS;
+/// Most rows a cached table may claim (128 MiB of them as cached): a bound on what a
+/// damaged or hostile file makes us allocate, far above any real binary's.
+const MAX_ROWS: usize = 1 << 24;
 /// Kinds a row may have (`profiler_common::unwind::kind`).
 const KINDS: [u8; 7] = [
     kind::NONE,

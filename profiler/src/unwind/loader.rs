@@ -1,6 +1,7 @@
 //! Feeds the kernel's table walk: compiles each binary's table once (keyed by device and
 //! inode, so every process mapping it shares one copy), copies the rows into the UNWIND_ROWS
-//! array (mapped as far as rows are used, `rows_view`), and writes each process's executable mappings into UNWIND_PROCS.
+//! array in the kernel's 4-byte form (`kernel_rows`; mapped as far as rows are used,
+//! `rows_view`) and their rules into UNWIND_RULES, and writes each process's executable mappings into UNWIND_PROCS.
 //! `Loader::load_process` takes a plain list of mappings, so the kernel's MMAP2 records
 //! (through the collector) or /proc/PID/maps (`procmaps`) feed it alike. Rows live within
 //! the `--unwind-memory` budget (`budget`): when a table does not fit, least recently used
@@ -11,15 +12,16 @@ use std::{
     path::Path,
 };
 
-use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use aya::maps::{Array as BpfArray, HashMap as BpfHashMap, Map, MapData};
 use profiler_common::unwind::{
-    MAX_MAPPINGS, ProcMappings, SEARCH_STEPS, UnwindMapping, UnwindRow, mapping,
+    MAX_MAPPINGS, ProcMappings, UnwindMapping, UnwindRow, UnwindRule, mapping,
 };
 
 use super::{
-    UnwindMode,
+    LoaderStats, UnwindMode,
     budget::RowSpace,
     files::memmap,
+    kernel_rows::{KernelTable, Rules},
     pool::{Compiled, Ready},
     rows_view::RowsView,
     table,
@@ -35,8 +37,12 @@ const MAX_READY_TABLES: usize = 4096;
 #[derive(Clone, Debug)]
 struct Binary {
     kind: u32,
+    /// Its slice of UNWIND_ROWS (page index and rows; `table_len` 0: none).
     table_start: u32,
     table_len: u32,
+    /// `UnwindMapping::pages` and `first_page` of its table.
+    pages: u32,
+    first_page: u32,
     /// `table::mapping_bias` of a mapping at address 0, by file offset: a mapping's bias is
     /// its start plus this (linear in the start), so a new process needs no re-read.
     bias_at_zero: HashMap<u64, u64>,
@@ -56,38 +62,6 @@ impl Binary {
     }
 }
 
-/// What the loader did, for `--stats`, /metrics and the bench.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LoaderStats {
-    /// Processes loaded (each once while it lives; a pid reused after an exit counts again).
-    pub processes: u64,
-    pub binaries_table: u64,
-    pub binaries_fp: u64,
-    /// Rows copied into the kernel over the recording (evicted and reloaded ones again).
-    pub rows: u64,
-    /// Binaries left to frame pointers because their table does not fit the budget at all.
-    pub over_budget: u64,
-    /// Binaries whose rows were freed to make room for another's.
-    pub evicted: u64,
-    /// Rows in the kernel now, and the budget's row count.
-    pub rows_now: u64,
-    pub rows_capacity: u64,
-    /// Bytes of the row array mapped into this process to write rows (in its RSS; the
-    /// array's memory itself is the kernel's, `rows_capacity` rows).
-    pub mapped_bytes: u64,
-    /// Tables read from the disk cache instead of compiled.
-    pub cache_hits: u64,
-    /// Time spent compiling tables, ns.
-    pub compile_ns: u64,
-}
-
-impl LoaderStats {
-    /// Kernel memory the tables take now, bytes.
-    pub fn table_bytes(&self) -> u64 {
-        self.rows_now * size_of::<UnwindRow>() as u64
-    }
-}
-
 pub struct Loader {
     mode: UnwindMode,
     /// The part of UNWIND_ROWS mapped here; declared before `_rows_map` so it is unmapped
@@ -97,6 +71,9 @@ pub struct Loader {
     /// Keeps UNWIND_ROWS's fd open for `rows`.
     _rows_map: MapData,
     procs: BpfHashMap<MapData, u32, ProcMappings>,
+    /// UNWIND_RULES, and the rules it holds (never freed).
+    rules_map: BpfArray<MapData, [UnwindRule; 2]>,
+    rules: Rules,
     binaries: HashMap<BinaryKey, Binary>,
     /// What each loaded process's kernel entry holds, by binary (to rewrite it when one of
     /// its binaries is evicted, and to count users).
@@ -119,8 +96,14 @@ const REUSE_GRACE: std::time::Duration = std::time::Duration::from_millis(2);
 const RETRY_OVER_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Loader {
-    /// Takes the two maps of the loaded sampler; `capacity` is UNWIND_ROWS's entry count.
-    pub fn new(mode: UnwindMode, rows: Map, capacity: u32, procs: Map) -> std::io::Result<Self> {
+    /// Takes the three maps of the loaded sampler; `capacity` is UNWIND_ROWS's entry count.
+    pub fn new(
+        mode: UnwindMode,
+        rows: Map,
+        capacity: u32,
+        rules: Map,
+        procs: Map,
+    ) -> std::io::Result<Self> {
         let Map::Array(rows) = rows else {
             return Err(std::io::Error::other("UNWIND_ROWS is not an array map"));
         };
@@ -129,19 +112,22 @@ impl Loader {
             capacity,
         )?;
         let procs = BpfHashMap::try_from(procs).map_err(std::io::Error::other)?;
+        let rules_map = BpfArray::try_from(rules).map_err(std::io::Error::other)?;
         Ok(Self {
             mode,
             rows: view,
             space: RowSpace::new(capacity),
             _rows_map: rows,
             procs,
+            rules_map,
+            rules: Rules::default(),
             binaries: HashMap::new(),
             loaded: HashMap::new(),
             clock: 0,
             cache: None,
             ready: Ready::new(u64::from(capacity), MAX_READY_TABLES),
             stats: LoaderStats {
-                rows_capacity: u64::from(capacity),
+                slots_capacity: u64::from(capacity),
                 ..LoaderStats::default()
             },
         })
@@ -347,9 +333,9 @@ impl Loader {
                 end: m.end,
                 bias,
                 table_start: binary.table_start,
-                table_len: binary.table_len,
+                pages: binary.pages,
                 kind: binary.kind,
-                _pad: 0,
+                first_page: binary.first_page,
             },
         ))
     }
@@ -367,6 +353,8 @@ impl Loader {
             kind: mapping::FRAME_POINTER,
             table_start: 0,
             table_len: 0,
+            pages: 0,
+            first_page: 0,
             bias_at_zero: HashMap::new(),
             users: 0,
             last_used: self.clock,
@@ -392,48 +380,100 @@ impl Loader {
         };
         let by_fp = table.rows.is_empty()
             || (self.mode == UnwindMode::Auto && table.keeps_frame_pointers());
-        let len = table.rows.len() as u32;
         if by_fp {
             self.stats.binaries_fp += 1;
             self.add_stops(&mut binary, data, key, pinned);
             return Some(binary);
         }
-        let start = if len > 1 << SEARCH_STEPS || len > self.space.capacity() {
+        let kernel = match self.convert(&table.rows) {
+            Ok(k) => k,
+            Err(e) => {
+                log::debug!("{}: no unwind table: {e}", path.display());
+                self.stats.binaries_fp += 1;
+                return Some(binary);
+            }
+        };
+        let len = kernel.len();
+        let start = if len > self.space.capacity() {
             None
         } else {
             self.make_room(len, key, pinned)
         };
         let Some(start) = start else {
             log::debug!(
-                "{}: {len} rows do not fit the unwind memory",
-                path.display()
+                "{}: {} rows ({len} entries) do not fit the unwind memory",
+                path.display(),
+                table.rows.len()
             );
             self.stats.over_budget += 1;
             binary.retry_at = Some(std::time::Instant::now() + RETRY_OVER_BUDGET);
             return Some(binary);
         };
-        // Rows [start, start + len) lie inside the array (RowSpace hands out only ranges
+        if let Err(e) = self.write_rows(&mut binary, &kernel, start) {
+            log::debug!("{}: cannot map its unwind rows: {e}", path.display());
+            self.stats.binaries_fp += 1;
+            return Some(binary);
+        }
+        binary.kind = mapping::TABLE;
+        self.stats.rows += table.rows.len() as u64;
+        self.stats.binaries_table += 1;
+        Some(binary)
+    }
+
+    /// `rows` in the kernel's form, their new rules written to UNWIND_RULES; an error when
+    /// the rule table is full (counted) or cannot be written.
+    fn convert(&mut self, rows: &[UnwindRow]) -> std::io::Result<KernelTable> {
+        let before = self.rules.len();
+        let kernel = KernelTable::new(rows, &mut self.rules).map_err(|e| {
+            self.stats.rules_full += 1;
+            std::io::Error::other(e)
+        })?;
+        // Two rules to an element (`WORDS_PER_ELEMENT`): the pairs holding new ones.
+        let list = self.rules.as_slice();
+        let pairs: Vec<(u32, [UnwindRule; 2])> = (before / 2..list.len().div_ceil(2))
+            .map(|p| {
+                let at = |i: usize| list.get(i).copied().unwrap_or_default();
+                (p as u32, [at(2 * p), at(2 * p + 1)])
+            })
+            .collect();
+        for (index, pair) in pairs {
+            if let Err(e) = self.rules_map.set(index, pair, 0) {
+                self.rules.truncate(before);
+                return Err(std::io::Error::other(e));
+            }
+        }
+        self.stats.rules = self.rules.len() as u64;
+        Ok(kernel)
+    }
+
+    /// Copies `kernel` into UNWIND_ROWS at `start` (a range `make_room` handed out) and
+    /// gives `binary` that slice; the range goes back to the free space on failure.
+    fn write_rows(
+        &mut self,
+        binary: &mut Binary,
+        kernel: &KernelTable,
+        start: u32,
+    ) -> std::io::Result<()> {
+        let len = kernel.len();
+        // Entries [start, start + len) lie inside the array (RowSpace hands out only ranges
         // below its capacity, the array's length), and no kernel walk reads them before a
         // mapping points at them (evicted ones waited REUSE_GRACE).
         match self.rows.rows_mut(start, len) {
-            Ok(rows) => {
-                rows.copy_from_slice(&table.rows);
+            Ok(dst) => {
+                kernel.write_to(dst, start);
                 self.stats.mapped_bytes = self.rows.mapped_bytes();
             }
             Err(e) => {
-                log::debug!("{}: cannot map its unwind rows: {e}", path.display());
                 self.space.release(start, len);
-                self.stats.binaries_fp += 1;
-                return Some(binary);
+                return Err(e);
             }
         }
-        binary.kind = mapping::TABLE;
         binary.table_start = start;
         binary.table_len = len;
-        self.stats.rows += u64::from(len);
-        self.stats.rows_now = u64::from(self.space.used());
-        self.stats.binaries_table += 1;
-        Some(binary)
+        binary.pages = kernel.pages;
+        binary.first_page = kernel.first_page;
+        self.stats.slots_now = u64::from(self.space.used());
+        Ok(())
     }
 
     /// Gives a binary walked by frame pointer its STOP rows (`table::go_stops`), when it has
@@ -446,29 +486,28 @@ impl Loader {
         pinned: &HashSet<BinaryKey>,
     ) {
         let rows = table::go_stops(data);
-        let len = rows.len() as u32;
-        if len == 0 || len > self.space.capacity() {
+        if rows.is_empty() {
+            return;
+        }
+        let kernel = match self.convert(&rows) {
+            Ok(k) => k,
+            Err(e) => {
+                log::debug!("no room for the Go stack-base rows: {e}");
+                return;
+            }
+        };
+        let len = kernel.len();
+        if len > self.space.capacity() {
             return;
         }
         let Some(start) = self.make_room(len, key, pinned) else {
             return;
         };
-        // As in `load_binary`: a range RowSpace handed out, read by no walk yet.
-        match self.rows.rows_mut(start, len) {
-            Ok(dst) => {
-                dst.copy_from_slice(&rows);
-                self.stats.mapped_bytes = self.rows.mapped_bytes();
-            }
-            Err(e) => {
-                log::debug!("cannot map the Go stack-base rows: {e}");
-                self.space.release(start, len);
-                return;
-            }
+        if let Err(e) = self.write_rows(binary, &kernel, start) {
+            log::debug!("cannot map the Go stack-base rows: {e}");
+            return;
         }
-        binary.table_start = start;
-        binary.table_len = len;
-        self.stats.rows += u64::from(len);
-        self.stats.rows_now = u64::from(self.space.used());
+        self.stats.rows += rows.len() as u64;
     }
 
     /// Takes `len` rows, evicting least recently used binaries when needed: first those no
@@ -514,7 +553,7 @@ impl Loader {
                 break;
             }
         }
-        self.stats.rows_now = u64::from(self.space.used());
+        self.stats.slots_now = u64::from(self.space.used());
         if start.is_some() && !freed.is_empty() {
             std::thread::sleep(REUSE_GRACE);
         }

@@ -1,12 +1,13 @@
 //! Unwinding without frame pointers (`--unwind dwarf|auto`), beside `bpf`: `table` compiles a
-//! binary's .eh_frame into rows (on the `pool`'s threads), `loader` puts the rows and each
-//! process's mappings into the kernel maps that the sampler's table walk (profiler-ebpf
+//! binary's .eh_frame into rows (on the `pool`'s threads), `loader` puts the rows (in the
+//! kernel's 4-byte form, `kernel_rows`) and each process's mappings into the kernel maps that the sampler's table walk (profiler-ebpf
 //! `unwind`) reads.
 pub mod background;
 pub mod budget;
 pub mod cache;
 pub mod copied;
 pub mod files;
+pub mod kernel_rows;
 pub mod loader;
 pub mod pool;
 pub mod procmaps;
@@ -17,8 +18,9 @@ pub mod vdso;
 
 pub use background::BackgroundLoader;
 pub use copied::CopyUnwinder;
-pub use loader::{Loader, LoaderStats, MappingSpec};
+pub use loader::{Loader, MappingSpec};
 pub use procmaps::proc_mappings;
+pub use report::LoaderStats;
 
 /// What the collector tells the loader about a process (`collect::NewProcessHook`).
 #[derive(Debug)]

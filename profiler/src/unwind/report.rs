@@ -6,7 +6,50 @@ use std::fmt::Write as _;
 
 use profiler_common::unwind::reason;
 
-use super::LoaderStats;
+/// What the loader did, for `--stats`, /metrics and the bench.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoaderStats {
+    /// Processes loaded (each once while it lives; a pid reused after an exit counts again).
+    pub processes: u64,
+    pub binaries_table: u64,
+    pub binaries_fp: u64,
+    /// Rows (as compiled) copied into the kernel over the recording (evicted and reloaded
+    /// ones again).
+    pub rows: u64,
+    /// Binaries left to frame pointers because their table does not fit the budget at all.
+    pub over_budget: u64,
+    /// Binaries whose rows were freed to make room for another's.
+    pub evicted: u64,
+    /// Entries of UNWIND_ROWS (4 bytes each: rows and page indexes) in use now, and the
+    /// array's length (`--unwind-memory` / 4).
+    pub slots_now: u64,
+    pub slots_capacity: u64,
+    /// Distinct rules in UNWIND_RULES (4 bytes each, shared by every binary).
+    pub rules: u64,
+    /// Binaries left without a table (walked by frame pointer) because UNWIND_RULES had no
+    /// room for their new rules.
+    pub rules_full: u64,
+    /// Bytes of the row array mapped into this process to write rows (in its RSS; the
+    /// array's memory itself is the kernel's, `rows_capacity` rows).
+    pub mapped_bytes: u64,
+    /// Tables read from the disk cache instead of compiled.
+    pub cache_hits: u64,
+    /// Time spent compiling tables, ns.
+    pub compile_ns: u64,
+}
+
+impl LoaderStats {
+    /// Kernel memory the tables take now, bytes: their slices of UNWIND_ROWS (rows and page
+    /// indexes) and the rules in UNWIND_RULES, each 4 bytes.
+    pub fn table_bytes(&self) -> u64 {
+        (self.slots_now + self.rules) * 4
+    }
+
+    /// The bytes UNWIND_ROWS holds (`--unwind-memory`).
+    pub fn capacity_bytes(&self) -> u64 {
+        self.slots_capacity * 4
+    }
+}
 
 /// The capture's named counters (`Meta::named_counters`). The per-reason counts of cut
 /// stacks are not among them: the capture's stacks carry them (their `[truncated: reason]`
@@ -14,7 +57,9 @@ use super::LoaderStats;
 pub fn named_counters(s: &LoaderStats) -> Vec<(String, u64)> {
     [
         ("unwind_table_bytes", s.table_bytes()),
-        ("unwind_table_capacity_bytes", s.rows_capacity * 8),
+        ("unwind_table_capacity_bytes", s.capacity_bytes()),
+        ("unwind_rules", s.rules),
+        ("unwind_rules_full", s.rules_full),
         ("unwind_table_mapped_bytes", s.mapped_bytes),
         ("unwind_rows_loaded", s.rows),
         ("unwind_processes", s.processes),
@@ -70,7 +115,7 @@ pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7], copies: &CopyFigures)
     };
     metric(
         "profiler_unwind_table_bytes",
-        "Kernel memory the unwind tables take now (8 bytes a row).",
+        "Kernel memory the unwind tables take now (4 bytes a row, page index and rule).",
         "gauge",
         &[(String::new(), s.table_bytes())],
     );
@@ -78,7 +123,7 @@ pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7], copies: &CopyFigures)
         "profiler_unwind_table_capacity_bytes",
         "Kernel memory reserved for unwind tables (--unwind-memory).",
         "gauge",
-        &[(String::new(), s.rows_capacity * 8)],
+        &[(String::new(), s.capacity_bytes())],
     );
     metric(
         "profiler_unwind_table_mapped_bytes",
@@ -91,6 +136,12 @@ pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7], copies: &CopyFigures)
         "Binaries whose table was evicted to make room for another's.",
         "counter",
         &[(String::new(), s.evicted)],
+    );
+    metric(
+        "profiler_unwind_rules_full_total",
+        "Binaries walked by frame pointer because the kernel's unwind rule table (65536 rules) had no room for their rules.",
+        "counter",
+        &[(String::new(), s.rules_full)],
     );
     metric(
         "profiler_unwind_binaries_total",
@@ -149,8 +200,9 @@ mod tests {
     #[test]
     fn metrics_carry_every_reason_and_the_memory() {
         let s = LoaderStats {
-            rows_now: 1000,
-            rows_capacity: 8 << 20,
+            slots_now: 1500,
+            rules: 500,
+            slots_capacity: 8 << 20,
             evicted: 3,
             ..LoaderStats::default()
         };

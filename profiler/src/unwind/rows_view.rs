@@ -9,14 +9,12 @@
 //! them is partial.
 use std::os::fd::RawFd;
 
-use profiler_common::unwind::UnwindRow;
-
 /// Bytes mapped at a time: a multiple of every page size Linux uses up to 1 MiB, few enough
 /// mappings for a 64 MiB array (64) and little RSS beyond the rows in use.
 pub const CHUNK_BYTES: usize = 1 << 20;
 
 pub struct RowsView {
-    base: *mut UnwindRow,
+    base: *mut u32,
     /// Reserved bytes: the array's length rounded up to a page, as the kernel checks it.
     len: usize,
     /// Whether each chunk is mapped to the array.
@@ -37,13 +35,14 @@ impl Drop for RowsView {
 }
 
 impl RowsView {
-    /// Reserves the address range of an array of `capacity` rows, mapping none of it.
+    /// Reserves the address range of an array of `capacity` entries (u32: kernel rows and
+    /// page indexes, `kernel_rows`), mapping none of it.
     pub fn new(fd: RawFd, capacity: u32) -> std::io::Result<Self> {
         // SAFETY: sysconf has no preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
             .unwrap_or(4096)
             .max(1);
-        let len = (capacity as usize * size_of::<UnwindRow>()).next_multiple_of(page);
+        let len = (capacity as usize * size_of::<u32>()).next_multiple_of(page);
         // SAFETY: a fresh anonymous reservation: no access, no memory, no swap reserved.
         let ptr = unsafe {
             libc::mmap(
@@ -66,11 +65,11 @@ impl RowsView {
         })
     }
 
-    /// Rows `start..start + len` (inside the array), mapped writable: the chunks holding
+    /// Entries `start..start + len` (inside the array), mapped writable: the chunks holding
     /// them are mapped first if they are not yet.
-    pub fn rows_mut(&mut self, start: u32, len: u32) -> std::io::Result<&mut [UnwindRow]> {
-        let from = start as usize * size_of::<UnwindRow>();
-        let to = from + len as usize * size_of::<UnwindRow>();
+    pub fn rows_mut(&mut self, start: u32, len: u32) -> std::io::Result<&mut [u32]> {
+        let from = start as usize * size_of::<u32>();
+        let to = from + len as usize * size_of::<u32>();
         if to > self.len {
             return Err(std::io::Error::other(format!(
                 "rows {start}+{len} beyond the unwind array of {} bytes",

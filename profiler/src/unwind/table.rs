@@ -1,6 +1,7 @@
 //! Unwind-table compiler, first step of table unwinding: a binary's `.eh_frame` (and its
-//! `.debug_frame` where `.eh_frame` covers little of the code) becomes one sorted list of compact rows (`UnwindRow`, 8 bytes) that the kernel walk
-//! (profiler-ebpf `unwind`) can binary-search: per address range, where the caller's stack
+//! `.debug_frame` where `.eh_frame` covers little of the code) becomes one sorted list of
+//! compact rows (`UnwindRow`, 8 bytes here, 4 in the kernel: `kernel_rows`) that the kernel
+//! walk (profiler-ebpf `unwind`) can binary-search: per address range, where the caller's stack
 //! pointer (the CFA) is and where RBP was saved. The return address is at CFA - 8 on x86_64.
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, ReaderOffset,

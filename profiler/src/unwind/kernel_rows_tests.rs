@@ -1,0 +1,179 @@
+//! The kernel layout on hand-made tables: a rule that crosses a page boundary, a gap of
+//! empty pages, shared rules, a full rule table. The real binaries (libc, ld.so, fx-unwind)
+//! are checked row by row in tests/tests/unwind_layout.rs.
+use profiler_common::unwind::kind;
+
+use super::*;
+
+fn row(pc: u32, kind: u8, cfa_off: u16) -> UnwindRow {
+    UnwindRow {
+        pc,
+        cfa_off,
+        rbp_off: 0,
+        kind,
+    }
+}
+
+/// `t` placed at entry `start` of an array with junk before and after it.
+fn placed(t: &KernelTable, start: u32) -> Vec<u32> {
+    let mut words = vec![0xdead_beef; start as usize + t.words.len() + 7];
+    t.write_to(&mut words[start as usize..], start);
+    words
+}
+
+fn kernel(t: &KernelTable, rules: &Rules, pc: u64) -> Option<UnwindRule> {
+    let start = 5;
+    lookup(
+        &placed(t, start),
+        rules.as_slice(),
+        start,
+        t.pages,
+        t.first_page,
+        pc,
+    )
+}
+
+#[test]
+fn a_rule_that_starts_in_one_page_covers_the_next() {
+    // A function at 0x1_fff0 whose rule (rsp+16 from 0x1_fff4) runs on into page 2.
+    let rows = [
+        row(0x1_fff0, kind::CFA_RSP, 8),
+        row(0x1_fff4, kind::CFA_RSP, 16),
+        row(0x2_0010, kind::CFA_RSP, 8),
+        row(0x2_0020, kind::NONE, 0),
+    ];
+    let mut rules = Rules::default();
+    let t = KernelTable::new(&rows, &mut rules).unwrap();
+    assert_eq!((t.first_page, t.pages), (1, 2));
+    // Page 1 had no row at offset 0: one (NONE, before the first row) was added; page 2 got
+    // rsp+16, the rule in force where it starts.
+    assert_eq!(t.len(), 3 + 3 + 3);
+    let rsp16 = Some(rows[1].rule());
+    for pc in [0x1_fff4, 0x1_ffff, 0x2_0000, 0x2_000f] {
+        assert_eq!(kernel(&t, &rules, pc), rsp16, "{pc:#x}");
+    }
+    assert_eq!(kernel(&t, &rules, 0x2_0010), Some(rows[2].rule()));
+    assert_eq!(kernel(&t, &rules, 0x1_fff3), Some(rows[0].rule()));
+    assert_eq!(
+        kernel(&t, &rules, 0x1_0000).map(|r| r.kind),
+        Some(kind::NONE)
+    );
+    assert_eq!(
+        kernel(&t, &rules, 0x2_0020).map(|r| r.kind),
+        Some(kind::NONE)
+    );
+    // Outside the pages: no row at all, as the kernel says.
+    assert_eq!(kernel(&t, &rules, 0xffff), None);
+    assert_eq!(kernel(&t, &rules, 0x3_0000), None);
+}
+
+#[test]
+fn a_gap_of_empty_pages_holds_one_row_each() {
+    // Code at 0x40_1000, then nothing until a second text section at 0x48_0100.
+    let rows = [
+        row(0x40_1000, kind::CFA_RSP, 8),
+        row(0x40_1200, kind::NONE, 0),
+        row(0x48_0100, kind::CFA_RSP, 8),
+        row(0x48_0180, kind::NONE, 0),
+    ];
+    let mut rules = Rules::default();
+    let t = KernelTable::new(&rows, &mut rules).unwrap();
+    assert_eq!((t.first_page, t.pages), (0x40, 9));
+    // 10 index entries; pages 0x40 and 0x48 have two rows and an added one at offset 0,
+    // the seven between one NONE row each.
+    assert_eq!(t.len(), 10 + 3 + 7 + 3);
+    for page in 0x41..0x48u64 {
+        for off in [0, 0x8000, 0xffff] {
+            let pc = (page << 16) + off;
+            assert_eq!(kernel(&t, &rules, pc).map(|r| r.kind), Some(kind::NONE));
+        }
+    }
+    assert_eq!(kernel(&t, &rules, 0x48_0100), Some(rows[2].rule()));
+    assert_eq!(kernel(&t, &rules, 0x40_11ff), Some(rows[0].rule()));
+}
+
+#[test]
+fn rules_are_shared_and_a_full_table_adds_none() {
+    let mut rules = Rules::default();
+    let a = [
+        row(0x1000, kind::CFA_RSP, 8),
+        row(0x1010, kind::CFA_RSP, 16),
+    ];
+    let b = [
+        row(0x9000, kind::CFA_RSP, 16),
+        row(0x9010, kind::CFA_RBP, 16),
+    ];
+    KernelTable::new(&a, &mut rules).unwrap();
+    assert_eq!(rules.len(), 3, "NONE, rsp+8, rsp+16");
+    KernelTable::new(&b, &mut rules).unwrap();
+    assert_eq!(rules.len(), 4, "rsp+16 is shared, rbp+16 is new");
+    // Fill the table up to one free slot, then ask for two new rules.
+    let mut pc = 0;
+    let fill: Vec<UnwindRow> = (4..MAX_RULES)
+        .map(|i| {
+            pc += 16;
+            UnwindRow {
+                pc,
+                cfa_off: i as u16,
+                rbp_off: -1,
+                kind: kind::CFA_RSP,
+            }
+        })
+        .collect();
+    KernelTable::new(&fill, &mut rules).unwrap();
+    assert_eq!(rules.len(), MAX_RULES as usize);
+    let two_new = [
+        row(0x1000, kind::CFA_RBP, 24),
+        row(0x1010, kind::CFA_RBP, 32),
+    ];
+    assert!(KernelTable::new(&two_new, &mut rules).is_err());
+    assert_eq!(rules.len(), MAX_RULES as usize, "nothing added on failure");
+    // Known rules only: fits.
+    assert!(KernelTable::new(&a, &mut rules).is_ok());
+}
+
+#[test]
+fn the_page_index_is_made_absolute_where_the_slice_lands() {
+    let rows = [
+        row(0x1_0000, kind::CFA_RSP, 8),
+        row(0x1_0040, kind::NONE, 0),
+    ];
+    let mut rules = Rules::default();
+    let t = KernelTable::new(&rows, &mut rules).unwrap();
+    let words = placed(&t, 100);
+    assert_eq!(&words[100..104], &[102, 104, 1, 1 << 22]);
+    assert_eq!(t.len(), 4);
+    assert_eq!(KernelTable::new(&[], &mut rules).unwrap().len(), 0);
+}
+
+/// docs/unwinding.md's worked example, word for word.
+#[test]
+fn the_documented_example() {
+    let rows = [
+        row(0x1_fff0, kind::CFA_RSP, 8),
+        row(0x1_fff4, kind::CFA_RSP, 16),
+        row(0x2_0010, kind::CFA_RSP, 8),
+        row(0x2_0020, kind::NONE, 0),
+    ];
+    let mut rules = Rules::default();
+    let t = KernelTable::new(&rows, &mut rules).unwrap();
+    let words = placed(&t, 1000);
+    assert_eq!(
+        &words[1000..1009],
+        &[
+            1003,
+            1006,
+            1009,
+            0,
+            0xfff0_0001,
+            0xfff4_0002,
+            0x0000_0002,
+            0x0010_0001,
+            0x0020_0000
+        ]
+    );
+    assert_eq!(rules.as_slice()[1], rows[0].rule());
+    assert_eq!(rules.as_slice()[2], rows[1].rule());
+    let at = |pc| lookup(&words, rules.as_slice(), 1000, t.pages, t.first_page, pc);
+    assert_eq!(at(0x2_0004), Some(rows[1].rule()));
+}
