@@ -119,10 +119,12 @@ fn unseen_lives_are_born_and_gone_unsampled() {
         fork(27, 1, 15), // exits, then a stray record of the pid's next life
         exit(27, 16),
         map_record(27, 17, 0x40_0000, "/usr/bin/true"),
+        fork(28, 1, 18), // exits after the samples were read: its samples may come next
+        exit(28, 20),
     ];
     let sampled = std::collections::HashSet::from([21]);
     let mut unseen = std::collections::HashSet::new();
-    events::unseen_lives(&records, &sampled, &mut unseen);
+    events::unseen_lives(&records, &sampled, 19, &mut unseen);
     let mut unseen: Vec<u32> = unseen.into_iter().collect();
     unseen.sort_unstable();
     assert_eq!(unseen, [20, 23]);

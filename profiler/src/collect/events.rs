@@ -42,12 +42,17 @@ impl ProcessEvents {
     }
 
     /// Applies everything waiting to `table`; `sampled` holds the pids of the samples read
-    /// with these records.
-    pub(super) fn read_into(&mut self, table: &mut ProcessTable, sampled: &HashSet<u32>) {
+    /// with these records, from the ring as it was at `samples_read_ns` (CLOCK_MONOTONIC).
+    pub(super) fn read_into(
+        &mut self,
+        table: &mut ProcessTable,
+        sampled: &HashSet<u32>,
+        samples_read_ns: u64,
+    ) {
         if let Some(k) = &mut self.kernel {
             self.records.clear();
             k.read(&mut self.records);
-            unseen_lives(&self.records, sampled, &mut self.unseen);
+            unseen_lives(&self.records, sampled, samples_read_ns, &mut self.unseen);
             table.apply_except(&self.records, &self.unseen);
         }
         if let Some(exits) = &mut self.exits {
@@ -95,13 +100,15 @@ pub(super) fn mapped_and_exited(records: &[KernelRecord]) -> (Vec<u32>, Vec<u32>
 }
 
 /// Into `out`, the pids whose whole life is in `records` (forked and exited there, the exit
-/// their last record) with no sample in `sampled` and no child forked: under churn (60 new
-/// processes a second, most living a few milliseconds between two drains a second apart)
-/// these are most processes, and their mappings, copied from the parent at the fork and
+/// their last record, before `samples_read_ns`: the samples were read before the records,
+/// and a process that ran after that read may have samples waiting for the next drain) with
+/// no sample in `sampled` and no child forked: under churn (60 new processes a second, most
+/// living a few milliseconds between two drains a second apart) these are most processes, and their mappings, copied from the parent at the fork and
 /// replaced at the exec, can serve no sample: only their lifetimes are kept.
 pub(super) fn unseen_lives(
     records: &[KernelRecord],
     sampled: &HashSet<u32>,
+    samples_read_ns: u64,
     out: &mut HashSet<u32>,
 ) {
     // pid -> (forked here, exited, disqualified)
@@ -114,7 +121,11 @@ pub(super) fn unseen_lives(
                 *life = (true, false, life.1 || life.2);
                 lives.entry(*ppid).or_default().2 = true;
             }
-            KernelRecord::Exit { pid, .. } => lives.entry(*pid).or_default().1 = true,
+            KernelRecord::Exit { pid, time_ns } => {
+                let life = lives.entry(*pid).or_default();
+                life.1 = true;
+                life.2 |= *time_ns >= samples_read_ns;
+            }
             KernelRecord::Map { pid, .. } | KernelRecord::Exec { pid, .. } => {
                 let life = lives.entry(*pid).or_default();
                 life.2 |= life.1; // a record after its exit: a reused pid

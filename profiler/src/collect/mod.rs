@@ -319,7 +319,8 @@ impl Collection {
         }
         self.records_read_ns = crate::util::monotonic_ns();
         let sampled = sampled_pids(&batch, &ends);
-        self.events.read_into(&mut self.processes, &sampled);
+        self.events
+            .read_into(&mut self.processes, &sampled, self.records_read_ns);
         self.tell_python_ends();
         let exited = self.tell_mappings();
         let mut start = 0;
