@@ -148,43 +148,15 @@ fn measure(
     let mut runs = Vec::new();
     for mode in ["fp", "dwarf"] {
         println!("==> profiler record --unwind {mode} -F {HZ} for {seconds}s");
-        let capture = tmp.join(format!("{mode}.capture"));
-        let mut cmd = Command::new(bin);
-        cmd.args([
-            "record",
-            "-F",
-            &HZ.to_string(),
-            "-d",
-            &format!("{seconds}s"),
-        ])
-        .args(["--unwind", mode, "-o"])
-        .arg(&capture)
-        .stderr(Stdio::null());
-        let proc = Proc::spawn(&mut cmd)?;
-        let stats = sampling_window(&proc, seconds)?;
-        let maps = map_memory(proc.pid());
-        let mut proc = proc;
-        proc.wait_success(Duration::from_secs(seconds) + EXIT_GRACE)?;
-        let report = util::output(Command::new(bin).arg("report").arg(&capture).arg("--stats"))?;
-        let num = |key| {
-            util::field(&report, key)
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let text = tmp.join(format!("{mode}.perf.txt"));
-        util::run(
-            Command::new(bin)
-                .arg("report")
-                .arg(&capture)
-                .arg("-o")
-                .arg(&text),
-        )?;
+        let ours = record_ours(bin, tmp, mode, HZ, seconds, &["--unwind", mode])?;
         runs.push(Run {
             name: format!("ours --unwind {mode}"),
-            ns_per_sample: Some(stats.ns_per_run()),
-            reach: reach_perf_text(&fs::read_to_string(&text)?),
-            lost: Some(num("lost_ringbuf_full")),
-            map_bytes: maps.map(|(all, rows)| (all, rows, num("unwind_table_bytes"))),
+            ns_per_sample: Some(ours.stats.ns_per_run()),
+            reach: reach_perf_text(&ours.text),
+            lost: Some(ours.num("lost_ringbuf_full")),
+            map_bytes: ours
+                .maps
+                .map(|(all, rows)| (all, rows, ours.num("unwind_table_bytes"))),
         });
     }
     if profile_bee_too {
@@ -204,6 +176,69 @@ fn measure(
         binaries,
         build_libc,
         build_python,
+    })
+}
+
+/// One `profiler record` of ours: its BPF programs' stats over its sampling window, its map
+/// memory, its `report --stats` and its perf-script text.
+pub(crate) struct Ours {
+    pub(crate) stats: ProgStats,
+    pub(crate) maps: Option<(u64, u64)>,
+    report: String,
+    pub(crate) text: String,
+}
+
+impl Ours {
+    /// A number of `report --stats` (0 when absent).
+    pub(crate) fn num(&self, key: &str) -> u64 {
+        util::field(&self.report, key)
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// Records the whole system with our `bin` for `seconds` at `hz` with `args`, into files
+/// named after `name` in `tmp`.
+pub(crate) fn record_ours(
+    bin: &Path,
+    tmp: &Path,
+    name: &str,
+    hz: u64,
+    seconds: u64,
+    args: &[&str],
+) -> Result<Ours> {
+    let capture = tmp.join(format!("{name}.capture"));
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "record",
+        "-F",
+        &hz.to_string(),
+        "-d",
+        &format!("{seconds}s"),
+    ])
+    .args(args)
+    .arg("-o")
+    .arg(&capture)
+    .stderr(Stdio::null());
+    let mut proc = Proc::spawn(&mut cmd)?;
+    let stats = sampling_window(&proc, seconds)?;
+    let maps = map_memory(proc.pid());
+    proc.wait_success(Duration::from_secs(seconds) + EXIT_GRACE)?;
+    let report = util::output(Command::new(bin).arg("report").arg(&capture).arg("--stats"))?;
+    let text = tmp.join(format!("{name}.perf.txt"));
+    util::run(
+        Command::new(bin)
+            .arg("report")
+            .arg(&capture)
+            .arg("-o")
+            .arg(&text),
+    )?;
+    let text = fs::read_to_string(&text).with_context(|| format!("{}", text.display()))?;
+    Ok(Ours {
+        stats,
+        maps,
+        report,
+        text,
     })
 }
 

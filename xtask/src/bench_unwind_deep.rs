@@ -6,23 +6,19 @@
 //! dwarf`, at 999 Hz. Reported per run: BPF ns per program run (bpf_stats), the share of
 //! samples that were fx-unwind, its mean user frames per sample and its reach-the-entry share.
 
-use std::fs;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
-use crate::bench_support::{BpfStatsEnabled, Proc, ProgStats, sleep};
-use crate::util;
+use crate::bench_support::{BpfStatsEnabled, Proc, sleep};
+use crate::bench_unwind::record_ours;
 
 const HZ: u64 = 999;
-/// Each run's recording; its programs' stats are read over all but its last READ_BEFORE_END
-/// seconds (both runs together well under 30 s).
+/// Each run's recording (both runs together well under 30 s).
 const SECONDS: u64 = 8;
-const READ_BEFORE_END: u64 = 2;
 const COPIES: usize = 2;
-const EXIT_GRACE: Duration = Duration::from_secs(120);
 
 /// One run of the section.
 pub(crate) struct DeepRun {
@@ -49,66 +45,20 @@ pub(crate) fn measure(bin: &Path, tmp: &Path, fx: &Path) -> Result<Vec<DeepRun>>
         println!(
             "==> 30 frames: profiler record --unwind {mode} --comm fx-unwind -F {HZ} for {SECONDS}s"
         );
-        let capture = tmp.join(format!("deep30-{mode}.capture"));
-        let mut cmd = Command::new(bin);
-        cmd.args([
-            "record",
-            "-F",
-            &HZ.to_string(),
-            "-d",
-            &format!("{SECONDS}s"),
-        ])
-        .args(["--comm", "fx-unwind", "--unwind", mode, "-o"])
-        .arg(&capture)
-        .stderr(Stdio::null());
-        let proc = Proc::spawn(&mut cmd)?;
-        let stats = window(&proc)?;
-        let mut proc = proc;
-        proc.wait_success(Duration::from_secs(SECONDS) + EXIT_GRACE)?;
-        let report = util::output(Command::new(bin).arg("report").arg(&capture).arg("--stats"))?;
-        let num = |key| {
-            util::field(&report, key)
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let text = tmp.join(format!("deep30-{mode}.perf.txt"));
-        util::run(
-            Command::new(bin)
-                .arg("report")
-                .arg(&capture)
-                .arg("-o")
-                .arg(&text),
-        )?;
-        let text = fs::read_to_string(&text).with_context(|| format!("{}", text.display()))?;
-        let (fx_samples, user_frames, reached) = user_stacks(&text);
+        let name = format!("deep30-{mode}");
+        let args = ["--comm", "fx-unwind", "--unwind", mode];
+        let ours = record_ours(bin, tmp, &name, HZ, SECONDS, &args)?;
+        let (fx_samples, user_frames, reached) = user_stacks(&ours.text);
         runs.push(DeepRun {
             mode,
-            ns_per_run: stats.ns_per_run(),
+            ns_per_run: ours.stats.ns_per_run(),
             fx_samples,
-            all_samples: num("samples") + num("filtered"),
+            all_samples: ours.num("samples") + ours.num("filtered"),
             user_frames,
             reached,
         });
     }
     Ok(runs)
-}
-
-/// BPF run time of `proc`'s programs from their first run to READ_BEFORE_END seconds before
-/// the recording ends.
-fn window(proc: &Proc) -> Result<ProgStats> {
-    let started = std::time::Instant::now();
-    let first = loop {
-        if let Ok(s) = ProgStats::of(proc) {
-            break s;
-        }
-        anyhow::ensure!(
-            started.elapsed() < EXIT_GRACE,
-            "its BPF programs did not run within {EXIT_GRACE:?}"
-        );
-        sleep(Duration::from_millis(200))?;
-    };
-    sleep(Duration::from_secs(SECONDS - READ_BEFORE_END))?;
-    Ok(ProgStats::of(proc)?.since(first))
 }
 
 /// From perf-script text: fx-unwind's samples, their user frames (user addresses, not the
