@@ -65,6 +65,9 @@ pub const GLOBAL_FILTER_PIDS: &str = "FILTER_PIDS";
 pub const GLOBAL_FILTER_CGROUPS: &str = "FILTER_CGROUPS";
 /// Global set at load time: bytes waiting in the ring buffer that wake the reader.
 pub const GLOBAL_WAKEUP_BYTES: &str = "WAKEUP_BYTES";
+/// Load-time global (u8): 1 = a process's first sample (and its stale mappings) wake the
+/// reader at once; 0 = only a quarter-full buffer does (the agent, which drains every second).
+pub const GLOBAL_WAKE_FOR_PROCESSES: &str = "WAKE_FOR_PROCESSES";
 
 /// `SampleEvent::flags` bits.
 pub mod flags {

@@ -65,6 +65,12 @@ static FILTER_CGROUPS: u32 = 0;
 #[unsafe(no_mangle)]
 static WAKEUP_BYTES: u64 = (RING_BUFFER_BYTES / WAKEUP_FRACTION) as u64;
 
+/// Set at load time: 1 = a new process's first sample and its stale mappings wake the reader
+/// (`record`, which wants every short-lived process's tables at once); 0 = they wait for the
+/// reader's timer (the agent: a wake-up costs it more than a second's late tables do).
+#[unsafe(no_mangle)]
+static WAKE_FOR_PROCESSES: u8 = 1;
+
 const STACK_BYTES: u32 = (MAX_FRAMES * 8) as u32;
 
 #[perf_event]
@@ -251,9 +257,11 @@ fn spin_forever() {
 fn wakeup_flag(pid: u32, maybe_new: bool, stale: bool, now_ns: u64) -> u64 {
     // SAFETY: a read of a load-time constant.
     let wakeup_bytes = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
+    // SAFETY: as above.
+    let for_processes = unsafe { core::ptr::read_volatile(&WAKE_FOR_PROCESSES) } != 0;
     if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > wakeup_bytes
-        || (maybe_new && first_sample(pid))
-        || (stale && stale_wake(pid, now_ns))
+        || (for_processes
+            && ((maybe_new && first_sample(pid)) || (stale && stale_wake(pid, now_ns))))
     {
         BPF_RB_FORCE_WAKEUP as u64
     } else {

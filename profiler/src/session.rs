@@ -46,6 +46,10 @@ pub(crate) struct SessionConfig {
     /// Bytes of ring per CPU for the kernel's process records: enough for the process
     /// churn between two drains.
     pub kernel_record_bytes: usize,
+    /// A new process's first sample wakes the drain at once (`record`, `doctor`: short
+    /// recordings want every process's tables before it exits); false for the agent, whose
+    /// timed drain every second costs less than a wake-up for each new process.
+    pub wake_for_processes: bool,
     /// Test hook: a pause after a cut's last drain, as a busy machine makes (the agent's
     /// `PROFILER_TEST_SETTLE_DELAY_MS`); None everywhere else.
     pub settle_delay: Option<Duration>,
@@ -186,6 +190,7 @@ impl Session {
             unwind_memory: config.unwind_memory,
             unwind_cache: config.unwind_cache.as_deref(),
             python,
+            wake_for_processes: config.wake_for_processes,
         })?;
         let events = ProcessEvents::new(kernel_records, sampler.take_exits());
         // SAFETY: the RingBuf owns its map fd and keeps it open until the AsyncFd drops it.

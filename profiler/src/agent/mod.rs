@@ -192,6 +192,7 @@ pub(crate) fn run(
             // Tables compiled once survive restarts, next to the store (docs/unwinding.md).
             unwind_cache: Some(config.data_dir.join("unwind-tables")),
             kernel_record_bytes: sampler::KERNEL_RECORD_BYTES,
+            wake_for_processes: false,
             settle_delay,
         },
         window: config.window,

@@ -16,9 +16,10 @@ use aya::{
     },
 };
 use profiler_common::{
-    DRAIN_INTERVAL_MS, GLOBAL_FILTER_CGROUPS, GLOBAL_FILTER_PIDS, GLOBAL_WAKEUP_BYTES,
-    MAP_CGROUP_FILTER, MAP_COUNTERS, MAP_PID_FILTER, MAP_SAMPLES, MAX_CGROUP_FILTER, PROGRAM_NAME,
-    WAKEUP_FRACTION, counter, python as py, ring_buffer_bytes, unwind,
+    DRAIN_INTERVAL_MS, GLOBAL_FILTER_CGROUPS, GLOBAL_FILTER_PIDS, GLOBAL_WAKE_FOR_PROCESSES,
+    GLOBAL_WAKEUP_BYTES, MAP_CGROUP_FILTER, MAP_COUNTERS, MAP_PID_FILTER, MAP_SAMPLES,
+    MAX_CGROUP_FILTER, PROGRAM_NAME, WAKEUP_FRACTION, counter, python as py, ring_buffer_bytes,
+    unwind,
 };
 
 use crate::unwind::{Loader, UnwindMode};
@@ -149,6 +150,8 @@ pub(crate) struct SamplerConfig<'a> {
     pub unwind_cache: Option<&'a Path>,
     /// Walk Python frames in registered processes (`crate::python`); None = off.
     pub python: Option<crate::python::KernelFacts>,
+    /// A new process's first sample wakes the reader (`GLOBAL_WAKE_FOR_PROCESSES`).
+    pub wake_for_processes: bool,
 }
 
 impl Sampler {
@@ -214,6 +217,11 @@ impl Sampler {
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
             .override_global(GLOBAL_FILTER_CGROUPS, &cgroup_count, true)
             .override_global(GLOBAL_WAKEUP_BYTES, &wakeup_bytes, true)
+            .override_global(
+                GLOBAL_WAKE_FOR_PROCESSES,
+                &u8::from(config.wake_for_processes),
+                true,
+            )
             .override_global(unwind::GLOBAL_MODE, &unwind_mode, true)
             .override_global(
                 profiler_common::exits::GLOBAL_EXIT_CODE_OFFSET,

@@ -139,6 +139,7 @@ pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
             },
             python: args.python == OnOff::On,
             kernel_record_bytes: KERNEL_RECORD_BYTES,
+            wake_for_processes: true,
             settle_delay: None,
         },
         duration: args.duration,

@@ -100,6 +100,7 @@ pub(crate) fn examine(
                 python: config.python,
                 unwind_cache: None,
                 kernel_record_bytes: KERNEL_RECORD_BYTES,
+                wake_for_processes: true,
                 settle_delay: None,
             },
             duration: config.duration,

@@ -177,10 +177,21 @@ fn debug_file(root: &Root, build_id: &[u8]) -> Option<File> {
         .find_map(|dir| root.open(&Path::new(dir).join(&rel)).ok())
 }
 
-/// Names for `offsets` (file offsets in `binary`) from its separate debug file. A debug file
-/// made by `objcopy --only-keep-debug` keeps the virtual addresses but not the file layout, so
+/// A symbolizer for debug files: names from their symbol tables only.
+pub(super) fn symbolizer() -> Symbolizer {
+    Symbolizer::builder()
+        .enable_code_info(false)
+        .enable_inlined_fns(false)
+        .enable_demangling(false)
+        .build()
+}
+
+/// Names for `offsets` (file offsets in `binary`) from its separate debug file, through
+/// `symbolizer` (`symbolizer()`, which keeps what it parsed). A debug file made by
+/// `objcopy --only-keep-debug` keeps the virtual addresses but not the file layout, so
 /// offsets become virtual addresses through `binary`'s own program headers first.
 pub(super) fn symbolize_from_debug_file(
+    symbolizer: &Symbolizer,
     binary: &Path,
     debug_file: &File,
     offsets: &[u64],
@@ -200,11 +211,6 @@ pub(super) fn symbolize_from_debug_file(
         })
         .collect();
     let known: Vec<u64> = vaddrs.iter().flatten().copied().collect();
-    let symbolizer = Symbolizer::builder()
-        .enable_code_info(false)
-        .enable_inlined_fns(false)
-        .enable_demangling(false)
-        .build();
     // The debug file's symbol table, not its DWARF: names are all we need, and parsing a
     // debug file's DWARF (libc's is 30 MB) costs far more.
     let mut elf = Elf::new(debug);

@@ -1,7 +1,7 @@
 //! The user stage: names for file offsets, in batches of unique offsets per binary, through
 //! blazesym (ELF symbols; DWARF for --inline), then demangled by `demangle`; a stripped
 //! binary's names come from its debug file (`debuginfo`).
-use std::{collections::HashMap, path::Path};
+use std::{cell::RefCell, collections::HashMap, fs::File, path::Path};
 
 use blazesym::symbolize::{
     Input, Reason, Symbolized, Symbolizer,
@@ -20,7 +20,15 @@ pub(crate) struct UserSymbolizer {
     /// which binaries (and the debug files found by build id) keep; parsing a binary's DWARF
     /// costs many times more, which the always-on agent pays on every new binary.
     dwarf: bool,
+    /// Separate debug files (stripped binaries' names), each parsed once for as long as this
+    /// symbolizer lives: `debug_files` keeps every one open, so blazesym's cache, keyed by
+    /// path, finds it under the same /proc/self/fd path in every window.
+    debug: Symbolizer,
+    debug_files: RefCell<HashMap<(u64, u64), File>>,
 }
+
+/// Debug files kept open and parsed at most; past it the cache starts afresh.
+const MAX_DEBUG_FILES: usize = 64;
 
 impl Default for UserSymbolizer {
     fn default() -> Self {
@@ -41,7 +49,30 @@ impl UserSymbolizer {
                 .enable_demangling(false)
                 .build(),
             dwarf: inline,
+            debug: debuginfo::symbolizer(),
+            debug_files: RefCell::default(),
         }
+    }
+
+    /// Names for `offsets` (file offsets in `binary`) from the debug file `found` (just
+    /// opened), through the copy of it kept open since the first window that needed it.
+    fn debug_names(&self, binary: &Path, found: File, offsets: &[u64]) -> Vec<Option<String>> {
+        use std::os::unix::fs::MetadataExt as _;
+        let Ok(meta) = found.metadata() else {
+            return vec![None; offsets.len()];
+        };
+        let mut files = self.debug_files.borrow_mut();
+        if files.len() >= MAX_DEBUG_FILES && !files.contains_key(&(meta.dev(), meta.ino())) {
+            // The parsed files stay in `debug` under paths that may now name others.
+            return debuginfo::symbolize_from_debug_file(
+                &debuginfo::symbolizer(),
+                binary,
+                &found,
+                offsets,
+            );
+        }
+        let kept = files.entry((meta.dev(), meta.ino())).or_insert(found);
+        debuginfo::symbolize_from_debug_file(&self.debug, binary, kept, offsets)
     }
 
     /// The function names of `offsets` (file offsets) in the ELF file at `path`; None where
@@ -121,7 +152,7 @@ pub(crate) fn symbolize_user(facts: &ProcessFacts, user: &UserSymbolizer, names:
             }
         };
         let mut found = user.symbolize_file_inlined(&path, &offsets);
-        debug_file_names(f, &path, &offsets, &mut found);
+        debug_file_names(user, f, &path, &offsets, &mut found);
         for (offset, name) in offsets.iter().zip(found) {
             names.insert((file, *offset), name);
         }
@@ -130,7 +161,13 @@ pub(crate) fn symbolize_user(facts: &ProcessFacts, user: &UserSymbolizer, names:
 
 /// Fills in the offsets `found` has no symbol for from the file's separate debug file, found
 /// by build id or `.gnu_debuglink` (stripped binaries).
-fn debug_file_names(f: &UserFile, path: &Path, offsets: &[u64], found: &mut [Names]) {
+fn debug_file_names(
+    user: &UserSymbolizer,
+    f: &UserFile,
+    path: &Path,
+    offsets: &[u64],
+    found: &mut [Names],
+) {
     let missing: Vec<usize> = (0..offsets.len()).filter(|&i| found[i].is_err()).collect();
     if missing.is_empty() {
         return;
@@ -139,10 +176,57 @@ fn debug_file_names(f: &UserFile, path: &Path, offsets: &[u64], found: &mut [Nam
         return;
     };
     let wanted: Vec<u64> = missing.iter().map(|&i| offsets[i]).collect();
-    let named = debuginfo::symbolize_from_debug_file(path, &debug, &wanted);
+    let named = user.debug_names(path, debug, &wanted);
     for (i, name) in missing.into_iter().zip(named) {
         if let Some(name) = name {
             found[i] = Ok(vec![name]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The file offset of libc's `malloc`, from its dynamic symbols and load segments.
+    fn malloc_offset(libc: &[u8]) -> u64 {
+        use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+        let elf = object::File::parse(libc).unwrap();
+        let vaddr = elf
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("malloc"))
+            .expect("libc exports malloc")
+            .address();
+        elf.segments()
+            .find_map(|s| {
+                let (off, size) = s.file_range();
+                (s.address()..s.address() + size)
+                    .contains(&vaddr)
+                    .then(|| vaddr - s.address() + off)
+            })
+            .expect("malloc in a load segment")
+    }
+
+    /// A debug file found anew in every window is parsed once: the first copy stays open and
+    /// answers for the later ones (and the names are the same).
+    #[test]
+    fn debug_files_are_kept_across_windows() {
+        let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let data = std::fs::read(libc).unwrap();
+        let id = debuginfo::file_build_id(&File::open(libc).unwrap());
+        let open = || {
+            debuginfo::find_debug_file(libc, libc, id.as_deref())
+                .expect("libc's debug file (cargo xtask setup installs it)")
+        };
+        let user = UserSymbolizer::default();
+        let offset = malloc_offset(&data);
+        let first = user.debug_names(libc, open(), &[offset]);
+        let second = user.debug_names(libc, open(), &[offset]);
+        assert_eq!(first, second);
+        assert!(
+            first[0].as_deref().is_some_and(|n| n.contains("malloc")),
+            "{first:?}"
+        );
+        assert_eq!(user.debug_files.borrow().len(), 1);
     }
 }
