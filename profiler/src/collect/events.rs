@@ -41,6 +41,12 @@ impl ProcessEvents {
         &self.unseen
     }
 
+    /// A descriptor readable when the kernel's record rings fill (`KernelRecords::half_full`);
+    /// None without them.
+    pub(super) fn half_full(&self) -> Option<std::os::fd::OwnedFd> {
+        self.kernel.as_ref()?.half_full().ok()
+    }
+
     /// Applies everything waiting to `table`; `sampled` holds the pids of the samples read
     /// with these records, from the ring as it was at `samples_read_ns` (CLOCK_MONOTONIC).
     pub(super) fn read_into(
@@ -52,6 +58,7 @@ impl ProcessEvents {
         if let Some(k) = &mut self.kernel {
             self.records.clear();
             k.read(&mut self.records);
+            k.take_wakes();
             unseen_lives(&self.records, sampled, samples_read_ns, &mut self.unseen);
             table.apply_except(&self.records, &self.unseen);
         }

@@ -123,6 +123,8 @@ impl Drop for CpuRing {
 /// The side-band readers on every CPU.
 pub(crate) struct KernelRecords {
     rings: Vec<CpuRing>,
+    /// An epoll set of the rings, readable once one of them is half full (`half_full`).
+    epoll: OwnedFd,
     /// A record being reassembled when it wraps around the end of a ring.
     scratch: Vec<u8>,
 }
@@ -148,8 +150,9 @@ impl KernelRecords {
                 | bit::SAMPLE_ID_ALL
                 | bit::USE_CLOCKID
                 | bit::WATERMARK,
-            // Never woken: the collector reads on its own timer and when samples wake it.
-            wakeup_watermark: u32::MAX,
+            // The collector reads on its own timer and when samples wake it; a ring half
+            // full wakes it too (`half_full`), before a burst of processes overflows it.
+            wakeup_watermark: u32::try_from(data_len / 2).unwrap_or(u32::MAX),
             clockid: libc::CLOCK_MONOTONIC,
             ..PerfEventAttr::default()
         };
@@ -194,6 +197,31 @@ impl KernelRecords {
                 data_len,
             });
         }
+        // SAFETY: epoll_create1(2) has no preconditions; the new descriptor is ours.
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epoll < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor we own.
+        let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
+        for ring in &rings {
+            let mut event = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: 0,
+            };
+            // SAFETY: adding an open descriptor of ours to our epoll set.
+            let added = unsafe {
+                libc::epoll_ctl(
+                    epoll.as_raw_fd(),
+                    libc::EPOLL_CTL_ADD,
+                    ring.fd.as_raw_fd(),
+                    &raw mut event,
+                )
+            };
+            if added < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
         for ring in &rings {
             // SAFETY: PERF_EVENT_IOC_ENABLE on our own event.
             if unsafe { libc::ioctl(ring.fd.as_raw_fd(), perf_ioc_enable(), 0) } < 0 {
@@ -202,8 +230,24 @@ impl KernelRecords {
         }
         Ok(Self {
             rings,
+            epoll,
             scratch: Vec::new(),
         })
+    }
+
+    /// A descriptor that polls readable once some CPU's ring is half full: a reader that
+    /// drains on a long timer (the agent's) waits on it too, so a burst of new processes is
+    /// read before the kernel has to drop records. Call `take_wakes` after each read.
+    pub(crate) fn half_full(&self) -> io::Result<OwnedFd> {
+        self.epoll.try_clone()
+    }
+
+    /// Consumes the rings' pending wake-ups, so `half_full` polls readable again only at the
+    /// next ring to fill.
+    pub(crate) fn take_wakes(&self) {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        // SAFETY: epoll_wait(2) on our epoll set into a buffer of the length given; timeout 0.
+        while unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), 8, 0) } == 8 {}
     }
 
     /// Decodes every record waiting on every CPU, in time order, into `out`.
@@ -385,6 +429,47 @@ mod tests {
         name.resize(path.len().next_multiple_of(8).max(8), 0);
         b.extend(name);
         b
+    }
+
+    /// `half_full` polls readable once new processes fill half of a ring, and not before:
+    /// the agent's long drain timer relies on it. Privileged (system-wide perf events):
+    /// skipped without the right, failed instead under CI=true.
+    #[test]
+    fn a_half_full_ring_wakes_the_reader() {
+        let cpus = aya::util::online_cpus().expect("online CPUs");
+        let mut k = match KernelRecords::open(&cpus, 4 * page_size()) {
+            Ok(k) => k,
+            Err(e) => {
+                assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{e}");
+                eprintln!("skipped: cannot open system-wide perf events: {e}");
+                return;
+            }
+        };
+        let fd = k.half_full().expect("a copy of the epoll descriptor");
+        let readable = |timeout_ms: i32| {
+            let mut p = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll(2) on one valid pollfd.
+            unsafe { libc::poll(&raw mut p, 1, timeout_ms) > 0 }
+        };
+        let mut out = Vec::new();
+        k.read(&mut out);
+        k.take_wakes();
+        assert!(!readable(0), "readable with the rings just read");
+        // Each process writes ~500 bytes of records (fork, exec, mappings, exit): several
+        // times a half ring (8 KiB) on every CPU.
+        for _ in 0..200 {
+            std::process::Command::new("true")
+                .status()
+                .expect("run true");
+        }
+        assert!(readable(5000), "no wake-up with the rings half full");
+        k.read(&mut out);
+        k.take_wakes();
+        assert!(out.len() > 100, "only {} records", out.len());
     }
 
     #[test]

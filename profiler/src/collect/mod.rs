@@ -100,6 +100,9 @@ pub(crate) struct Collection {
     /// Walks the stack copies of samples taken before their process's tables were in the
     /// kernel (`flags::STACK_COPY`); None without table walks.
     copies: Option<crate::unwind::CopyUnwinder>,
+    /// Readable when the kernel's record rings fill (`ProcessEvents::half_full`), made at the
+    /// first `run_until`.
+    records_full: Option<AsyncFd<std::os::fd::OwnedFd>>,
 }
 
 /// See `Collection::on_new_process`.
@@ -517,6 +520,26 @@ impl Collection {
         ring: &mut AsyncFd<RingBuf<MapData>>,
         stop: impl Future<Output = ()>,
         tick: Duration,
+        on_tick: impl FnMut(&Collection),
+    ) -> std::io::Result<()> {
+        let records_full = self.records_full.take().or_else(|| {
+            let fd = self.events.half_full()?;
+            // SAFETY: the AsyncFd owns its descriptor (a dup of the epoll set) until it drops.
+            unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
+        });
+        let result = self
+            .drain_until(ring, records_full.as_ref(), stop, tick, on_tick)
+            .await;
+        self.records_full = records_full;
+        result
+    }
+
+    async fn drain_until(
+        &mut self,
+        ring: &mut AsyncFd<RingBuf<MapData>>,
+        records_full: Option<&AsyncFd<std::os::fd::OwnedFd>>,
+        stop: impl Future<Output = ()>,
+        tick: Duration,
         mut on_tick: impl FnMut(&Collection),
     ) -> std::io::Result<()> {
         let mut ticker = crate::util::Ticker::new(tick)?;
@@ -533,6 +556,18 @@ impl Collection {
                     // the kernel's records now; only processes from before the recording are
                     // read from /proc, which is best done while they surely live.
                     // Python first: a new Python process's samples lack frames until then.
+                    self.resolve_python();
+                    self.processes.resolve_pending();
+                }
+                guard = async {
+                    match records_full {
+                        Some(fd) => fd.readable().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    // Cleared first: a ring filling while we drain wakes us again.
+                    guard?.clear_ready();
+                    self.drain(ring.get_mut());
                     self.resolve_python();
                     self.processes.resolve_pending();
                 }
