@@ -521,10 +521,12 @@ fn find_mapping(p: &ProcMappings, pc: u64) -> Option<UnwindMapping> {
 }
 
 /// The rule of file vaddr `pc` in mapping `m`'s table: the page index gives the rows of
-/// `pc`'s 64 KiB page (the first at offset 0, put there by the loader), and a binary search
-/// of at most SEARCH_STEPS steps (a page has at most 2^16 rows) finds the last one at or
-/// below `pc`'s offset. profiler::unwind::kernel_rows::lookup is the same in userspace,
-/// checked against the compiler's own lookup for every row of libc, ld.so and fx-unwind.
+/// `pc`'s 64 KiB page, and a binary search of at most SEARCH_STEPS steps finds the last one
+/// at or below `pc`'s offset, starting from the row just before the page's first (the rule
+/// in force where the page starts, an earlier page's last row; the loader adds no row at
+/// offset 0). Before the binary's first row that position is the page index's last entry,
+/// no row: NONE. profiler::unwind::kernel_rows::lookup is the same in userspace, checked
+/// against the compiler's own lookup for every row of libc, ld.so and fx-unwind.
 #[inline(always)]
 fn find_row(m: &UnwindMapping, pc: u64) -> Option<UnwindRule> {
     if pc > u64::from(u32::MAX) {
@@ -537,10 +539,16 @@ fn find_row(m: &UnwindMapping, pc: u64) -> Option<UnwindRule> {
         return None;
     }
     let at = m.table_start.wrapping_add(page);
-    let mut lo = word(at)?;
+    let first = word(at)?;
     let mut hi = word(at.wrapping_add(1))?;
+    if first > hi || first == 0 {
+        return None; // not a page index the loader wrote
+    }
+    let rows_start = m.table_start.wrapping_add(m.pages).wrapping_add(1);
     let off = pc & ((1 << PAGE_SHIFT) - 1);
-    // Invariant: row lo starts at or below off; rows from hi on start above it.
+    let mut lo = first - 1;
+    // Invariant: row lo starts at or below off (or is the one before the page's first);
+    // rows from hi on start above it.
     let mut i = 0;
     while i < SEARCH_STEPS && hi > lo + 1 {
         let mid = lo + (hi - lo) / 2;
@@ -551,10 +559,11 @@ fn find_row(m: &UnwindMapping, pc: u64) -> Option<UnwindRule> {
         }
         i += 1;
     }
-    if hi <= lo {
-        return None; // an empty page: the loader writes none
-    }
-    let rule = word(lo)? & 0xffff;
+    let rule = if lo < rows_start {
+        0
+    } else {
+        word(lo)? & 0xffff
+    };
     UNWIND_RULES
         .get(rule >> 1)
         .map(|pair| pair[(rule & 1) as usize])

@@ -45,9 +45,9 @@ fn a_rule_that_starts_in_one_page_covers_the_next() {
     let mut rules = Rules::default();
     let t = KernelTable::new(&rows, &mut rules).unwrap();
     assert_eq!((t.first_page, t.pages), (1, 2));
-    // Page 1 had no row at offset 0: one (NONE, before the first row) was added; page 2 got
-    // rsp+16, the rule in force where it starts.
-    assert_eq!(t.len(), 3 + 3 + 3);
+    // Three index entries and the four rows, none added: page 2 starts under rsp+16, the
+    // last row of page 1, and page 1 below its first row under nothing (NONE).
+    assert_eq!(t.len(), 3 + 4);
     let rsp16 = Some(rows[1].rule());
     for pc in [0x1_fff4, 0x1_ffff, 0x2_0000, 0x2_000f] {
         assert_eq!(kernel(&t, &rules, pc), rsp16, "{pc:#x}");
@@ -79,15 +79,20 @@ fn a_gap_of_empty_pages_holds_one_row_each() {
     let mut rules = Rules::default();
     let t = KernelTable::new(&rows, &mut rules).unwrap();
     assert_eq!((t.first_page, t.pages), (0x40, 9));
-    // 10 index entries; pages 0x40 and 0x48 have two rows and an added one at offset 0,
-    // the seven between one NONE row each.
-    assert_eq!(t.len(), 10 + 3 + 7 + 3);
+    // 10 index entries and the four rows: the seven pages between have none of their own
+    // (their index entries equal the next), and are under the NONE row at 0x40_1200.
+    assert_eq!(t.len(), 10 + 4);
     for page in 0x41..0x48u64 {
         for off in [0, 0x8000, 0xffff] {
             let pc = (page << 16) + off;
             assert_eq!(kernel(&t, &rules, pc).map(|r| r.kind), Some(kind::NONE));
         }
     }
+    // Page 0x48 below its first row: still the gap's NONE, from page 0x40's last row.
+    assert_eq!(
+        kernel(&t, &rules, 0x48_00ff).map(|r| r.kind),
+        Some(kind::NONE)
+    );
     assert_eq!(kernel(&t, &rules, 0x48_0100), Some(rows[2].rule()));
     assert_eq!(kernel(&t, &rules, 0x40_11ff), Some(rows[0].rule()));
 }
@@ -159,15 +164,13 @@ fn the_documented_example() {
     let t = KernelTable::new(&rows, &mut rules).unwrap();
     let words = placed(&t, 1000);
     assert_eq!(
-        &words[1000..1009],
+        &words[1000..1007],
         &[
             1003,
-            1006,
-            1009,
-            0,
+            1005,
+            1007,
             0xfff0_0001,
             0xfff4_0002,
-            0x0000_0002,
             0x0010_0001,
             0x0020_0000
         ]
@@ -176,4 +179,5 @@ fn the_documented_example() {
     assert_eq!(rules.as_slice()[2], rows[1].rule());
     let at = |pc| lookup(&words, rules.as_slice(), 1000, t.pages, t.first_page, pc);
     assert_eq!(at(0x2_0004), Some(rows[1].rule()));
+    assert_eq!(at(0x1_0000), Some(UnwindRule::default()));
 }
