@@ -94,10 +94,15 @@ pub struct KernelTable {
 
 impl KernelTable {
     /// Converts sorted `rows` (a `table::Table`'s), interning their rules in `rules`. The
-    /// rule in force where a page starts, when the page has no row at offset 0, is the row
-    /// just before the page's rows in the slice (the last of an earlier page), so the page
-    /// index is all the kernel's search needs and no row is added.
-    pub fn new(rows: &[UnwindRow], rules: &mut Rules) -> Result<Self, RulesFull> {
+    /// `NONE` rows at `padding` (the table's gaps that hold only alignment padding, sorted)
+    /// are left out, and a row then under the same rule as the one before it: the padding
+    /// joins the function before it, and every other address keeps its rule. The rule in
+    /// force where a page starts, when the page has no row at offset 0, is the row just
+    /// before the page's rows in the slice (the last of an earlier page), so the page index
+    /// is all the kernel's search needs and no row is added.
+    pub fn new(rows: &[UnwindRow], padding: &[u32], rules: &mut Rules) -> Result<Self, RulesFull> {
+        let rows = without_padding(rows, padding);
+        let rows = &rows[..];
         let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
             return Ok(Self::default());
         };
@@ -145,6 +150,21 @@ impl KernelTable {
             *d = if i < head { w + start } else { *w };
         }
     }
+}
+
+/// `rows` without the `NONE` rows at `padding`, and without a row whose rule is the one
+/// before it (equal neighbours the drop brought together).
+fn without_padding(rows: &[UnwindRow], padding: &[u32]) -> Vec<UnwindRow> {
+    let mut out: Vec<UnwindRow> = Vec::with_capacity(rows.len());
+    for r in rows {
+        let pad =
+            r.kind == profiler_common::unwind::kind::NONE && padding.binary_search(&r.pc).is_ok();
+        if pad || out.last().is_some_and(|p| p.rule() == r.rule()) {
+            continue;
+        }
+        out.push(*r);
+    }
+    out
 }
 
 /// The kernel walk's lookup (profiler-ebpf `unwind::find_row`), step for step, over the same
