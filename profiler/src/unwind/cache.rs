@@ -141,9 +141,11 @@ pub fn decode(bytes: &[u8], compiler: &[u8; 20]) -> Result<Table, CacheError> {
     for (i, c) in bytes[body + 4..].chunks_exact(4).enumerate() {
         let pc = u32::from_le_bytes(c.try_into().expect("4 bytes"));
         let sorted = padding.last().is_none_or(|p| *p < pc);
+        // A gap row, not the last: the last row's range has no end, and the kernel's form
+        // would leave the code before it without one.
         let gap = rows
             .binary_search_by_key(&pc, |r| r.pc)
-            .is_ok_and(|at| rows[at].kind == kind::NONE);
+            .is_ok_and(|at| rows[at].kind == kind::NONE && at + 1 < rows.len());
         if !sorted || !gap {
             return Err(CacheError::BadPadding(i));
         }
@@ -431,6 +433,17 @@ mod tests {
             &Table {
                 rows: t.rows.clone(),
                 padding: vec![t.padding[0], t.padding[0] + 1],
+                ..Table::default()
+            },
+            &id,
+        );
+        assert_eq!(decode(&crafted, &id).err(), Some(CacheError::BadPadding(1)));
+        // Nor the last row (a NONE row too, but with no end to its range).
+        let last = t.rows.last().expect("rows").pc;
+        let crafted = encode(
+            &Table {
+                rows: t.rows.clone(),
+                padding: vec![t.padding[0], last],
                 ..Table::default()
             },
             &id,
