@@ -314,8 +314,10 @@ pub mod unwind {
     pub const MAX_MAPPINGS: usize = 64;
     /// User frames the table walk produces at most (the same limit as a frame-pointer stack).
     pub const MAX_FRAMES: u32 = crate::MAX_FRAMES as u32;
-    /// Binary search steps inside one page: a page has at most 2^16 rows (one per byte).
-    pub const SEARCH_STEPS: u32 = 16;
+    /// Binary search steps inside one page: a page has at most 2^16 rows (one per byte),
+    /// and the search starts at the row before them (the rule in force at offset 0), so
+    /// 2^16 + 1 candidates.
+    pub const SEARCH_STEPS: u32 = 17;
 
     /// `UnwindRow::kind` values: how the CFA (the caller's RSP) is found.
     pub mod kind {

@@ -446,6 +446,12 @@ fn unwind_table_cache_files() {
     let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("Debian's libc");
     let mut small = table::compile(&libc).expect("libc compiles");
     small.rows.truncate(300);
+    let end = small.rows[299].pc;
+    small.padding.retain(|pc| *pc < end);
+    assert!(
+        !small.padding.is_empty(),
+        "the seed has padding gaps to mutate"
+    );
     let id = [3u8; 20];
     let seed = cache::encode(&small, &id);
     assert!(cache::decode(&seed, &id).is_ok());
@@ -464,7 +470,17 @@ fn unwind_table_cache_files() {
                         t.rows.windows(2).all(|w| w[0].pc < w[1].pc),
                         "unsorted rows"
                     );
-                    assert_eq!(t.rows.len() * 8 + 56, input.len());
+                    // Header, rows, padding count and pcs.
+                    assert_eq!(56 + t.rows.len() * 8 + 4 + t.padding.len() * 4, input.len());
+                    // Padding names gap rows only, never the last (whose range has no end).
+                    for pc in &t.padding {
+                        let at = t.rows.partition_point(|r| r.pc < *pc);
+                        assert!(
+                            at + 1 < t.rows.len() && t.rows[at].pc == *pc,
+                            "padding {pc:#x}"
+                        );
+                        assert_eq!(t.rows[at].kind, profiler_common::unwind::kind::NONE);
+                    }
                 }
                 Err(e) => one_line("unwind cache", &e.to_string()),
             }

@@ -25,8 +25,9 @@ fn rows(path: &Path) -> u64 {
     let table = profiler::unwind::table::compile(&data)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut rules = profiler::unwind::kernel_rows::Rules::default();
-    let kernel = profiler::unwind::kernel_rows::KernelTable::new(&table.rows, &mut rules)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let kernel =
+        profiler::unwind::kernel_rows::KernelTable::new(&table.rows, &table.padding, &mut rules)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     u64::from(kernel.len())
 }
 

@@ -20,8 +20,8 @@ use profiler_common::unwind::{UnwindRow, kind};
 use super::table::Table;
 
 const MAGIC: &[u8; 8] = b"PROFUNW\0";
-/// Bumped on any change of the layout below.
-const VERSION: u32 = 1;
+/// Bumped on any change of the layout below (2: the padding gaps after the rows).
+const VERSION: u32 = 2;
 const HEADER: usize = 56;
 /// Most rows a cached table may claim (128 MiB of them as cached): a bound on what a
 /// damaged or hostile file makes us allocate, far above any real binary's.
@@ -56,6 +56,8 @@ pub enum CacheError {
     Checksum,
     #[error("cache file row {0} is out of order or of an unknown kind")]
     BadRow(usize),
+    #[error("cache file padding entry {0} is out of order or names no gap row")]
+    BadPadding(usize),
 }
 
 /// The on-disk bytes of `table`, compiled by the profiler build `compiler`.
@@ -73,6 +75,10 @@ pub fn encode(table: &Table, compiler: &[u8; 20]) -> Vec<u8> {
         out.extend_from_slice(&r.cfa_off.to_le_bytes());
         out.extend_from_slice(&r.rbp_off.to_le_bytes());
         out.push(r.kind);
+    }
+    out.extend_from_slice(&(table.padding.len() as u32).to_le_bytes());
+    for pc in &table.padding {
+        out.extend_from_slice(&pc.to_le_bytes());
     }
     let crc = checksum(&out);
     out[52..56].copy_from_slice(&crc.to_le_bytes());
@@ -98,7 +104,13 @@ pub fn decode(bytes: &[u8], compiler: &[u8; 20]) -> Result<Table, CacheError> {
     if n > MAX_ROWS {
         return Err(CacheError::TooManyRows(n));
     }
-    if bytes.len() != HEADER + n * 8 {
+    // The rows, then the padding gaps: a count and as many pcs (at most one per row).
+    let body = HEADER + n * 8;
+    let pads = match bytes.get(body..body + 4) {
+        Some(c) => u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize,
+        None => return Err(CacheError::Length(bytes.len())),
+    };
+    if pads > n || bytes.len() != body + 4 + pads * 4 {
         return Err(CacheError::Length(bytes.len()));
     }
     if bytes[32..52] != compiler[..] {
@@ -109,7 +121,7 @@ pub fn decode(bytes: &[u8], compiler: &[u8; 20]) -> Result<Table, CacheError> {
     }
     let (fdes, rbp_fdes) = (u64_at(16), u64_at(24));
     let mut rows = Vec::with_capacity(n);
-    for (i, r) in bytes[HEADER..].chunks_exact(8).enumerate() {
+    for (i, r) in bytes[HEADER..body].chunks_exact(8).enumerate() {
         let row = UnwindRow {
             pc: u32::from_le_bytes(r[..4].try_into().expect("4 bytes")),
             cfa_off: u16::from_le_bytes([r[4], r[5]]),
@@ -125,6 +137,20 @@ pub fn decode(bytes: &[u8], compiler: &[u8; 20]) -> Result<Table, CacheError> {
     if rbp_fdes > fdes || fdes > u64::from(u32::MAX) {
         return Err(CacheError::BadRow(0));
     }
+    let mut padding: Vec<u32> = Vec::with_capacity(pads);
+    for (i, c) in bytes[body + 4..].chunks_exact(4).enumerate() {
+        let pc = u32::from_le_bytes(c.try_into().expect("4 bytes"));
+        let sorted = padding.last().is_none_or(|p| *p < pc);
+        // A gap row, not the last: the last row's range has no end, and the kernel's form
+        // would leave the code before it without one.
+        let gap = rows
+            .binary_search_by_key(&pc, |r| r.pc)
+            .is_ok_and(|at| rows[at].kind == kind::NONE && at + 1 < rows.len());
+        if !sorted || !gap {
+            return Err(CacheError::BadPadding(i));
+        }
+        padding.push(pc);
+    }
     #[allow(
         clippy::needless_update,
         reason = "Table may gain fields the cache does not keep"
@@ -133,6 +159,7 @@ pub fn decode(bytes: &[u8], compiler: &[u8; 20]) -> Result<Table, CacheError> {
         rows,
         fdes: fdes as usize,
         rbp_fdes: rbp_fdes as usize,
+        padding,
         ..Table::default()
     })
 }
@@ -376,6 +403,8 @@ mod tests {
         let back = decode(&bytes, &id).expect("round trip");
         assert_eq!(back.rows, t.rows);
         assert_eq!((back.fdes, back.rbp_fdes), (t.fdes, t.rbp_fdes));
+        assert!(t.padding.len() > 1000, "libc's padding gaps");
+        assert_eq!(back.padding, t.padding);
         assert_eq!(
             decode(&bytes, &[8u8; 20]).err(),
             Some(CacheError::OtherBuild)
@@ -399,6 +428,27 @@ mod tests {
             &id,
         );
         assert_eq!(decode(&crafted, &id).err(), Some(CacheError::BadRow(11)));
+        // A padding entry that is no gap row (a crafted file): refused.
+        let crafted = encode(
+            &Table {
+                rows: t.rows.clone(),
+                padding: vec![t.padding[0], t.padding[0] + 1],
+                ..Table::default()
+            },
+            &id,
+        );
+        assert_eq!(decode(&crafted, &id).err(), Some(CacheError::BadPadding(1)));
+        // Nor the last row (a NONE row too, but with no end to its range).
+        let last = t.rows.last().expect("rows").pc;
+        let crafted = encode(
+            &Table {
+                rows: t.rows.clone(),
+                padding: vec![t.padding[0], last],
+                ..Table::default()
+            },
+            &id,
+        );
+        assert_eq!(decode(&crafted, &id).err(), Some(CacheError::BadPadding(1)));
         let mut huge = bytes.clone();
         huge[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(

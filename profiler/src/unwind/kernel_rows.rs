@@ -86,17 +86,23 @@ impl Rules {
 pub struct KernelTable {
     /// The first row's file vaddr >> PAGE_SHIFT.
     pub first_page: u32,
-    /// Pages from `first_page` on up to the last row's (each with a row at offset 0).
+    /// Pages from `first_page` on up to the last row's.
     pub pages: u32,
     /// `pages + 1` page-index entries (offsets in this slice), then the rows.
     pub words: Vec<u32>,
 }
 
 impl KernelTable {
-    /// Converts sorted `rows` (a `table::Table`'s), interning their rules in `rules`. Every
-    /// page from the first row's to the last row's starts with a row at offset 0 (the rule
-    /// in force there), so the kernel's search never leaves the page it starts in.
-    pub fn new(rows: &[UnwindRow], rules: &mut Rules) -> Result<Self, RulesFull> {
+    /// Converts sorted `rows` (a `table::Table`'s), interning their rules in `rules`. The
+    /// `NONE` rows at `padding` (the table's gaps that hold only alignment padding, sorted)
+    /// are left out, and a row then under the same rule as the one before it: the padding
+    /// joins the function before it, and every other address keeps its rule. The rule in
+    /// force where a page starts, when the page has no row at offset 0, is the row just
+    /// before the page's rows in the slice (the last of an earlier page), so the page index
+    /// is all the kernel's search needs and no row is added.
+    pub fn new(rows: &[UnwindRow], padding: &[u32], rules: &mut Rules) -> Result<Self, RulesFull> {
+        let rows = without_padding(rows, padding);
+        let rows = &rows[..];
         let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
             return Ok(Self::default());
         };
@@ -105,20 +111,13 @@ impl KernelTable {
         let pages = (last.pc >> PAGE_SHIFT) - first_page + 1;
         let head = pages as usize + 1;
         let mut words = vec![0u32; head];
-        words.reserve(rows.len() + pages as usize);
-        // The rule in force where a page starts (NONE before the first row).
-        let mut in_force = 0u16;
+        words.reserve(rows.len());
         let mut i = 0;
         for p in 0..pages {
             let page = first_page + p;
             words[p as usize] = words.len() as u32;
-            let starts_here = rows.get(i).is_some_and(|r| r.pc == page << PAGE_SHIFT);
-            if !starts_here {
-                words.push(u32::from(in_force));
-            }
             while let Some(r) = rows.get(i).filter(|r| r.pc >> PAGE_SHIFT == page) {
                 words.push(((r.pc & PAGE_MASK) << 16) | u32::from(indexes[i]));
-                in_force = indexes[i];
                 i += 1;
             }
         }
@@ -153,6 +152,21 @@ impl KernelTable {
     }
 }
 
+/// `rows` without the `NONE` rows at `padding`, and without a row whose rule is the one
+/// before it (equal neighbours the drop brought together).
+fn without_padding(rows: &[UnwindRow], padding: &[u32]) -> Vec<UnwindRow> {
+    let mut out: Vec<UnwindRow> = Vec::with_capacity(rows.len());
+    for r in rows {
+        let pad =
+            r.kind == profiler_common::unwind::kind::NONE && padding.binary_search(&r.pc).is_ok();
+        if pad || out.last().is_some_and(|p| p.rule() == r.rule()) {
+            continue;
+        }
+        out.push(*r);
+    }
+    out
+}
+
 /// The kernel walk's lookup (profiler-ebpf `unwind::find_row`), step for step, over the same
 /// arrays: the rule of file vaddr `pc` in the table whose page index starts at entry
 /// `table_start` of `words` (UNWIND_ROWS), or None where the kernel finds none. For the
@@ -171,12 +185,18 @@ pub fn lookup(
         return None;
     }
     let at = table_start.checked_add(page)? as usize;
-    let (mut lo, mut hi) = (*words.get(at)?, *words.get(at + 1)?);
-    if lo >= hi {
+    let (first, mut hi) = (*words.get(at)?, *words.get(at + 1)?);
+    if first > hi {
         return None;
     }
+    // The page's rows are first..hi; `lo` starts just before them, at the row in force
+    // where the page starts (an earlier page's last row), or, before the binary's first
+    // row, at the last index entry, which is no row: NONE there.
+    let rows_start = table_start.checked_add(pages)?.checked_add(1)?;
     let off = pc & PAGE_MASK;
-    // Row lo starts at offset 0 of the page; rows from hi on are the next page's.
+    let mut lo = first.checked_sub(1)?;
+    // Invariant: row lo starts at or below off (or is the one before the page's first);
+    // rows from hi on start above it.
     let mut i = 0;
     while i < profiler_common::unwind::SEARCH_STEPS && hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
@@ -186,6 +206,9 @@ pub fn lookup(
             hi = mid;
         }
         i += 1;
+    }
+    if lo < rows_start {
+        return Some(UnwindRule::default());
     }
     let row = *words.get(lo as usize)?;
     rules.get((row & 0xffff) as usize).copied()

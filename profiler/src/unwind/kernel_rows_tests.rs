@@ -43,11 +43,11 @@ fn a_rule_that_starts_in_one_page_covers_the_next() {
         row(0x2_0020, kind::NONE, 0),
     ];
     let mut rules = Rules::default();
-    let t = KernelTable::new(&rows, &mut rules).unwrap();
+    let t = KernelTable::new(&rows, &[], &mut rules).unwrap();
     assert_eq!((t.first_page, t.pages), (1, 2));
-    // Page 1 had no row at offset 0: one (NONE, before the first row) was added; page 2 got
-    // rsp+16, the rule in force where it starts.
-    assert_eq!(t.len(), 3 + 3 + 3);
+    // Three index entries and the four rows, none added: page 2 starts under rsp+16, the
+    // last row of page 1, and page 1 below its first row under nothing (NONE).
+    assert_eq!(t.len(), 3 + 4);
     let rsp16 = Some(rows[1].rule());
     for pc in [0x1_fff4, 0x1_ffff, 0x2_0000, 0x2_000f] {
         assert_eq!(kernel(&t, &rules, pc), rsp16, "{pc:#x}");
@@ -77,17 +77,22 @@ fn a_gap_of_empty_pages_holds_one_row_each() {
         row(0x48_0180, kind::NONE, 0),
     ];
     let mut rules = Rules::default();
-    let t = KernelTable::new(&rows, &mut rules).unwrap();
+    let t = KernelTable::new(&rows, &[], &mut rules).unwrap();
     assert_eq!((t.first_page, t.pages), (0x40, 9));
-    // 10 index entries; pages 0x40 and 0x48 have two rows and an added one at offset 0,
-    // the seven between one NONE row each.
-    assert_eq!(t.len(), 10 + 3 + 7 + 3);
+    // 10 index entries and the four rows: the seven pages between have none of their own
+    // (their index entries equal the next), and are under the NONE row at 0x40_1200.
+    assert_eq!(t.len(), 10 + 4);
     for page in 0x41..0x48u64 {
         for off in [0, 0x8000, 0xffff] {
             let pc = (page << 16) + off;
             assert_eq!(kernel(&t, &rules, pc).map(|r| r.kind), Some(kind::NONE));
         }
     }
+    // Page 0x48 below its first row: still the gap's NONE, from page 0x40's last row.
+    assert_eq!(
+        kernel(&t, &rules, 0x48_00ff).map(|r| r.kind),
+        Some(kind::NONE)
+    );
     assert_eq!(kernel(&t, &rules, 0x48_0100), Some(rows[2].rule()));
     assert_eq!(kernel(&t, &rules, 0x40_11ff), Some(rows[0].rule()));
 }
@@ -103,9 +108,9 @@ fn rules_are_shared_and_a_full_table_adds_none() {
         row(0x9000, kind::CFA_RSP, 16),
         row(0x9010, kind::CFA_RBP, 16),
     ];
-    KernelTable::new(&a, &mut rules).unwrap();
+    KernelTable::new(&a, &[], &mut rules).unwrap();
     assert_eq!(rules.len(), 3, "NONE, rsp+8, rsp+16");
-    KernelTable::new(&b, &mut rules).unwrap();
+    KernelTable::new(&b, &[], &mut rules).unwrap();
     assert_eq!(rules.len(), 4, "rsp+16 is shared, rbp+16 is new");
     // Fill the table up to one free slot, then ask for two new rules.
     let mut pc = 0;
@@ -120,16 +125,16 @@ fn rules_are_shared_and_a_full_table_adds_none() {
             }
         })
         .collect();
-    KernelTable::new(&fill, &mut rules).unwrap();
+    KernelTable::new(&fill, &[], &mut rules).unwrap();
     assert_eq!(rules.len(), MAX_RULES as usize);
     let two_new = [
         row(0x1000, kind::CFA_RBP, 24),
         row(0x1010, kind::CFA_RBP, 32),
     ];
-    assert!(KernelTable::new(&two_new, &mut rules).is_err());
+    assert!(KernelTable::new(&two_new, &[], &mut rules).is_err());
     assert_eq!(rules.len(), MAX_RULES as usize, "nothing added on failure");
     // Known rules only: fits.
-    assert!(KernelTable::new(&a, &mut rules).is_ok());
+    assert!(KernelTable::new(&a, &[], &mut rules).is_ok());
 }
 
 #[test]
@@ -139,11 +144,11 @@ fn the_page_index_is_made_absolute_where_the_slice_lands() {
         row(0x1_0040, kind::NONE, 0),
     ];
     let mut rules = Rules::default();
-    let t = KernelTable::new(&rows, &mut rules).unwrap();
+    let t = KernelTable::new(&rows, &[], &mut rules).unwrap();
     let words = placed(&t, 100);
     assert_eq!(&words[100..104], &[102, 104, 1, 1 << 22]);
     assert_eq!(t.len(), 4);
-    assert_eq!(KernelTable::new(&[], &mut rules).unwrap().len(), 0);
+    assert_eq!(KernelTable::new(&[], &[], &mut rules).unwrap().len(), 0);
 }
 
 /// docs/unwinding.md's worked example, word for word.
@@ -156,18 +161,16 @@ fn the_documented_example() {
         row(0x2_0020, kind::NONE, 0),
     ];
     let mut rules = Rules::default();
-    let t = KernelTable::new(&rows, &mut rules).unwrap();
+    let t = KernelTable::new(&rows, &[], &mut rules).unwrap();
     let words = placed(&t, 1000);
     assert_eq!(
-        &words[1000..1009],
+        &words[1000..1007],
         &[
             1003,
-            1006,
-            1009,
-            0,
+            1005,
+            1007,
             0xfff0_0001,
             0xfff4_0002,
-            0x0000_0002,
             0x0010_0001,
             0x0020_0000
         ]
@@ -176,4 +179,34 @@ fn the_documented_example() {
     assert_eq!(rules.as_slice()[2], rows[1].rule());
     let at = |pc| lookup(&words, rules.as_slice(), 1000, t.pages, t.first_page, pc);
     assert_eq!(at(0x2_0004), Some(rows[1].rule()));
+    assert_eq!(at(0x1_0000), Some(UnwindRule::default()));
+}
+
+#[test]
+fn padding_gaps_are_left_out_and_their_neighbours_merged() {
+    // f (rsp+8) to 0x1009, padding to 0x1010, g (rsp+8) to 0x1020, then a gap of real
+    // bytes without CFI to 0x1030, h (rsp+16) to 0x1040.
+    let rows = [
+        row(0x1000, kind::CFA_RSP, 8),
+        row(0x1009, kind::NONE, 0),
+        row(0x1010, kind::CFA_RSP, 8),
+        row(0x1020, kind::NONE, 0),
+        row(0x1030, kind::CFA_RSP, 16),
+        row(0x1040, kind::NONE, 0),
+    ];
+    let mut rules = Rules::default();
+    let exact = KernelTable::new(&rows, &[], &mut rules).unwrap();
+    let t = KernelTable::new(&rows, &[0x1009], &mut rules).unwrap();
+    // Two rows fewer: the padding's NONE and g's row, now f's rule going on.
+    assert_eq!(t.len(), exact.len() - 2);
+    let rsp8 = Some(rows[0].rule());
+    for pc in [0x1000, 0x1008, 0x1009, 0x100f, 0x1010, 0x101f] {
+        assert_eq!(kernel(&t, &rules, pc), rsp8, "{pc:#x}");
+    }
+    // The gap that is not padding keeps its NONE.
+    assert_eq!(kernel(&t, &rules, 0x1020).map(|r| r.kind), Some(kind::NONE));
+    assert_eq!(kernel(&t, &rules, 0x1030), Some(rows[4].rule()));
+    // A padding entry on a row that is not a gap changes nothing.
+    let same = KernelTable::new(&rows, &[0x1000], &mut rules).unwrap();
+    assert_eq!(same, exact);
 }

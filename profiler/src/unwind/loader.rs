@@ -385,7 +385,7 @@ impl Loader {
             self.add_stops(&mut binary, data, key, pinned);
             return Some(binary);
         }
-        let kernel = match self.convert(&table.rows) {
+        let kernel = match self.convert(&table.rows, &table.padding) {
             Ok(k) => k,
             Err(e) => {
                 log::debug!("{}: no unwind table: {e}", path.display());
@@ -422,9 +422,9 @@ impl Loader {
 
     /// `rows` in the kernel's form, their new rules written to UNWIND_RULES; an error when
     /// the rule table is full (counted) or cannot be written.
-    fn convert(&mut self, rows: &[UnwindRow]) -> std::io::Result<KernelTable> {
+    fn convert(&mut self, rows: &[UnwindRow], padding: &[u32]) -> std::io::Result<KernelTable> {
         let before = self.rules.len();
-        let kernel = KernelTable::new(rows, &mut self.rules).map_err(|e| {
+        let kernel = KernelTable::new(rows, padding, &mut self.rules).map_err(|e| {
             self.stats.rules_full += 1;
             std::io::Error::other(e)
         })?;
@@ -489,7 +489,7 @@ impl Loader {
         if rows.is_empty() {
             return;
         }
-        let kernel = match self.convert(&rows) {
+        let kernel = match self.convert(&rows, &[]) {
             Ok(k) => k,
             Err(e) => {
                 log::debug!("no room for the Go stack-base rows: {e}");

@@ -343,6 +343,7 @@ mod ready_tests {
                 rows: vec![profiler_common::unwind::UnwindRow::default(); rows],
                 fdes: 0,
                 rbp_fdes: 0,
+                padding: Vec::new(),
             }),
             cache_hit: false,
             ns: 0,

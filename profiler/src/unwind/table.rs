@@ -24,6 +24,11 @@ pub struct Table {
     pub fdes: usize,
     /// FDEs whose CFA moves to RBP somewhere (a frame-pointer prologue).
     pub rbp_fdes: usize,
+    /// Sorted pcs of the `NONE` rows whose whole range (up to the next row) is alignment
+    /// padding (`is_padding`): no code runs there, and the walk looks up a return address
+    /// less one (the call, inside its function), so no walk asks for them. The kernel's form
+    /// leaves them out (`kernel_rows`); `rows` and `lookup` stay exact.
+    pub padding: Vec<u32>,
 }
 
 impl Table {
@@ -96,7 +101,7 @@ pub fn compile_with_debug<D: std::ops::Deref<Target = [u8]>>(
     // Go binaries keep frame pointers and have no .eh_frame: their .debug_frame is not
     // wanted (they are walked by frame pointer).
     if covered.saturating_mul(2) >= code || file.section_by_name(".gopclntab").is_some() {
-        return finish(table, spans);
+        return finish(table, spans).map(|t| mark_padding(&file, t));
     }
     // Debug sections may be compressed (SHF_COMPRESSED): read them inflated.
     let debug_frame_of = |f: &object::File<'_>| {
@@ -122,7 +127,30 @@ pub fn compile_with_debug<D: std::ops::Deref<Target = [u8]>>(
             i == 0 || eh_ranges[i - 1].1 <= *start
         }));
     }
-    finish(table, spans)
+    finish(table, spans).map(|t| mark_padding(&file, t))
+}
+
+/// Fills `table.padding` from the code bytes of `file`'s segments: the gaps between FDEs
+/// that hold nothing but padding (most are the few bytes that align the next function).
+fn mark_padding(file: &object::File<'_>, mut table: Table) -> Table {
+    let segments: Vec<(u64, &[u8])> = file
+        .segments()
+        .filter_map(|s| Some((s.address(), s.data().ok()?)))
+        .collect();
+    let code = |from: u64, to: u64| {
+        segments.iter().find_map(|(at, data)| {
+            let (a, b) = (from.checked_sub(*at)?, to.checked_sub(*at)?);
+            data.get(usize::try_from(a).ok()?..usize::try_from(b).ok()?)
+        })
+    };
+    table.padding = table
+        .rows
+        .windows(2)
+        .filter(|w| w[0].kind == kind::NONE)
+        .filter(|w| code(w[0].pc.into(), w[1].pc.into()).is_some_and(is_padding))
+        .map(|w| w[0].pc)
+        .collect();
+    table
 }
 
 /// A STOP row over the ELF entry point when no CFI covers it: ld.so's `_start` has none, and
@@ -440,3 +468,37 @@ fn plt_threshold<R: gimli::Reader>(mut expr: R) -> Option<u16> {
 #[cfg(test)]
 #[path = "table_tests.rs"]
 mod tests;
+
+/// Whether `code` is only alignment padding: `int3` or x86 `nop` forms (`90`, `66 90`,
+/// `0f 1f /0` with its ModRM, SIB and displacement, behind `66` and segment prefixes), as
+/// assemblers and linkers fill the space between functions.
+pub fn is_padding(code: &[u8]) -> bool {
+    let mut i = 0;
+    while i < code.len() {
+        let start = i;
+        while i < code.len() && matches!(code[i], 0x66 | 0x2e | 0x3e | 0x26 | 0x64 | 0x65) {
+            i += 1;
+        }
+        match code.get(i..) {
+            Some([0x90 | 0xcc, ..]) => i += 1,
+            Some([0x0f, 0x1f, modrm, rest @ ..]) if modrm & 0x38 == 0 => {
+                let (md, rm) = (modrm >> 6, modrm & 7);
+                let sib = md != 3 && rm == 4;
+                let disp = match md {
+                    0 if rm == 5 => 4,
+                    0 if sib && rest.first().is_some_and(|s| s & 7 == 5) => 4,
+                    1 => 1,
+                    2 => 4,
+                    _ => 0,
+                };
+                i += 3 + usize::from(sib) + disp;
+            }
+            _ => return false,
+        }
+        // A prefix alone (or over 14 of them) is no instruction we know.
+        if i - start > 15 {
+            return false;
+        }
+    }
+    i == code.len()
+}

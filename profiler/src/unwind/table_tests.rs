@@ -281,3 +281,65 @@ fn bias_of_code_sharing_a_page_with_the_segment_before() {
     }
     panic!("this test binary has no code segment off a page boundary");
 }
+
+#[test]
+fn padding_is_nops_and_int3_only() {
+    // What gcc, gas and lld put between functions: nop forms of 1 to 11 bytes, int3.
+    let pads: [&[u8]; 9] = [
+        &[0x90],
+        &[0x66, 0x90],
+        &[0x0f, 0x1f, 0x00],
+        &[0x0f, 0x1f, 0x40, 0x00],
+        &[0x0f, 0x1f, 0x44, 0x00, 0x00],
+        &[0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00],
+        &[0x0f, 0x1f, 0x80, 0, 0, 0, 0],
+        &[0x66, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0, 0, 0, 0, 0],
+        &[0xcc, 0xcc, 0xcc],
+    ];
+    for p in pads {
+        assert!(is_padding(p), "{p:02x?}");
+    }
+    assert!(is_padding(&pads.concat()));
+    // Code, zeros, a nop cut short, a prefix alone, `0f 1f` with a reg field not 0.
+    let not: [&[u8]; 6] = [
+        &[0x0f, 0x05, 0xc3],
+        &[0x00, 0x00],
+        &[0x0f, 0x1f, 0x40],
+        &[0x66],
+        &[0x0f, 0x1f, 0x48, 0x00],
+        &[0x90, 0xc3],
+    ];
+    for n in not {
+        assert!(!is_padding(n), "{n:02x?}");
+    }
+}
+
+#[test]
+fn libc_padding_gaps_hold_only_padding() {
+    let data = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+    let t = compile(&data).unwrap();
+    // Most of libc's ~3,400 gaps between FDEs only align the next function.
+    assert!(t.padding.len() > 3000, "{} padding gaps", t.padding.len());
+    let file = object::File::parse(&*data).unwrap();
+    let text = file.section_by_name(".text").unwrap();
+    let (base, code) = (text.address(), text.data().unwrap());
+    let mut seen = 0;
+    for pc in &t.padding {
+        let at = t.rows.partition_point(|r| r.pc <= *pc) - 1;
+        let (row, next) = (t.rows[at], t.rows[at + 1]);
+        assert_eq!((row.pc, row.kind), (*pc, kind::NONE));
+        let (a, b) = (u64::from(row.pc), u64::from(next.pc));
+        if a >= base && b <= base + code.len() as u64 {
+            let bytes = &code[(a - base) as usize..(b - base) as usize];
+            assert!(
+                bytes.iter().all(|b| matches!(
+                    b,
+                    0x90 | 0xcc | 0x66 | 0x2e | 0x0f | 0x1f | 0x00 | 0x40 | 0x44 | 0x80 | 0x84
+                )),
+                "{bytes:02x?}"
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen > 3000, "{seen} gaps in .text");
+}
