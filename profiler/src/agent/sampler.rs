@@ -26,12 +26,14 @@ use crate::{
 /// Bytes of ring per CPU for the kernel's process records: a few hundred new processes a
 /// second between drains (~500 bytes of records a process); half full wakes the agent.
 pub(crate) const KERNEL_RECORD_BYTES: usize = 256 << 10;
-/// How often the agent drains the ring buffer. At 19 Hz two seconds of samples are a few KiB,
-/// and every wake-up costs the agent CPU: only a quarter-full sample ring or a half-full ring
-/// of process records wakes it sooner, not a new process's first sample
-/// (`SessionConfig::wake_for_processes`); that process's samples wait for its tables at most
-/// this long, and its stack copies cover them meanwhile.
-const DRAIN_EVERY: Duration = Duration::from_secs(2);
+/// How often the agent drains the ring buffer. At 19 Hz a second of samples is a few KiB, and
+/// every wake-up costs the agent CPU: only a quarter-full sample ring or a half-full ring of
+/// process records wakes it sooner, not a new process's first sample
+/// (`SessionConfig::wake_for_processes`); that process's samples wait for its tables, and a
+/// Python process's for its detection, at most this long (its stack copies cover the native
+/// ones meanwhile). Two seconds cost a short-lived Python process too many of its named
+/// samples (tests/tests/python_agent.rs missed one of 200 processes).
+const DRAIN_EVERY: Duration = Duration::from_secs(1);
 /// Test hook: milliseconds of pause after each cut's last drain of the ring, as a busy
 /// machine makes (`SessionConfig::settle_delay`).
 pub(crate) const SETTLE_DELAY_ENV: &str = "PROFILER_TEST_SETTLE_DELAY_MS";
