@@ -10,6 +10,7 @@ mod bench_support;
 mod bench_symbolize;
 mod bench_unwind;
 mod bench_unwind_deep;
+mod bench_unwind_peers;
 mod host;
 mod kernels;
 mod lab;
