@@ -14,6 +14,20 @@ pub const MAP_PY_COUNTERS: &str = "PY_COUNTERS";
 /// Load-time global (u32): offset of `thread.fsbase` in the kernel's `task_struct` (from
 /// BTF); 0 turns the Python walk off.
 pub const GLOBAL_FSBASE_OFFSET: &str = "PY_FSBASE_OFFSET";
+/// LruHashMap<u32 tgid, [u64; 2] (exec time, last wake)>: processes that exec'd a program
+/// named `python*` lately, whose samples wake the reader (`PROGRAM_PY_EXEC`).
+pub const MAP_PY_EXECS: &str = "PY_EXECS";
+/// Capacity of `MAP_PY_EXECS` (least recently used entries go first).
+pub const PY_EXECS_CAPACITY: u32 = 1024;
+/// Raw tracepoint on sched_process_exec: notes processes whose new program is named
+/// `python*`. Loaded only where the reader is not woken by every new process (the agent,
+/// which drains on a timer of `PY_EXEC_WAKE_FOR_NS` or more): a Python process is then
+/// registered for its frames within a fraction of a second instead of a drain later.
+pub const PROGRAM_PY_EXEC: &str = "python_exec";
+/// For this long after its exec, a `python*` process's samples wake the reader...
+pub const PY_EXEC_WAKE_FOR_NS: u64 = 2_000_000_000;
+/// ...at most this often (a wake-up costs the reader more than the sample itself).
+pub const PY_EXEC_WAKE_EVERY_NS: u64 = 250_000_000;
 
 /// Bytes of a code object read at once from its `PyProc::code_check` word, which take in the
 /// `name_check` pointer too (80 bytes on: 3.8-3.10; 64 on 3.11), in one helper call.
@@ -60,7 +74,9 @@ pub mod counter {
     /// Threads of registered processes without a Python thread state (none bound, or a pthread
     /// key outside the first block the walk reads).
     pub const NO_THREAD_STATE: u32 = 3;
-    pub const COUNT: u32 = 4;
+    /// Samples of a process just exec'd as `python*` that woke the reader (`MAP_PY_EXECS`).
+    pub const EXEC_WAKES: u32 = 4;
+    pub const COUNT: u32 = 5;
 }
 
 /// A Python process as the sampler needs it; byte offsets are into the named struct.

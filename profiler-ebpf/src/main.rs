@@ -13,6 +13,8 @@ mod exits;
 #[cfg(target_arch = "bpf")]
 mod python;
 #[cfg(target_arch = "bpf")]
+mod python_exec;
+#[cfg(target_arch = "bpf")]
 mod sampler;
 #[cfg(target_arch = "bpf")]
 mod unwind;

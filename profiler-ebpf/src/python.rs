@@ -274,8 +274,15 @@ fn user_u64(addr: u64) -> Option<u64> {
     unsafe { aya_ebpf::helpers::bpf_probe_read_user(addr as *const u64) }.ok()
 }
 
+/// Whether userspace registered `pid` for its Python frames.
 #[inline(always)]
-fn count(index: u32) {
+pub(crate) fn registered(pid: u32) -> bool {
+    // SAFETY: only whether the value exists is read.
+    unsafe { PY_PROCS.get(&pid) }.is_some()
+}
+
+#[inline(always)]
+pub(crate) fn count(index: u32) {
     if let Some(slot) = PY_COUNTERS.get_ptr_mut(index) {
         // SAFETY: per-CPU slot, and perf_event programs do not nest on one CPU.
         unsafe { *slot += 1 };

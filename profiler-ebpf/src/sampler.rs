@@ -252,7 +252,9 @@ fn spin_forever() {
 
 /// Waking the reader costs an irq_work per sample (a VM exit in a guest), more than the rest
 /// of the sample. The reader drains on a short timer instead; it is woken only when the buffer
-/// fills past WAKEUP_BYTES, so a burst cannot overrun it, or for a process's first sample.
+/// fills past WAKEUP_BYTES, so a burst cannot overrun it, or for a process's first sample
+/// (`record`), or, where new processes do not wake it (the agent), for a new Python process's
+/// first samples (`python_exec`).
 #[inline(always)]
 fn wakeup_flag(pid: u32, maybe_new: bool, stale: bool, now_ns: u64) -> u64 {
     // SAFETY: a read of a load-time constant.
@@ -262,6 +264,7 @@ fn wakeup_flag(pid: u32, maybe_new: bool, stale: bool, now_ns: u64) -> u64 {
     if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > wakeup_bytes
         || (for_processes
             && ((maybe_new && first_sample(pid)) || (stale && stale_wake(pid, now_ns))))
+        || (!for_processes && crate::python_exec::wakes(pid, now_ns))
     {
         BPF_RB_FORCE_WAKEUP as u64
     } else {

@@ -269,6 +269,13 @@ impl Session {
             .map(crate::python::Tracker::python_processes)
     }
 
+    /// How many samples of new Python processes woke the reader so far (profiler-ebpf
+    /// `python_exec`: the agent only); None with Python frames off.
+    pub(crate) fn python_exec_wakes(&self) -> Option<u64> {
+        let counters = self.sampler.python_counters().ok()??;
+        Some(counters[profiler_common::python::counter::EXEC_WAKES as usize])
+    }
+
     /// Ends the current window and starts the next at once (no gap in sampling): everything
     /// since the last cut, ready to symbolize anywhere. Process facts of live processes stay
     /// for the next window; those of exited processes go (Python names of ended generations

@@ -20,7 +20,7 @@ const COMM: &str = "pychurn";
 
 /// One short-lived process: its comm set first (the agent keeps only `COMM`), then 3 s in
 /// `work_<i>` spinning 2 ms of every 50 (0.12 CPU seconds, ~24 samples at 199 Hz), then
-/// 1.2 s asleep so that a drain (every second, or at another process's first sample) names
+/// 1.2 s asleep so that a drain (every 2 s, or at a new Python process's first samples) names
 /// its frames while it lives. Spread over 3 s, its samples outlast its detection (the drain
 /// after its first sample as `COMM`, then the detection thread: 0.16 s median, 2.1 s at
 /// most seen with load on 2 CPUs), which a 0.1 s burst did not always.
@@ -54,10 +54,15 @@ fn warm_program(stop: &str) -> String {
 }
 
 fn gauge(agent: &Agent) -> Option<f64> {
+    metric(agent, "profiler_python_processes")
+}
+
+fn metric(agent: &Agent, name: &str) -> Option<f64> {
     let (status, body) = agent.get("/metrics");
     assert_eq!(status, 200, "GET /metrics");
     String::from_utf8_lossy(&body).lines().find_map(|l| {
-        l.strip_prefix("profiler_python_processes ")
+        l.strip_prefix(name)?
+            .strip_prefix(' ')
             .and_then(|v| v.trim().parse().ok())
     })
 }
@@ -131,7 +136,18 @@ fn a_churn_of_python_processes_is_named_and_then_forgotten() {
         std::thread::sleep(Duration::from_millis(500));
         after = gauge(&agent);
     }
+    // The agent drains every 2 s; each process's first samples woke it sooner (its exec as
+    // python3.11, profiler-ebpf `python_exec`). A process spins 2 ms of every 50 for 3 s at
+    // 199 Hz: nearly all are sampled within their first 2 s.
+    let wakes = metric(&agent, "profiler_python_exec_wakes_total").unwrap_or(0.0);
     assert!(agent.stop().success(), "the agent failed");
+    eprintln!("profiler_python_exec_wakes_total: {wakes}");
+    assert!(
+        wakes >= (PROCESSES / 2) as f64,
+        "new Python processes woke the agent {wakes} times (want {} or more: one for each of \
+         most of the {PROCESSES} processes)",
+        PROCESSES / 2
+    );
     eprintln!("profiler_python_processes: up to {during} during the churn, {after:?} after it");
     assert!(
         during >= 1.0 && after == Some(0.0),

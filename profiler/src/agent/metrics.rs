@@ -57,6 +57,8 @@ pub(crate) struct Metrics {
     /// Process generations whose Python names the drain holds, as of the last cut
     /// (`python::Tracker::python_processes`); None with Python frames off.
     pub python_processes: Option<u64>,
+    /// Samples of new Python processes that woke the sampler thread (`Session::python_exec_wakes`).
+    pub python_exec_wakes: Option<u64>,
 }
 
 /// The agent's stages pass windows through bounded queues (docs/agent.md): a full queue drops
@@ -400,6 +402,17 @@ impl Metrics {
                 "Python processes (each exec counted apart) whose frame names the agent holds, \
                  as of the last window: the live ones and those of the window being cut.",
                 "gauge",
+                &[("", f(n))],
+            );
+        }
+        if let Some(n) = self.python_exec_wakes {
+            metric(
+                &mut o,
+                "profiler_python_exec_wakes_total",
+                "Samples of processes that exec'd a program named python* in the last 2 s that \
+                 woke the sampler thread before its timed drain (at most 4 a second a process), \
+                 so they are named from their first second on.",
+                "counter",
                 &[("", f(n))],
             );
         }

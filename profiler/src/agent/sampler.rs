@@ -26,14 +26,14 @@ use crate::{
 /// Bytes of ring per CPU for the kernel's process records: a few hundred new processes a
 /// second between drains (~500 bytes of records a process); half full wakes the agent.
 pub(crate) const KERNEL_RECORD_BYTES: usize = 256 << 10;
-/// How often the agent drains the ring buffer. At 19 Hz a second of samples is a few KiB, and
-/// every wake-up costs the agent CPU: only a quarter-full sample ring or a half-full ring of
-/// process records wakes it sooner, not a new process's first sample
-/// (`SessionConfig::wake_for_processes`); that process's samples wait for its tables, and a
-/// Python process's for its detection, at most this long (its stack copies cover the native
-/// ones meanwhile). Two seconds cost a short-lived Python process too many of its named
-/// samples (tests/tests/python_agent.rs missed one of 200 processes).
-const DRAIN_EVERY: Duration = Duration::from_secs(1);
+/// How often the agent drains the ring buffer. At 19 Hz two seconds of samples are a few
+/// KiB, and every wake-up costs the agent CPU: only a quarter-full sample ring, a half-full
+/// ring of process records, or the first samples of a new Python process (profiler-ebpf
+/// `python_exec`, so its frames are named from its first second on) wake it sooner, not every
+/// new process's first sample (`SessionConfig::wake_for_processes`). Any other process's
+/// samples wait for its tables at most this long (its stack copies cover them meanwhile).
+/// At one second, the drains were about a third of the sampling thread's CPU under churn.
+const DRAIN_EVERY: Duration = Duration::from_secs(2);
 /// Test hook: milliseconds of pause after each cut's last drain of the ring, as a busy
 /// machine makes (`SessionConfig::settle_delay`).
 pub(crate) const SETTLE_DELAY_ENV: &str = "PROFILER_TEST_SETTLE_DELAY_MS";
@@ -157,6 +157,7 @@ impl Stage {
                 let window = session.cut().await?;
                 self.shared.metrics().python_processes =
                     session.python_processes().map(|n| n as u64);
+                self.shared.metrics().python_exec_wakes = session.python_exec_wakes();
                 if let Some(stats) = session.unwind_stats() {
                     self.shared.metrics().add_unwind(
                         &stats,

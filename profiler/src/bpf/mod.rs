@@ -83,6 +83,19 @@ pub(crate) enum BpfError {
     TooManyCgroups(usize),
 }
 
+/// Loads and attaches `PROGRAM_PY_EXEC` (profiler-ebpf `python_exec`).
+fn attach_python_exec(ebpf: &mut Ebpf) -> Result<(), BpfError> {
+    let program: &mut aya::programs::RawTracePoint = ebpf
+        .program_mut(py::PROGRAM_PY_EXEC)
+        .ok_or(BpfError::Missing("python exec program"))?
+        .try_into()?;
+    program
+        .load()
+        .map_err(|e| rejected(py::PROGRAM_PY_EXEC, e))?;
+    program.attach("sched_process_exec")?;
+    Ok(())
+}
+
 /// A program load error as one line: the verifier's reason, its whole log at -v (info).
 fn rejected(program: &'static str, e: aya::programs::ProgramError) -> BpfError {
     match e {
@@ -334,6 +347,17 @@ impl Sampler {
                 })
                 .ok()
             });
+        // The agent's reader is not woken by new processes: a new Python process's first
+        // samples wake it instead, so its frames are named from its first second on.
+        if config.python.is_some()
+            && !config.wake_for_processes
+            && let Err(e) = attach_python_exec(&mut ebpf)
+        {
+            log::warn!(
+                "new Python processes wait for the next drain: {}",
+                crate::util::chain(&e)
+            );
+        }
         let log = ebpf_log::EbpfLog::start(&mut ebpf);
         let samples = RingBuf::try_from(
             ebpf.take_map(MAP_SAMPLES)

@@ -151,7 +151,8 @@ fn unwind(s: &LoaderStats, truncated: &[u64; 7]) {
 }
 
 fn python(p: &PythonReport) {
-    let [walked, truncated, read_failed, no_tstate] = p.kernel;
+    // The exec wakes are the agent's only (`record` wakes for every new process).
+    let [walked, truncated, read_failed, no_tstate, _] = p.kernel;
     eprintln!(
         "python: {} processes registered; {walked} samples walked, {truncated} truncated, \
          {read_failed} unreadable, {no_tstate} without a thread state; {} recorded cut short",
