@@ -397,6 +397,10 @@ pub mod unwind {
         /// already): a walk reaching it stops as `reason::NOT_LOADED`, and the sampler
         /// copies the stack for userspace to walk.
         pub const PENDING: u32 = 2;
+        /// No walk reached this binary yet (`--unwind-tables reached`): it has no table, and
+        /// a walk reaching it stops as `reason::NO_MAPPING` (the stack is copied), which has
+        /// userspace compile its table and load the process again.
+        pub const UNREACHED: u32 = 3;
     }
 
     /// One executable mapping of a process.

@@ -348,6 +348,9 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     if m.kind == mapping::PENDING {
         return stop(w, reason::NOT_LOADED); // its table is being compiled: copy the stack
     }
+    if m.kind == mapping::UNREACHED {
+        return stop(w, reason::NO_MAPPING); // userspace compiles its table now: copy the stack
+    }
     let (cfa, saved_bp) = if found.is_none() || m.kind == mapping::FRAME_POINTER {
         // A frame-pointer binary may have STOP rows at its threads' entries (Go's
         // runtime.mstart: what its frame pointer points at is no frame of the thread).

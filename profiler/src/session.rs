@@ -39,6 +39,8 @@ pub(crate) struct SessionConfig {
     pub unwind: UnwindMode,
     /// Kernel memory for unwind rows, bytes.
     pub unwind_memory: u64,
+    /// Which binaries of a sampled process get their tables (`unwind::TablePolicy`).
+    pub unwind_tables: crate::unwind::TablePolicy,
     /// Directory of compiled unwind tables kept between runs (`unwind::cache`); None: none.
     pub unwind_cache: Option<std::path::PathBuf>,
     /// Name Python frames in CPython processes.
@@ -200,14 +202,17 @@ impl Session {
             .with_cgroup_filter(CgroupFilter::new(user_cgroups))
             .with_events(events);
         let loader = match sampler.unwind.take() {
-            Some(l) => Some(Arc::new(BackgroundLoader::spawn(l)?)),
+            Some(l) => Some(Arc::new(BackgroundLoader::spawn(l, config.unwind_tables)?)),
             None => None,
         };
         if let Some(loader) = &loader {
             collection = collection.on_new_process(loader.hook());
             let cache = loader.cache();
-            collection = collection
-                .with_copy_unwinder(crate::unwind::CopyUnwinder::new(config.unwind, cache)?);
+            collection = collection.with_copy_unwinder(crate::unwind::CopyUnwinder::new(
+                config.unwind,
+                config.unwind_tables,
+                cache,
+            )?);
         }
         if let (Some(facts), Some(map)) = (python, sampler.take_python_map()) {
             let mut tracker = crate::python::Tracker::new(map, facts);

@@ -53,6 +53,9 @@ pub(crate) fn setup(extras: Extras) -> Result<Vec<String>> {
         // Debian's own CPython (no frame pointers) is one of the interpreters
         // tests/tests/python.rs records; the pyenv builds there are not installed here.
         tools.push(("python3.11", "python3.11"));
+        // Debian's sqlite3 maps eight files and runs in three: tests/tests/unwind_reached.rs
+        // checks that `--unwind-tables reached` compiles only those.
+        tools.push(("sqlite3", "sqlite3"));
         // The kernel matrix boots Debian's kernels in QEMU (xtask/src/kernels).
         tools.push((crate::kernels::QEMU, "qemu-system-x86"));
     }

@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use serde::Deserialize;
 
 use crate::{
-    unwind::UnwindMode,
+    unwind::{TablePolicy, UnwindMode},
     util::{InputError, parse_duration},
 };
 
@@ -41,6 +41,8 @@ pub struct AgentConfig {
     pub unwind: UnwindMode,
     /// Kernel memory for unwind tables, bytes.
     pub unwind_memory: u64,
+    /// Which binaries get unwind tables (as `record --unwind-tables`; default `reached`).
+    pub unwind_tables: TablePolicy,
     /// Name Python frames in CPython processes.
     pub python: bool,
 }
@@ -65,6 +67,9 @@ impl Default for AgentConfig {
             // As `record`: whole stacks through code without frame pointers, Python named.
             unwind: UnwindMode::Auto,
             unwind_memory: 64 << 20,
+            // Every process of the host is sampled now and then: a table for each binary it
+            // maps cost the agent CPU and memory for libraries no stack went through.
+            unwind_tables: TablePolicy::Reached,
             python: true,
         }
     }
@@ -96,6 +101,8 @@ pub enum ConfigError {
     },
     #[error("unwind must be auto, fp or dwarf, got `{0}`")]
     Unwind(String),
+    #[error("unwind-tables must be all or reached, got `{0}`")]
+    UnwindTables(String),
     #[error("python must be on or off, got `{0}`")]
     Python(String),
 }
@@ -131,6 +138,9 @@ pub struct FileConfig {
     pub unwind: Option<String>,
     #[serde(alias = "unwind_memory")]
     pub unwind_memory: Option<String>,
+    /// `all` or `reached`.
+    #[serde(alias = "unwind_tables")]
+    pub unwind_tables: Option<String>,
     /// `on` or `off`.
     pub python: Option<String>,
 }
@@ -176,6 +186,7 @@ impl FileConfig {
             insecure_listen,
             unwind,
             unwind_memory,
+            unwind_tables,
             python,
         } = self;
         if let Some(hz) = frequency {
@@ -217,6 +228,10 @@ impl FileConfig {
         if let Some(u) = unwind {
             c.unwind = <UnwindMode as clap::ValueEnum>::from_str(&u, false)
                 .map_err(|_| ConfigError::Unwind(u))?;
+        }
+        if let Some(t) = unwind_tables {
+            c.unwind_tables = <TablePolicy as clap::ValueEnum>::from_str(&t, false)
+                .map_err(|_| ConfigError::UnwindTables(t))?;
         }
         if let Some(m) = unwind_memory {
             c.unwind_memory = crate::cli::parse_bytes(&m).map_err(key("unwind-memory"))?;
@@ -353,14 +368,17 @@ mod tests {
     #[test]
     fn unwind_and_python_keys() {
         let f: FileConfig =
-            toml::from_str("unwind = \"dwarf\"\nunwind-memory = \"16M\"\npython = \"off\"")
+            toml::from_str("unwind = \"dwarf\"\nunwind-memory = \"16M\"\npython = \"off\"\nunwind-tables = \"all\"")
                 .unwrap();
         let mut c = AgentConfig::default();
-        assert_eq!((c.unwind, c.python), (UnwindMode::Auto, true));
+        assert_eq!(
+            (c.unwind, c.python, c.unwind_tables),
+            (UnwindMode::Auto, true, TablePolicy::Reached)
+        );
         f.apply(&mut c).unwrap();
         assert_eq!(
-            (c.unwind, c.unwind_memory, c.python),
-            (UnwindMode::Dwarf, 16 << 20, false)
+            (c.unwind, c.unwind_memory, c.python, c.unwind_tables),
+            (UnwindMode::Dwarf, 16 << 20, false, TablePolicy::All)
         );
         for (text, want) in [
             (
@@ -368,6 +386,10 @@ mod tests {
                 "unwind must be auto, fp or dwarf, got `frames`",
             ),
             ("python = \"yes\"", "python must be on or off, got `yes`"),
+            (
+                "unwind-tables = \"some\"",
+                "unwind-tables must be all or reached, got `some`",
+            ),
             ("unwind-memory = \"lots\"", "unwind-memory: expected a size"),
         ] {
             let f: FileConfig = toml::from_str(text).unwrap();

@@ -188,6 +188,7 @@ pub(crate) fn run(
             cgroups: Vec::new(),
             unwind: config.unwind,
             unwind_memory: config.unwind_memory,
+            unwind_tables: config.unwind_tables,
             python: config.python,
             // Tables compiled once survive restarts, next to the store (docs/unwinding.md).
             unwind_cache: Some(config.data_dir.join("unwind-tables")),

@@ -7,7 +7,7 @@ use crate::agent::{
     AgentConfig,
     config::{FileConfig, parse_frequency, parse_listen, parse_size, parse_window},
 };
-use crate::unwind::UnwindMode;
+use crate::unwind::{TablePolicy, UnwindMode};
 
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
@@ -62,6 +62,10 @@ pub struct AgentArgs {
     /// Kernel memory for unwind tables: 64M (default), 512K...
     #[arg(long, value_name = "BYTES", value_parser = super::parse_bytes)]
     pub unwind_memory: Option<u64>,
+    /// Which binaries get unwind tables, as for `record` (default reached: only those the
+    /// stacks go through).
+    #[arg(long, value_enum)]
+    pub unwind_tables: Option<TablePolicy>,
     /// Name Python functions in CPython 3.11-3.13 processes (default on).
     #[arg(long, value_enum, value_name = "on|off")]
     pub python: Option<OnOff>,
@@ -88,10 +92,12 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<()> {
         insecure_listen,
         unwind,
         unwind_memory,
+        unwind_tables,
         python,
     } = args;
     config.unwind = unwind.unwrap_or(config.unwind);
     config.unwind_memory = unwind_memory.unwrap_or(config.unwind_memory);
+    config.unwind_tables = unwind_tables.unwrap_or(config.unwind_tables);
     config.python = python.map_or(config.python, |p| p == OnOff::On);
     config.frequency_hz = frequency.unwrap_or(config.frequency_hz);
     config.window = window.unwrap_or(config.window);

@@ -8,7 +8,7 @@ use crate::{
     profile::GroupBy,
     record::{KERNEL_RECORD_BYTES, RecordConfig, record_blocking},
     session::SessionConfig,
-    unwind::UnwindMode,
+    unwind::{TablePolicy, UnwindMode},
     util::{self, InputError},
 };
 
@@ -58,6 +58,12 @@ pub struct RecordArgs {
     /// Binaries beyond it are walked by frame pointer.
     #[arg(long, default_value = "64M", value_name = "BYTES", value_parser = parse_bytes)]
     pub unwind_memory: u64,
+    /// Which binaries of a sampled process get unwind tables: `all` it maps, at its first
+    /// sample (its first stacks are whole), or only those its stacks `reached` (the agent's
+    /// default: a process that maps fifty libraries and runs in three costs three tables;
+    /// its stacks are whole after a sample per binary they cross).
+    #[arg(long, value_enum, default_value_t = TablePolicy::All)]
+    pub unwind_tables: TablePolicy,
     /// Where compiled unwind tables are kept between recordings, keyed by build id (at most
     /// 256 MiB; default ~/.cache/profiler/unwind-tables), or `off`.
     #[arg(long, value_name = "DIR|off")]
@@ -132,6 +138,7 @@ pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
             cgroups,
             unwind: args.unwind,
             unwind_memory: args.unwind_memory,
+            unwind_tables: args.unwind_tables,
             unwind_cache: match &args.unwind_cache {
                 Some(dir) if dir.as_os_str() == "off" => None,
                 Some(dir) => Some(dir.clone()),

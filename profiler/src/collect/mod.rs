@@ -428,6 +428,7 @@ impl Collection {
             hook(crate::unwind::ProcessEvent::Sampled {
                 pid: h.pid,
                 stale,
+                reached: callsites(&frames[klen * 8..(klen + ulen) * 8]).into_vec(),
                 // Its mappings now, not at the sample: the kernel's entry is for the samples
                 // to come, and a sample taken before an exec this drain read (or in ld.so)
                 // would replace the newer mappings `tell_mappings` just gave the loader.

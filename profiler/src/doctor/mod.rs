@@ -97,6 +97,7 @@ pub(crate) fn examine(
                 cgroups: Vec::new(),
                 unwind: config.unwind,
                 unwind_memory: config.unwind_memory,
+                unwind_tables: crate::unwind::TablePolicy::All,
                 python: config.python,
                 unwind_cache: None,
                 kernel_record_bytes: KERNEL_RECORD_BYTES,

@@ -14,7 +14,7 @@ use std::{
 };
 
 use super::{
-    Loader, LoaderStats, MappingSpec, ProcessEvent,
+    Loader, LoaderStats, MappingSpec, ProcessEvent, TablePolicy,
     loader::BinaryKey,
     pool::{self, CompilePool, Compiled, Submitted},
     proc_mappings,
@@ -41,13 +41,30 @@ pub struct BackgroundLoader {
     /// to the loader thread (true) or it was only loaded here: only their exits matter, and
     /// the exit of one never queued is done here too (no message and wake-up per exit).
     handed: Mutex<HashMap<u32, bool>>,
+    /// `TablePolicy::Reached`: the binaries some process's walk reached so far, shared with
+    /// the loader (`Loader::set_reached`); None under `TablePolicy::All`.
+    reached: Option<Arc<Mutex<HashSet<BinaryKey>>>>,
 }
+
+/// Binaries remembered as reached at most; beyond, the set starts afresh (a binary still in
+/// use is reached again by its next walks).
+const MAX_REACHED: usize = 4096;
 
 const RELOAD_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Processes waiting for tables at most; beyond, a new one is left to frame pointers until
 /// the collector asks for it again (a walk that leaves its mappings).
 const MAX_WAITING: usize = 4096;
+
+/// Whether `path` is a C library, where every thread's stack starts (`__libc_start_main`,
+/// `start_thread`). With the program itself (its lowest mapping: the executable is mapped
+/// below the libraries), it is loaded at a process's first sample under `TablePolicy::Reached`:
+/// a walk then needs no round of samples to learn them.
+fn is_entry_binary(path: &std::path::Path) -> bool {
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+        n.starts_with("libc.so") || n.starts_with("libc-") || n.starts_with("ld-musl")
+    })
+}
 
 /// Loads one process and mirrors the loader's stats.
 fn load(loader: &mut Loader, stats: &Mutex<LoaderStats>, pid: u32, mappings: &[MappingSpec]) {
@@ -184,7 +201,11 @@ fn request(
 
 impl BackgroundLoader {
     /// Starts the loader thread and `pool::DEFAULT_THREADS` compile threads.
-    pub fn spawn(loader: Loader) -> std::io::Result<Self> {
+    pub fn spawn(mut loader: Loader, policy: TablePolicy) -> std::io::Result<Self> {
+        let reached = (policy == TablePolicy::Reached).then(Arc::default);
+        if let Some(r) = &reached {
+            loader.set_reached(Arc::clone(r));
+        }
         let (tx, rx) = mpsc::channel::<Job>();
         let stats = Arc::new(Mutex::new(loader.stats));
         let to_loader = Mutex::new(tx.clone());
@@ -213,6 +234,7 @@ impl BackgroundLoader {
             stats,
             last_read: Mutex::new(HashMap::new()),
             handed: Mutex::new(HashMap::new()),
+            reached,
         })
     }
 
@@ -230,6 +252,7 @@ impl BackgroundLoader {
                 pid,
                 stale: _,
                 mappings,
+                reached,
             } => {
                 if let Ok(mut last) = self.last_read.lock() {
                     let now = Instant::now();
@@ -244,6 +267,7 @@ impl BackgroundLoader {
                 let Some(mappings) = mappings.or_else(|| proc_mappings(pid).ok()) else {
                     return;
                 };
+                let mappings = self.wanted(mappings, &reached);
                 self.load_or_queue(pid, mappings, true);
             }
             ProcessEvent::Mapped { pid, mappings } => {
@@ -258,6 +282,7 @@ impl BackgroundLoader {
                 else {
                     return;
                 };
+                let mappings = self.wanted(mappings, &[]);
                 self.load_or_queue(pid, mappings, sampled);
             }
             ProcessEvent::Exited { pid } => {
@@ -284,6 +309,32 @@ impl BackgroundLoader {
                 }
             }
         }
+    }
+
+    /// `TablePolicy::Reached`: notes the binaries of `mappings` that `reached` (a sample's user
+    /// addresses) lands in, and those every whole stack goes through (`is_entry_binary`), so
+    /// that loading `mappings` compiles their tables (the loader leaves the others
+    /// `mapping::UNREACHED` until a walk stops at one). Returns `mappings`.
+    fn wanted(&self, mappings: Vec<MappingSpec>, reached: &[u64]) -> Vec<MappingSpec> {
+        let Some(set) = &self.reached else {
+            return mappings;
+        };
+        let lowest = mappings.iter().map(|m| m.start).min();
+        if let Ok(mut set) = set.lock() {
+            if set.len() >= MAX_REACHED {
+                set.clear();
+            }
+            for m in &mappings {
+                if (Some(m.start) == lowest
+                    || is_entry_binary(&m.path)
+                    || reached.iter().any(|&pc| m.start <= pc && pc < m.end))
+                    && let Some(key) = m.key()
+                {
+                    set.insert(key);
+                }
+            }
+        }
+        mappings
     }
 
     /// Loads now when it costs no table build and the thread is idle; else queues the load

@@ -12,7 +12,7 @@ use std::{
 use profiler_common::unwind::{COPY_HEADER_BYTES, MAX_FRAMES, StackCopy, UnwindRow, kind, reason};
 
 use super::{
-    UnwindMode,
+    TablePolicy, UnwindMode,
     cache::TableCache,
     files::{BinaryKey, MappingSpec, memmap},
     pool::Compiled,
@@ -195,6 +195,10 @@ const PROC_MAPS_FOR: Duration = Duration::from_secs(1);
 /// Processes whose /proc mappings are kept at most (beyond, all are read again).
 const MAX_PROC_MAPS: usize = 4096;
 
+/// A record kept for its tables: the record, its process's mappings, and the one binary its
+/// walk stopped in (`TablePolicy::Reached`; None: it waits for every binary of the process).
+type Deferred = (Vec<u8>, Arc<Vec<MappingSpec>>, Option<BinaryKey>);
+
 /// Tables compiled for copies, by binary (None: no table can be made for it).
 type Tables = Arc<Mutex<HashMap<BinaryKey, Option<Arc<Rows>>>>>;
 
@@ -221,8 +225,10 @@ pub struct CopyUnwinder {
     stop: Arc<std::sync::atomic::AtomicBool>,
     /// `table::mapping_bias` at address 0, by binary and file offset.
     bias_at_zero: HashMap<(BinaryKey, u64), Option<u64>>,
-    /// Records waiting for tables, oldest first, with their process's mappings.
-    deferred: VecDeque<(Vec<u8>, Arc<Vec<MappingSpec>>)>,
+    /// Records waiting for tables, oldest first, with their process's mappings and the
+    /// binary they wait for (`TablePolicy::Reached`; None: all of the process's).
+    deferred: VecDeque<Deferred>,
+    policy: TablePolicy,
     /// /proc's mappings of processes from before the recording, by pid, and when read
     /// (`PROC_MAPS_FOR`).
     proc_maps: HashMap<u32, (Instant, Arc<Vec<MappingSpec>>)>,
@@ -235,7 +241,11 @@ pub struct CopyUnwinder {
 }
 
 impl CopyUnwinder {
-    pub fn new(mode: UnwindMode, cache: Option<TableCache>) -> std::io::Result<Self> {
+    pub fn new(
+        mode: UnwindMode,
+        policy: TablePolicy,
+        cache: Option<TableCache>,
+    ) -> std::io::Result<Self> {
         let tables: Tables = Arc::default();
         let (tx, rx) = mpsc::channel::<(BinaryKey, MappingSpec)>();
         let out = Arc::clone(&tables);
@@ -271,13 +281,15 @@ impl CopyUnwinder {
             retaken: None,
             deferred_bytes: 0,
             forcing: false,
+            policy,
         })
     }
 
     /// Walks the copy in `record` (at `copy_at`) of process `pid` now when every binary of
-    /// its mappings has its table, else keeps the record for later (and has the missing
-    /// tables compiled). `mappings` are the kernel records' when they hold its whole space;
-    /// None reads /proc's (`PROC_MAPS_FOR`).
+    /// its mappings has its table (`TablePolicy::Reached`: every binary the walk reaches),
+    /// else keeps the record for later (and has the missing tables compiled). `mappings`
+    /// are the kernel records' when they hold its whole space; None reads /proc's
+    /// (`PROC_MAPS_FOR`).
     pub fn offer(
         &mut self,
         record: &[u8],
@@ -295,16 +307,44 @@ impl CopyUnwinder {
         let Some(mappings) = mappings else {
             return Offer::Walked(Vec::new(), reason::NOT_LOADED);
         };
-        if !self.forcing
-            && !self.ready(&mappings)
-            && self.deferred_bytes + record.len() <= MAX_DEFERRED_BYTES
-        {
+        let room = !self.forcing && self.deferred_bytes + record.len() <= MAX_DEFERRED_BYTES;
+        let policy = self.policy;
+        let waits_for = match policy {
+            TablePolicy::All => (room && !self.ready(&mappings)).then_some(None),
+            TablePolicy::Reached => {
+                let (frames, why) = self.unwind(&mappings, &copy);
+                match self.missing_in(&mappings, &frames).filter(|_| room) {
+                    Some(key) => Some(Some(key)),
+                    None => return Offer::Walked(frames, why),
+                }
+            }
+        };
+        if let Some(key) = waits_for {
             self.deferred_bytes += record.len();
-            self.deferred.push_back((record.to_vec(), mappings));
+            self.deferred.push_back((record.to_vec(), mappings, key));
             return Offer::Deferred;
         }
         let (frames, why) = self.unwind(&mappings, &copy);
         Offer::Walked(frames, why)
+    }
+
+    /// The binary without a table here (not even a failed one) that the walk's last frame is
+    /// in; it is asked for. The walk ends in such a binary: it cannot go through one.
+    fn missing_in(&mut self, mappings: &[MappingSpec], frames: &[u64]) -> Option<BinaryKey> {
+        let last = frames.len().checked_sub(1)?;
+        // A return address is looked up at the call (address - 1), as the walk does.
+        let pc = frames[last].wrapping_sub(u64::from(last != 0));
+        let m = mappings.iter().find(|m| m.start <= pc && pc < m.end)?;
+        let key = m.key()?;
+        if self.tables.lock().ok()?.contains_key(&key) {
+            return None;
+        }
+        if self.asked.insert(key)
+            && let Some(tx) = &self.tx
+        {
+            let _ = tx.send((key, m.clone()));
+        }
+        Some(key)
     }
 
     /// `given`, or /proc's mappings of `pid` (read again once `PROC_MAPS_FOR` old), each
@@ -359,20 +399,25 @@ impl CopyUnwinder {
 
     /// Records kept by `offer` whose tables are ready now (all of them when `force`), oldest
     /// first, with the mappings they were kept with, to be offered again (`retake` first):
-    /// they are walked then, not kept again.
+    /// they are walked then, kept again only when not `force` and the walk reaches another
+    /// binary without its table (`TablePolicy::Reached`: one more binary a turn).
     pub fn take_ready(&mut self, force: bool) -> Vec<(Vec<u8>, Arc<Vec<MappingSpec>>)> {
         let mut out = Vec::new();
         let mut keep = VecDeque::new();
-        while let Some((record, mappings)) = self.deferred.pop_front() {
-            if force || self.ready(&mappings) {
+        while let Some((record, mappings, key)) = self.deferred.pop_front() {
+            let ready = match key {
+                Some(key) => self.tables.lock().map_or(true, |t| t.contains_key(&key)),
+                None => self.ready(&mappings),
+            };
+            if force || ready {
                 self.deferred_bytes -= record.len();
                 out.push((record, mappings));
             } else {
-                keep.push_back((record, mappings));
+                keep.push_back((record, mappings, key));
             }
         }
         self.deferred = keep;
-        self.forcing = !out.is_empty();
+        self.forcing = force && !out.is_empty();
         out
     }
 
@@ -393,9 +438,11 @@ impl CopyUnwinder {
             return false;
         };
         // Every missing table was asked for when its record was kept.
-        self.deferred.iter().any(|(_, maps)| {
-            maps.iter()
-                .any(|m| m.key().is_some_and(|k| !tables.contains_key(&k)))
+        self.deferred.iter().any(|(_, maps, key)| match key {
+            Some(key) => !tables.contains_key(key),
+            None => maps
+                .iter()
+                .any(|m| m.key().is_some_and(|k| !tables.contains_key(&k))),
         })
     }
 

@@ -164,7 +164,7 @@ fn walks_this_threads_own_stack_to_its_entry() {
         stack: &stack,
     };
     let mappings = crate::unwind::proc_mappings(std::process::id()).unwrap();
-    let mut unwinder = CopyUnwinder::new(UnwindMode::Dwarf, None).unwrap();
+    let mut unwinder = CopyUnwinder::new(UnwindMode::Dwarf, super::TablePolicy::All, None).unwrap();
     // The tables compile on the unwinder's thread: asked for, then waited for.
     while !unwinder.ready(&mappings) {
         std::thread::sleep(std::time::Duration::from_millis(20));

@@ -10,6 +10,7 @@ use std::{
     collections::{HashMap, HashSet},
     os::fd::AsFd as _,
     path::Path,
+    sync::{Arc, Mutex},
 };
 
 use aya::maps::{Array as BpfArray, HashMap as BpfHashMap, Map, MapData};
@@ -28,6 +29,10 @@ use super::{
 };
 
 pub use super::files::{BinaryKey, MappingSpec};
+
+/// Eviction: room for a table in UNWIND_ROWS (`make_room`).
+#[path = "loader_evict.rs"]
+mod evict;
 
 /// Tables compiled and not yet taken by a process, at most (see `pool::Ready`).
 const MAX_READY_TABLES: usize = 4096;
@@ -83,13 +88,12 @@ pub struct Loader {
     cache: Option<super::cache::TableCache>,
     /// Tables compiled elsewhere (the `pool`), taken by the first process that maps them.
     ready: Ready,
+    /// `TablePolicy::Reached`: the binaries some walk reached (filled by `BackgroundLoader`);
+    /// the others, unless compiled already, go into the kernel as `mapping::UNREACHED`.
+    /// None: every binary is loaded (`TablePolicy::All`).
+    reached: Option<Arc<Mutex<HashSet<BinaryKey>>>>,
     pub stats: LoaderStats,
 }
-
-/// How long freed rows wait before they are written again: a kernel walk that looked up a
-/// process's old entry just before it was rewritten may still read them. A walk runs for
-/// microseconds in the sampler's interrupt; this is far longer.
-const REUSE_GRACE: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// How long a binary whose table did not fit stays walked by frame pointer before a process
 /// that maps it tries again (each try compiles or reads its table anew).
@@ -126,6 +130,7 @@ impl Loader {
             clock: 0,
             cache: None,
             ready: Ready::new(u64::from(capacity), MAX_READY_TABLES),
+            reached: None,
             stats: LoaderStats {
                 slots_capacity: u64::from(capacity),
                 ..LoaderStats::default()
@@ -141,6 +146,23 @@ impl Loader {
     /// The disk cache, for compilers running beside the loader (`pool`).
     pub fn cache(&self) -> Option<&super::cache::TableCache> {
         self.cache.as_ref()
+    }
+
+    /// Loads only the binaries in `reached` (and those compiled already): `TablePolicy::Reached`.
+    pub fn set_reached(&mut self, reached: Arc<Mutex<HashSet<BinaryKey>>>) {
+        self.reached = Some(reached);
+    }
+
+    /// Whether binary `key` has its table here (loaded, or compiled and waiting).
+    fn known(&self, key: BinaryKey) -> bool {
+        self.ready.contains(key) || self.binaries.get(&key).is_some_and(Binary::settled)
+    }
+
+    /// Whether binary `key` is left out until a walk reaches it (`set_reached`).
+    fn unreached(&self, key: BinaryKey) -> bool {
+        self.reached
+            .as_ref()
+            .is_some_and(|r| r.lock().is_ok_and(|r| !r.contains(&key)) && !self.known(key))
     }
 
     /// Hands over a table compiled elsewhere (`pool`): the next process that maps binary
@@ -175,16 +197,26 @@ impl Loader {
                 log::debug!("pid {pid}: more than {MAX_MAPPINGS} executable mappings");
                 break;
             }
-            let entry = match m.key().filter(|k| pending.contains(k)) {
-                Some(key) => (
+            let placeholder = m.key().and_then(|key| {
+                let kind = if pending.contains(&key) {
+                    mapping::PENDING
+                } else if self.unreached(key) {
+                    mapping::UNREACHED
+                } else {
+                    return None;
+                };
+                Some((
                     key,
                     UnwindMapping {
                         start: m.start,
                         end: m.end,
-                        kind: mapping::PENDING,
+                        kind,
                         ..UnwindMapping::default()
                     },
-                ),
+                ))
+            });
+            let entry = match placeholder {
+                Some(entry) => entry,
                 None => match self.mapping(m, &pinned) {
                     Some(entry) => entry,
                     None => continue,
@@ -242,7 +274,8 @@ impl Loader {
     }
 
     /// The mappings of `mappings` whose binary's table would be compiled by loading them
-    /// (neither loaded nor handed over by `add_compiled`), with the binary's key.
+    /// (neither loaded nor handed over by `add_compiled`, nor left unreached), with the
+    /// binary's key.
     pub fn missing<'a>(
         &'a self,
         mappings: &'a [MappingSpec],
@@ -250,9 +283,7 @@ impl Loader {
         // A file that cannot be read is left out by `load_process` too.
         mappings.iter().filter_map(|m| {
             let key = m.key()?;
-            let known =
-                self.ready.contains(key) || self.binaries.get(&key).is_some_and(Binary::settled);
-            (!known).then_some((key, m))
+            (!self.known(key) && !self.unreached(key)).then_some((key, m))
         })
     }
 
@@ -508,73 +539,5 @@ impl Loader {
             return;
         }
         self.stats.rows += rows.len() as u64;
-    }
-
-    /// Takes `len` rows, evicting least recently used binaries when needed: first those no
-    /// loaded process maps, then the others (whose processes' entries lose those mappings,
-    /// so their walks stop there with "no mapping" and the collector has them loaded again).
-    fn make_room(&mut self, len: u32, key: BinaryKey, pinned: &HashSet<BinaryKey>) -> Option<u32> {
-        if let Some(start) = self.space.alloc(len) {
-            return Some(start);
-        }
-        let mut victims: Vec<(bool, u64, BinaryKey)> = self
-            .binaries
-            .iter()
-            .filter(|(k, b)| b.table_len > 0 && **k != key && !pinned.contains(*k))
-            .map(|(k, b)| (b.users > 0, b.last_used, *k))
-            .collect();
-        victims.sort_unstable();
-        // Evict nothing when even all of them would not make room.
-        let reclaimable: u64 = victims
-            .iter()
-            .filter_map(|(_, _, k)| self.binaries.get(k))
-            .map(|b| u64::from(b.table_len))
-            .sum();
-        let free = u64::from(self.space.capacity() - self.space.used());
-        if free + reclaimable < u64::from(len) {
-            return None;
-        }
-        let mut freed = Vec::new();
-        let mut start = None;
-        for (_, _, victim) in victims {
-            let Some(b) = self.binaries.remove(&victim) else {
-                continue;
-            };
-            self.unmap_everywhere(victim);
-            freed.push((b.table_start, b.table_len));
-            self.space.release(b.table_start, b.table_len);
-            self.stats.evicted += 1;
-            log::debug!(
-                "unwind memory full: evicted a table of {} rows",
-                b.table_len
-            );
-            start = self.space.alloc(len);
-            if start.is_some() {
-                break;
-            }
-        }
-        self.stats.slots_now = u64::from(self.space.used());
-        if start.is_some() && !freed.is_empty() {
-            std::thread::sleep(REUSE_GRACE);
-        }
-        start
-    }
-
-    /// Removes binary `key`'s mappings from every loaded process's kernel entry.
-    fn unmap_everywhere(&mut self, key: BinaryKey) {
-        let pids: Vec<u32> = self
-            .loaded
-            .iter()
-            .filter(|(_, e)| e.iter().any(|(k, _)| *k == key))
-            .map(|(pid, _)| *pid)
-            .collect();
-        for pid in pids {
-            if let Some(e) = self.loaded.get_mut(&pid) {
-                e.retain(|(k, _)| *k != key);
-            }
-            if let Err(e) = self.write_entry(pid) {
-                log::debug!("pid {pid}: cannot rewrite its unwind mappings: {e}");
-            }
-        }
     }
 }

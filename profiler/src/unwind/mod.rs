@@ -32,6 +32,9 @@ pub enum ProcessEvent {
         pid: u32,
         stale: bool,
         mappings: Option<Vec<MappingSpec>>,
+        /// The user addresses the sample's walk reached, leaf first (`TablePolicy::Reached`
+        /// compiles the tables of their binaries only).
+        reached: Vec<u64>,
     },
     /// The kernel reported new executable mappings of `pid` (an exec, ld.so, a dlopen);
     /// `mappings` is its whole space now, None for a process from before the recording
@@ -42,6 +45,20 @@ pub enum ProcessEvent {
     },
     /// `pid` exited: its kernel entry goes, and its binaries may be evicted.
     Exited { pid: u32 },
+}
+
+/// Which binaries of a sampled process get their unwind tables (`--unwind-tables`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TablePolicy {
+    /// Every binary the process maps, at its first sample: its first stacks are whole
+    /// (`record`, `doctor`).
+    #[default]
+    All,
+    /// Only the binaries its stacks reach: a walk that leaves the binaries loaded asks for
+    /// the next one, so a stack is whole after a sample per binary it crosses, and a process
+    /// mapping fifty libraries that runs in three costs three tables (the agent: every host
+    /// process is sampled now and then).
+    Reached,
 }
 
 /// How user stacks are walked (`--unwind`).
