@@ -39,6 +39,9 @@ const RSS_EVERY: Duration = Duration::from_secs(10);
 
 struct Run<T> {
     cpu_percent: f64,
+    /// CPU over the second half of the span alone: the steady cost, once the one-time work
+    /// of a start (the unwind tables of the busy programs first sampled) is done.
+    cpu_percent_second_half: f64,
     bytes: u64,
     /// (seconds since the start of measuring, RSS bytes).
     rss: Vec<(u64, u64)>,
@@ -111,6 +114,10 @@ pub(crate) fn agent(seconds: u64) -> Result<()> {
         "CPU (% of one core)", ours.cpu_percent, perf.cpu_percent
     );
     println!(
+        "{:<28} {:>11.3}% {:>11.3}%   the same over the second half alone (steady: one-time table compiles are done)",
+        "CPU, second half", ours.cpu_percent_second_half, perf.cpu_percent_second_half
+    );
+    println!(
         "{:<28} {:>12.1} {:>12.1}   agent: data dir at the end (one-time files included); perf: perf.data",
         "output files (MB per hour)",
         per_hour(ours.bytes),
@@ -132,8 +139,9 @@ pub(crate) fn agent(seconds: u64) -> Result<()> {
     ours.extra.print();
     let verdict = |met: bool| if met { "met" } else { "missed" };
     println!(
-        "targets (issue 12): CPU <= 0.08% {}, RSS <= 24 MB {} (and flat: {:.1} MB from min to max), store <= 3 MB/hour {}, query of the last hour < 1 s {}",
+        "targets (issue 12): CPU <= 0.08% {} (second half: {}), RSS <= 24 MB {} (and flat: {:.1} MB from min to max), store <= 3 MB/hour {}, query of the last hour < 1 s {}",
         verdict(ours.cpu_percent <= 0.08),
+        verdict(ours.cpu_percent_second_half <= 0.08),
         verdict(max <= 24.0),
         max - min,
         verdict(ours.extra.store_mb_per_hour() <= 3.0),
@@ -144,6 +152,7 @@ pub(crate) fn agent(seconds: u64) -> Result<()> {
         "spawn_rate": round(rate, 1),
         "agent": {
             "cpu_percent": round(ours.cpu_percent, 4),
+            "cpu_percent_second_half": round(ours.cpu_percent_second_half, 4),
             "output_mb_per_hour": round(per_hour(ours.bytes), 3),
             "rss_max_mb": round(max, 2),
             "rss_min_mb": round(min, 2),
@@ -178,12 +187,19 @@ fn measure<S, T>(
     let cpu0 = process_cpu_seconds(pid)?;
     let start = Instant::now();
     let mut rss = Vec::new();
+    let mut half: Option<(f64, Instant)> = None;
     while start.elapsed() < Duration::from_secs(seconds) {
         rss.push((start.elapsed().as_secs(), rss_bytes(pid)));
+        if half.is_none() && start.elapsed() >= Duration::from_secs(seconds / 2) {
+            half = Some((process_cpu_seconds(pid)?, Instant::now()));
+        }
         sleep(RSS_EVERY.min(Duration::from_secs(seconds).saturating_sub(start.elapsed())))?;
     }
-    let cpu = process_cpu_seconds(pid)? - cpu0;
+    let cpu_end = process_cpu_seconds(pid)?;
+    let cpu = cpu_end - cpu0;
     let wall = start.elapsed().as_secs_f64();
+    let (cpu_half, half_at) = half.unwrap_or((cpu0, start));
+    let second_half = (cpu_end - cpu_half) * 100.0 / half_at.elapsed().as_secs_f64().max(1e-9);
     let extra = at_end(&proc, started)?;
     proc.interrupt();
     let status = proc.wait(Duration::from_secs(120))?;
@@ -196,6 +212,7 @@ fn measure<S, T>(
     );
     Ok(Run {
         cpu_percent: cpu * 100.0 / wall,
+        cpu_percent_second_half: second_half,
         bytes: size_of(output),
         rss,
         extra,

@@ -122,6 +122,8 @@ impl Store {
         let _ = std::fs::remove_file(&probe);
         let path = dir.join(DB_FILE);
         let conn = health::open_checked(&path)?;
+        // Every statement of a window's write and retention stays parsed (rusqlite keeps 16).
+        conn.set_prepared_statement_cache_capacity(32);
         let mut me = Self::with(conn, path);
         me.conn
             .execute_batch(health::PRAGMAS)
@@ -318,12 +320,15 @@ impl Store {
     }
 
     fn delete_windows_where(&self, cond: &str, arg: i64) -> rusqlite::Result<u64> {
+        // Cached statements (two conditions, so two of each): this runs at every window.
         let tx = self.conn.unchecked_transaction()?;
-        tx.execute(
-            &format!("DELETE FROM counts WHERE window IN (SELECT id FROM windows WHERE {cond})"),
-            [arg],
-        )?;
-        let n = tx.execute(&format!("DELETE FROM windows WHERE {cond}"), [arg])?;
+        tx.prepare_cached(&format!(
+            "DELETE FROM counts WHERE window IN (SELECT id FROM windows WHERE {cond})"
+        ))?
+        .execute([arg])?;
+        let n = tx
+            .prepare_cached(&format!("DELETE FROM windows WHERE {cond}"))?
+            .execute([arg])?;
         tx.commit()?;
         Ok(n as u64)
     }
@@ -374,7 +379,8 @@ impl Store {
     pub fn used_bytes(&self) -> rusqlite::Result<u64> {
         let get = |pragma: &str| -> rusqlite::Result<i64> {
             self.conn
-                .query_row(&format!("PRAGMA {pragma}"), [], |r| r.get(0))
+                .prepare_cached(&format!("PRAGMA {pragma}"))?
+                .query_row([], |r| r.get(0))
         };
         let pages = get("page_count")? - get("freelist_count")?;
         Ok((pages.max(0) * get("page_size")?) as u64)

@@ -69,18 +69,18 @@ pub(super) fn has_column(conn: &Connection, table: &str, column: &str) -> rusqli
 /// Drops the times of windows that ended before `cutoff_ns` (their counts stay). The
 /// index on `start_ns` bounds the scan; windows already without times are skipped.
 pub(super) fn drop_older(conn: &Connection, cutoff_ns: i64) -> rusqlite::Result<u64> {
+    // Cached statements: this runs at every window the agent stores.
     let tx = conn.unchecked_transaction()?;
-    let cond = "has_times = 1 AND start_ns + duration_ns < ?1";
-    tx.execute(
-        &format!(
-            "UPDATE counts SET times = NULL WHERE window IN (SELECT id FROM windows WHERE {cond})"
-        ),
-        [cutoff_ns],
-    )?;
-    let n = tx.execute(
-        &format!("UPDATE windows SET has_times = 0 WHERE {cond}"),
-        [cutoff_ns],
-    )?;
+    tx.prepare_cached(
+        "UPDATE counts SET times = NULL WHERE window IN (SELECT id FROM windows WHERE \
+         has_times = 1 AND start_ns + duration_ns < ?1)",
+    )?
+    .execute([cutoff_ns])?;
+    let n = tx
+        .prepare_cached(
+            "UPDATE windows SET has_times = 0 WHERE has_times = 1 AND start_ns + duration_ns < ?1",
+        )?
+        .execute([cutoff_ns])?;
     tx.commit()?;
     Ok(n as u64)
 }
