@@ -192,6 +192,12 @@ const MAX_DEFERRED_BYTES: usize = 32 << 20;
 /// at a recording's start, when every running process is copied, it fell behind.
 const PROC_MAPS_FOR: Duration = Duration::from_secs(1);
 
+/// Tables no walk used for this long are dropped (a copy that needs one again asks for it
+/// anew: a read of the disk cache). A process's copies stop once the kernel has its tables,
+/// so most tables here idle a few seconds after their program started, and the agent runs
+/// for months: they held megabytes of its RSS.
+const IDLE_TABLE: Duration = Duration::from_secs(60);
+
 /// Processes whose /proc mappings are kept at most (beyond, all are read again).
 const MAX_PROC_MAPS: usize = 4096;
 
@@ -219,6 +225,10 @@ pub struct CopyUnwinder {
     tables: Tables,
     /// Binaries sent to the compile thread.
     asked: std::collections::HashSet<BinaryKey>,
+    /// When a walk last used each binary's table (`sweep`).
+    used: HashMap<BinaryKey, Instant>,
+    /// When `sweep` last ran.
+    swept: Instant,
     tx: Option<mpsc::Sender<(BinaryKey, MappingSpec)>>,
     /// Tells the compile thread to stop at its next table (it is not waited for: its queue
     /// may hold every binary of a host's processes).
@@ -273,6 +283,8 @@ impl CopyUnwinder {
         Ok(Self {
             tables,
             asked: std::collections::HashSet::new(),
+            used: HashMap::new(),
+            swept: Instant::now(),
             tx: Some(tx),
             stop,
             bias_at_zero: HashMap::new(),
@@ -402,6 +414,7 @@ impl CopyUnwinder {
     /// they are walked then, kept again only when not `force` and the walk reaches another
     /// binary without its table (`TablePolicy::Reached`: one more binary a turn).
     pub fn take_ready(&mut self, force: bool) -> Vec<(Vec<u8>, Arc<Vec<MappingSpec>>)> {
+        self.sweep(Instant::now());
         let mut out = Vec::new();
         let mut keep = VecDeque::new();
         while let Some((record, mappings, key)) = self.deferred.pop_front() {
@@ -419,6 +432,40 @@ impl CopyUnwinder {
         self.deferred = keep;
         self.forcing = force && !out.is_empty();
         out
+    }
+
+    /// Drops the tables no walk used for `IDLE_TABLE` and no kept record waits for (at most
+    /// every `IDLE_TABLE`).
+    fn sweep(&mut self, now: Instant) {
+        if now.duration_since(self.swept) < IDLE_TABLE {
+            return;
+        }
+        self.swept = now;
+        let mut waited = std::collections::HashSet::new();
+        for (_, maps, key) in &self.deferred {
+            match key {
+                Some(k) => {
+                    waited.insert(*k);
+                }
+                None => waited.extend(maps.iter().filter_map(MappingSpec::key)),
+            }
+        }
+        let tables = Arc::clone(&self.tables);
+        let Ok(mut tables) = tables.lock() else {
+            return;
+        };
+        let (used, asked) = (&mut self.used, &mut self.asked);
+        tables.retain(|key, _| {
+            let keep = waited.contains(key)
+                || used
+                    .get(key)
+                    .is_some_and(|at| now.duration_since(*at) < IDLE_TABLE);
+            if !keep {
+                asked.remove(key);
+                used.remove(key);
+            }
+            keep
+        });
     }
 
     /// The next record offered is one `take_ready` handed back, kept with `mappings`.
@@ -457,6 +504,7 @@ impl CopyUnwinder {
         // Not compiled yet (a walk `take_ready` forced): this binary is left out, the walk
         // stops there (the collector keeps the frame-pointer stack if it went further).
         let rows = self.tables.lock().ok()?.get(&key).cloned()??;
+        self.used.insert(key, Instant::now());
         let at_zero = match self.bias_at_zero.get(&(key, m.file_offset)) {
             Some(b) => (*b)?,
             None => {

@@ -194,3 +194,35 @@ fn walks_this_threads_own_stack_to_its_entry() {
     assert!(by_fp.len() >= 3, "frame pointers kept: {by_fp:x?}");
     assert_eq!(&frames[..by_fp.len()], &by_fp[..]);
 }
+
+/// Tables idle for `IDLE_TABLE` go (the agent's RSS kept every table any copy ever needed);
+/// one a walk used lately stays, and one that went is asked for again when a copy needs it.
+#[test]
+fn idle_tables_are_dropped_and_asked_for_again() {
+    let mappings = crate::unwind::proc_mappings(std::process::id()).unwrap();
+    let mut unwinder = CopyUnwinder::new(UnwindMode::Dwarf, super::TablePolicy::All, None).unwrap();
+    while !unwinder.ready(&mappings) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let held = unwinder.tables.lock().unwrap().len();
+    assert!(held >= 2, "{held} tables for this test binary's mappings");
+    let libc = mappings
+        .iter()
+        .find(|m| m.path.to_string_lossy().contains("libc.so"))
+        .expect("libc mapped");
+    let libc_key = libc.key().unwrap();
+    let later = std::time::Instant::now() + IDLE_TABLE * 2;
+    // libc's table used just before the sweep: kept; the others idle since they came.
+    unwinder.used.insert(libc_key, later);
+    unwinder.sweep(later);
+    let kept: Vec<BinaryKey> = unwinder.tables.lock().unwrap().keys().copied().collect();
+    assert_eq!(kept, vec![libc_key], "only the table used lately stays");
+    assert!(
+        !unwinder.ready(&mappings),
+        "the dropped tables must be asked for again"
+    );
+    while !unwinder.ready(&mappings) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(unwinder.tables.lock().unwrap().len(), held);
+}
