@@ -2,6 +2,7 @@
 //! stacks, and note what must be read while a process still lives: its exe, and where each
 //! user address falls in its mappings (`process`, from the kernel's own records:
 //! `kernel_records`). Symbolization comes after, from this.
+mod cgroup_paths;
 mod collected;
 mod copies;
 mod events;
@@ -89,6 +90,8 @@ pub(crate) struct Collection {
     held_ends: Vec<usize>,
     /// Paths of the cgroup v2 ids samples carry ("" if the cgroup was gone); `resolve_cgroups`.
     cgroup_paths: HashMap<u64, String>,
+    /// When ids not found were last looked up again (`CGROUP_RETRY`).
+    cgroups_retried: Option<std::time::Instant>,
     /// Since the last cut (`lost_records` is the process table's).
     counts: Counts,
     filter: CommFilter,
@@ -282,19 +285,6 @@ impl Collection {
     pub(crate) fn with_cgroup_filter(mut self, filter: CgroupFilter) -> Self {
         self.cgroup_filter = filter;
         self
-    }
-
-    /// Finds the path of every cgroup id seen so far.
-    fn resolve_cgroups(&mut self) {
-        let mut ids: Vec<u64> = self.samples.iter().map(|s| s.cgroup_id).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids.retain(|id| self.cgroup_paths.get(id).is_none_or(String::is_empty));
-        let found = crate::cgroups::cgroup2_paths(&ids);
-        for id in ids {
-            self.cgroup_paths
-                .insert(id, found.get(&id).cloned().unwrap_or_default());
-        }
     }
 
     /// When `drain` last finished reading the ring (CLOCK_MONOTONIC ns).
