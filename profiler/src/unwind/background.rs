@@ -267,7 +267,7 @@ impl BackgroundLoader {
                 let Some(mappings) = mappings.or_else(|| proc_mappings(pid).ok()) else {
                     return;
                 };
-                let mappings = self.wanted(mappings, &reached);
+                self.note_reached(&mappings, &reached);
                 self.load_or_queue(pid, mappings, true);
             }
             ProcessEvent::Mapped { pid, mappings } => {
@@ -282,7 +282,7 @@ impl BackgroundLoader {
                 else {
                     return;
                 };
-                let mappings = self.wanted(mappings, &[]);
+                self.note_reached(&mappings, &[]);
                 self.load_or_queue(pid, mappings, sampled);
             }
             ProcessEvent::Exited { pid } => {
@@ -314,17 +314,17 @@ impl BackgroundLoader {
     /// `TablePolicy::Reached`: notes the binaries of `mappings` that `reached` (a sample's user
     /// addresses) lands in, and those every whole stack goes through (`is_entry_binary`), so
     /// that loading `mappings` compiles their tables (the loader leaves the others
-    /// `mapping::UNREACHED` until a walk stops at one). Returns `mappings`.
-    fn wanted(&self, mappings: Vec<MappingSpec>, reached: &[u64]) -> Vec<MappingSpec> {
+    /// `mapping::UNREACHED` until a walk stops at one).
+    fn note_reached(&self, mappings: &[MappingSpec], reached: &[u64]) {
         let Some(set) = &self.reached else {
-            return mappings;
+            return;
         };
         let lowest = mappings.iter().map(|m| m.start).min();
         if let Ok(mut set) = set.lock() {
             if set.len() >= MAX_REACHED {
                 set.clear();
             }
-            for m in &mappings {
+            for m in mappings {
                 if (Some(m.start) == lowest
                     || is_entry_binary(&m.path)
                     || reached.iter().any(|&pc| m.start <= pc && pc < m.end))
@@ -334,7 +334,6 @@ impl BackgroundLoader {
                 }
             }
         }
-        mappings
     }
 
     /// Loads now when it costs no table build and the thread is idle; else queues the load
