@@ -288,9 +288,10 @@ fn leaf_in_the_vdso_reaches_main() {
 
 /// The vDSO leaf in a process started after the recording began: its mappings, `[vdso]`
 /// among them, come from the kernel's MMAP2 records. Samples from before its tables were
-/// loaded (`[truncated: not loaded]`, walked by frame pointer) are left out; every other
-/// sample is whole (those with the leaf in the vDSO too) and none from `main` on is cut
-/// short for another reason.
+/// loaded (`[truncated: not loaded]`: walked by frame pointer, or up to a library ld.so
+/// mapped after the process's entry was written, their stack copies refused at 999 Hz, ten
+/// times the copy ration) are left out; every other sample is whole (those with the leaf in
+/// the vDSO too) and none from `main` on is cut short for another reason.
 #[test]
 fn leaf_in_the_vdso_of_a_new_process_reaches_main() {
     if !require_bpf() {

@@ -20,7 +20,9 @@ pub(crate) mod untrusted;
 use std::{collections::HashMap, future::Future, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
-use profiler_common::{COMM_LEN, HEADER_BYTES, SampleHeader, flags, python::PyFrame};
+use profiler_common::{
+    COMM_LEN, HEADER_BYTES, SampleHeader, flags, python::PyFrame, unwind::reason,
+};
 use tokio::io::unix::AsyncFd;
 
 pub(crate) use collected::{Collected, Counts, ProcessFacts};
@@ -410,7 +412,7 @@ impl Collection {
         // A walk that left the loaded mappings may mean they were read too early (before
         // ld.so mapped the libraries) or a library was dlopened since: the hook reads them
         // again (it limits how often).
-        let stale = cut == profiler_common::unwind::reason::NO_MAPPING;
+        let stale = cut == reason::NO_MAPPING;
         if let Some(hook) = self.new_process_hook.as_mut()
             && h.pid != 0
             && (stale || !self.processes.knows(h.pid))
@@ -449,9 +451,19 @@ impl Collection {
         let kstack = self.kstacks.intern(callsites(kframes));
         let mut user = callsites(uframes);
         let mut user_cut = cut;
+        // Left the kernel's entry at an address the records map (a library ld.so mapped after
+        // the entry was written), its copy refused: not loaded yet. "No mapping" is for none.
+        if cut == reason::NO_MAPPING
+            && walked.is_none()
+            && user
+                .last()
+                .is_some_and(|&pc| self.processes.maps_address(h.pid, h.time_ns, pc))
+        {
+            user_cut = reason::NOT_LOADED;
+        }
         // The frame-pointer walk stays when it went further (a table missing here).
         if let Some((frames, why)) = walked
-            && (why == profiler_common::unwind::reason::NONE || frames.len() > user.len())
+            && (why == reason::NONE || frames.len() > user.len())
         {
             user = callsites_of(frames.into_iter());
             user_cut = why;

@@ -135,6 +135,14 @@ impl ProcessTable {
     pub(crate) fn knows(&self, pid: u32) -> bool {
         self.processes.contains_key(&pid)
     }
+
+    /// Whether the kernel's records hold an executable mapping of `pid` at `addr` at
+    /// `time_ns`.
+    pub(crate) fn maps_address(&self, pid: u32, time_ns: u64, addr: u64) -> bool {
+        self.mappings
+            .space_at(pid, time_ns)
+            .is_some_and(|(_, space)| space.lookup(addr).is_some())
+    }
 }
 
 /// How much a process table remembers across windows at most; past it the table starts
