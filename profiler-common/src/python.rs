@@ -127,22 +127,24 @@ unsafe impl aya::Pod for PyProc {}
 pub struct PyFrame {
     /// Address of the code object in the process.
     pub code: u64,
-    /// Address of the frame's current instruction (3.11+) or `f_lasti << 1` (3.8-3.10, the
-    /// low 32 bits shifted; -1 before the first instruction), with bit 0 set when this frame is the
-    /// outermost of its C-level eval-loop call (instructions are 2-byte aligned), and the
-    /// code object's checksum above `CHECK_SHIFT`.
+    /// Offset of the frame's current instruction from the code object (3.11+) or
+    /// `f_lasti << 1` (3.8-3.10, the low 32 bits shifted; -1 before the first instruction),
+    /// with bit 0 set when this frame is the outermost of its C-level eval-loop call
+    /// (instructions are 2-byte aligned), and the code object's checksum above `CHECK_SHIFT`.
     pub instr: u64,
 }
 
 /// Bit 0 of `PyFrame::instr`: this frame is the outermost of its eval-loop call.
 pub const ENTRY_BIT: u64 = 1;
-/// `PyFrame::instr` bits 48-63: a checksum of the code object as the sampler saw it
+/// `PyFrame::instr` bits 33-63: a checksum of the code object as the sampler saw it
 /// (`check_of` of its `PyProc::code_check` word XOR its name's hash, `PyProc::name_check`),
 /// so userspace names a code object only if the one at that address when it reads is the
 /// one sampled (code objects are freed and their addresses reused). Two code objects with
 /// the same first line, locals and name still pass for each other, and any two have a 1 in
-/// 65,536 chance of the same checksum. User addresses and `f_lasti << 1` stay below bit 48.
-pub const CHECK_SHIFT: u32 = 48;
+/// 2^31 chance of the same checksum (16 bits were too few: 20 generated functions at one
+/// address over 6 s named one with another's name in a test run). Instruction offsets
+/// within a code object and `f_lasti << 1` stay below bit 33.
+pub const CHECK_SHIFT: u32 = 33;
 /// The instruction bits of `PyFrame::instr` (entry bit included).
 pub const INSTR_MASK: u64 = (1 << CHECK_SHIFT) - 1;
 
@@ -151,12 +153,13 @@ pub const INSTR_MASK: u64 = (1 << CHECK_SHIFT) - 1;
 /// interns identifiers), so the sampler and userspace read the same value.
 pub const STR_HASH: u64 = 24;
 
-/// The 16-bit checksum of one word, the same in the sampler and in userspace.
+/// The 31-bit checksum of one word (`64 - CHECK_SHIFT` bits), the same in the sampler and
+/// in userspace.
 #[expect(
     clippy::inline_always,
     reason = "the sampler's copy must be inlined: the verifier sees each BPF call"
 )]
 #[inline(always)]
 pub const fn check_of(word: u64) -> u64 {
-    (word ^ (word >> 16) ^ (word >> 32) ^ (word >> 48)) & 0xffff
+    (word ^ (word >> 31) ^ (word >> 62)) & ((1 << (64 - CHECK_SHIFT)) - 1)
 }

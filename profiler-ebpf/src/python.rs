@@ -203,10 +203,14 @@ extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         // f_lasti, an int: its 32 bits shifted clear of the entry bit, which every
         // PyFrameObject gets (each runs in its own eval-loop call).
         ((instr & 0xffff_ffff) << 1) | ENTRY_BIT
-    } else if w.entry_mode == u64::from(entry::IS_ENTRY_BYTE) && byte != 0 {
-        (instr & !ENTRY_BIT) | ENTRY_BIT
     } else {
-        instr & !ENTRY_BIT
+        // An offset into the code object: an address would leave no room for the checksum.
+        let at = instr.wrapping_sub(code) & !ENTRY_BIT;
+        if w.entry_mode == u64::from(entry::IS_ENTRY_BYTE) && byte != 0 {
+            at | ENTRY_BIT
+        } else {
+            at
+        }
     };
     // Two more reads per frame, so a code object freed before userspace names it (and
     // another put at its address) is not named as the new one; 0 when unreadable. The

@@ -274,7 +274,7 @@ impl Tracker {
             Lines::Lnotab => Some(linetable::line_lnotab(&c.linetable, c.first_line, lasti())),
             Lines::Linetable310 => linetable::line_310(&c.linetable, c.first_line, 2 * lasti()),
             Lines::Locations => instr
-                .checked_sub(code + layout.code_adaptive)
+                .checked_sub(layout.code_adaptive)
                 .and_then(|off| linetable::line_at(&c.linetable, c.first_line, off / 2)),
         };
         Naming::Done(Some(PyName {
