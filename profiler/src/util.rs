@@ -4,7 +4,7 @@ mod dense;
 mod input;
 mod ticker;
 
-pub(crate) use dense::{Dense, FxDense, FxMap};
+pub(crate) use dense::{Dense, FxDense, FxMap, FxSet};
 pub(crate) use input::InputError;
 pub(crate) use ticker::Ticker;
 

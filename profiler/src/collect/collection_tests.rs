@@ -122,8 +122,8 @@ fn unseen_lives_are_born_and_gone_unsampled() {
         fork(28, 1, 18), // exits after the samples were read: its samples may come next
         exit(28, 20),
     ];
-    let sampled = std::collections::HashSet::from([21]);
-    let mut unseen = std::collections::HashSet::new();
+    let sampled = crate::util::FxSet::from_iter([21]);
+    let mut unseen = crate::util::FxSet::default();
     events::unseen_lives(&records, &sampled, 19, &mut unseen);
     let mut unseen: Vec<u32> = unseen.into_iter().collect();
     unseen.sort_unstable();

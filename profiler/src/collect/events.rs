@@ -1,7 +1,7 @@
 //! Process facts besides the samples, as the collector reads them at each drain: the
 //! kernel's side-band records (`kernel_records`) applied to the process table, the exit
 //! statuses from the sampler's exit program, and which processes the unwinder must be told of.
-use std::collections::{HashMap, HashSet};
+use crate::util::{FxMap, FxSet};
 
 use aya::maps::{MapData, RingBuf};
 use profiler_common::exits::ExitEvent;
@@ -17,7 +17,7 @@ pub(crate) struct ProcessEvents {
     exits: Option<RingBuf<MapData>>,
     records: Vec<KernelRecord>,
     /// Processes the last records saw born and gone unsampled (`unseen_lives`).
-    unseen: HashSet<u32>,
+    unseen: FxSet<u32>,
 }
 
 impl ProcessEvents {
@@ -26,7 +26,7 @@ impl ProcessEvents {
             kernel,
             exits,
             records: Vec::new(),
-            unseen: HashSet::new(),
+            unseen: FxSet::default(),
         }
     }
 
@@ -37,7 +37,7 @@ impl ProcessEvents {
 
     /// The processes of the last `read_into` that were born and exited within its records
     /// with no sample: nothing but their lifetimes is kept of them.
-    pub(super) fn unseen(&self) -> &HashSet<u32> {
+    pub(super) fn unseen(&self) -> &FxSet<u32> {
         &self.unseen
     }
 
@@ -52,7 +52,7 @@ impl ProcessEvents {
     pub(super) fn read_into(
         &mut self,
         table: &mut ProcessTable,
-        sampled: &HashSet<u32>,
+        sampled: &FxSet<u32>,
         samples_read_ns: u64,
     ) {
         if let Some(k) = &mut self.kernel {
@@ -82,7 +82,7 @@ impl ProcessEvents {
 /// one maps files.
 pub(super) fn mapped_and_exited(records: &[KernelRecord]) -> (Vec<u32>, Vec<u32>) {
     // pid -> whether its last record so far is its exit.
-    let mut mapped: HashMap<u32, bool> = HashMap::new();
+    let mut mapped: FxMap<u32, bool> = FxMap::default();
     let mut exited = Vec::new();
     for r in records {
         match r {
@@ -114,12 +114,12 @@ pub(super) fn mapped_and_exited(records: &[KernelRecord]) -> (Vec<u32>, Vec<u32>
 /// replaced at the exec, can serve no sample: only their lifetimes are kept.
 pub(super) fn unseen_lives(
     records: &[KernelRecord],
-    sampled: &HashSet<u32>,
+    sampled: &FxSet<u32>,
     samples_read_ns: u64,
-    out: &mut HashSet<u32>,
+    out: &mut FxSet<u32>,
 ) {
     // pid -> (forked here, exited, disqualified)
-    let mut lives: HashMap<u32, (bool, bool, bool)> = HashMap::new();
+    let mut lives: FxMap<u32, (bool, bool, bool)> = FxMap::default();
     for r in records {
         match r {
             KernelRecord::Fork { pid, ppid, .. } => {
@@ -147,10 +147,10 @@ pub(super) fn unseen_lives(
 }
 
 /// The pids of the sample records `batch[..ends]`.
-pub(super) fn sampled_pids(batch: &[u8], ends: &[usize]) -> HashSet<u32> {
+pub(super) fn sampled_pids(batch: &[u8], ends: &[usize]) -> FxSet<u32> {
     let at = std::mem::offset_of!(profiler_common::SampleHeader, pid);
     let mut start = 0;
-    let mut pids = HashSet::new();
+    let mut pids = FxSet::default();
     for &end in ends {
         if let Some(b) = batch
             .get(start + at..start + at + 4)

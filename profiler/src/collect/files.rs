@@ -101,7 +101,7 @@ impl FileIds {
         identity: &FileIdentity,
     ) -> Option<u32> {
         let known = match identity {
-            FileIdentity::BuildId(b) => self.by_build_id.get(b),
+            FileIdentity::BuildId(b) => self.by_build_id.get(b.as_slice()),
             FileIdentity::Inode(dev, ino) => self.by_inode.get(&(*dev, *ino)),
         };
         if let Some(&id) = known {
@@ -119,7 +119,7 @@ impl FileIds {
         // can read it from memory, else device and inode, and /proc gives the latter.
         let inode = handle.metadata().ok().map(|m| (m.dev(), m.ino()));
         let build_id = match identity {
-            FileIdentity::BuildId(b) => Some(b.clone()),
+            FileIdentity::BuildId(b) => Some(b.as_slice().to_vec()),
             FileIdentity::Inode(..) => crate::symbolize::file_build_id(&handle),
         };
         let id = match (
@@ -318,7 +318,7 @@ mod tests {
         assert_eq!(id, Some(0));
         // The same file found by path later has the same id.
         assert_eq!(ids.by_path(&mut files, me, &exe, None), id);
-        let bogus = FileIdentity::BuildId(vec![1, 2, 3]);
+        let bogus = FileIdentity::BuildId(crate::collect::kernel_records::BuildId::new(&[1, 2, 3]));
         assert_eq!(ids.by_identity(&mut files, me, (0, 0), &exe, &bogus), None);
     }
 }

@@ -38,9 +38,34 @@ pub(crate) enum KernelRecord {
 /// memory, else the device and inode.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum FileIdentity {
-    BuildId(Vec<u8>),
+    BuildId(BuildId),
     /// (device as `makedev(major, minor)`, inode).
     Inode(u64, u64),
+}
+
+/// A build id as MMAP2 carries it: at most 20 bytes, kept inline (one allocation fewer per
+/// mapping record, several per new process).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct BuildId {
+    len: u8,
+    bytes: [u8; 20],
+}
+
+impl BuildId {
+    /// The first 20 bytes of `id` (the most MMAP2 holds).
+    pub(crate) fn new(id: &[u8]) -> Self {
+        let mut bytes = [0; 20];
+        let len = id.len().min(20);
+        bytes[..len].copy_from_slice(&id[..len]);
+        Self {
+            len: len as u8,
+            bytes,
+        }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
 }
 
 // perf_event ABI (linux/perf_event.h).
@@ -346,7 +371,7 @@ fn decode(r: &[u8]) -> Option<KernelRecord> {
             }
             let id = if misc & MISC_MMAP_BUILD_ID != 0 {
                 let n = usize::from(*r.get(40)?).min(20);
-                FileIdentity::BuildId(r.get(44..44 + n)?.to_vec())
+                FileIdentity::BuildId(BuildId::new(r.get(44..44 + n)?))
             } else {
                 let dev = libc::makedev(u32_at(40)?, u32_at(44)?);
                 FileIdentity::Inode(dev, u64_at(48)?)
@@ -492,7 +517,7 @@ mod tests {
                 end: 0x3000,
                 pgoff: 0x3000,
                 path: "/bin/x".into(),
-                id: FileIdentity::BuildId(vec![0xde, 0xad, 0xbe]),
+                id: FileIdentity::BuildId(BuildId::new(&[0xde, 0xad, 0xbe])),
             })
         );
         let mut inode = [0u8; 24];

@@ -1,7 +1,7 @@
 //! Process lifetimes as the kernel reports them (fork, exec, exit records and exit statuses),
 //! kept while recording in CLOCK_MONOTONIC ns and handed to the profile as
 //! `profile::Lifetime`s. Every process that starts or ends is kept, sampled or not.
-use std::collections::HashMap;
+use crate::util::FxMap;
 
 use crate::profile::Lifetime;
 
@@ -10,7 +10,7 @@ use crate::profile::Lifetime;
 pub(crate) struct LifetimeLog {
     entries: Vec<Lifetime>,
     /// The current entry of each pid (a reused pid gets a new one at its fork).
-    current: HashMap<u32, usize>,
+    current: FxMap<u32, usize>,
 }
 
 impl LifetimeLog {
@@ -106,7 +106,16 @@ impl LifetimeLog {
     /// Starts a new log (the agent, each window): processes still running keep their
     /// entry, so that a later exit finds its fork, exec and comm.
     pub(crate) fn take_window(&mut self) -> Self {
-        let old = std::mem::take(self);
+        // Sized like the last window: under churn it holds hundreds of lifetimes, which grew
+        // the vector and map from empty every window.
+        let next = Self {
+            entries: Vec::with_capacity(self.entries.len()),
+            current: FxMap::with_capacity_and_hasher(
+                self.current.len(),
+                std::hash::BuildHasherDefault::default(),
+            ),
+        };
+        let old = std::mem::replace(self, next);
         for (&pid, &i) in &old.current {
             let e = &old.entries[i];
             if e.exit_ns.is_none() {

@@ -4,7 +4,7 @@
 //! against the space in force at their time, so a process that execs another binary is
 //! attributed to each binary in turn. The in-kernel unwinder needs the same shape:
 //! (pid, address) -> (binary, file offset).
-use std::collections::HashMap;
+use crate::util::FxMap;
 
 /// One executable mapping of a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl AddressSpace {
 /// Address spaces of every process the kernel told us about, oldest first per pid.
 #[derive(Default)]
 pub(crate) struct MappingTable {
-    spaces: HashMap<u32, Vec<AddressSpace>>,
+    spaces: FxMap<u32, Vec<AddressSpace>>,
 }
 
 impl MappingTable {

@@ -342,8 +342,10 @@ impl Collection {
         let unseen = self.events.unseen();
         for r in self.events.records() {
             let (pid, time_ns) = match r {
-                // Never sampled: the tracker never heard of it.
-                KernelRecord::Exec { pid, .. } | KernelRecord::Exit { pid, .. }
+                // Never sampled: the tracker never heard of it, nor will.
+                KernelRecord::Exec { pid, .. }
+                | KernelRecord::Exit { pid, .. }
+                | KernelRecord::Map { pid, .. }
                     if unseen.contains(pid) =>
                 {
                     continue;

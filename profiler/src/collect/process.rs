@@ -5,7 +5,7 @@
 //! processes that existed before the recording. With those, symbolization can happen later,
 //! even after the process exits.
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     path::Path,
 };
 
@@ -21,7 +21,10 @@ use super::{
     mappings::{Mapping, MappingTable},
     perfmap,
 };
-use crate::profile::Process;
+use crate::{
+    profile::Process,
+    util::{FxMap, FxSet},
+};
 
 /// One address space of one process: its pid in the low half, in the high half which of its
 /// execs (its generation in `MappingTable`). User stacks and addresses are keyed by it, as
@@ -75,7 +78,7 @@ pub(crate) struct ProcessTable {
     /// Comms read from /proc of parents from before the recording (the kernel never told
     /// us theirs), so a shell or supervisor forking 60 times a second is read once, not at
     /// every fork; dropped at its exec or exit.
-    pub(super) parent_comms: HashMap<u32, String>,
+    pub(super) parent_comms: FxMap<u32, String>,
 }
 
 impl ProcessTable {
@@ -170,7 +173,7 @@ impl Default for ProcessTable {
             unnamed_anon: HashMap::new(),
             names: crate::util::Dense::default(),
             normalizer: new_normalizer(),
-            parent_comms: HashMap::new(),
+            parent_comms: FxMap::default(),
         }
     }
 }
@@ -256,13 +259,13 @@ impl ProcessTable {
     /// `apply_except` with every process kept.
     #[cfg(test)]
     pub(crate) fn apply(&mut self, records: &[KernelRecord]) {
-        self.apply_except(records, &HashSet::new());
+        self.apply_except(records, &FxSet::default());
     }
 
     /// Applies the kernel's records (in time order): mappings, execs, forks, exits. Of the
     /// processes in `unseen` (born and gone unsampled within `records`) only the lifetimes
     /// are kept: their mappings could serve no sample.
-    pub(crate) fn apply_except(&mut self, records: &[KernelRecord], unseen: &HashSet<u32>) {
+    pub(crate) fn apply_except(&mut self, records: &[KernelRecord], unseen: &FxSet<u32>) {
         for r in records {
             match r {
                 KernelRecord::Map { pid, path, .. } if unseen.contains(pid) => {

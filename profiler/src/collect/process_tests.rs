@@ -128,7 +128,7 @@ fn unseen_processes_keep_their_lifetimes_only() {
             time_ns: 4,
         },
     ];
-    t.apply_except(&records, &std::collections::HashSet::from([4_000_400]));
+    t.apply_except(&records, &crate::util::FxSet::from_iter([4_000_400]));
     assert_eq!(t.lifetimes.comm(4_000_400), Some("fx-unseen"));
     assert_eq!(t.lifetimes.exe(4_000_400), Some("/usr/bin/true"));
     assert!(

@@ -171,7 +171,7 @@ mod tests {
             .map(|addr| {
                 let sym = kallsyms.lookup(addr).unwrap();
                 let frame = Frame {
-                    name: i.string(sym.name),
+                    name: i.string(&sym.name),
                     module: i.string(sym.module),
                     kind: FrameKind::Kernel,
                     ..Frame::default()

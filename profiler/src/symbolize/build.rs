@@ -95,9 +95,9 @@ fn kernel_stacks(c: &Collected, kernel: &KernelSymbols, out: &mut Interner) -> V
                     path: format!("[{module}]"),
                     build_id: String::new(),
                 });
-                (out.string(name), out.string(module), binary)
+                (out.string(&name), out.string(module), binary)
             }
-            Ok(KernelSym { name, .. }) => (out.string(name), vmlinux, vmlinux_binary),
+            Ok(KernelSym { name, .. }) => (out.string(&name), vmlinux, vmlinux_binary),
             Err(why) => (
                 out.string(&unknown_name(why, None)),
                 vmlinux,

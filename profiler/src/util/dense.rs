@@ -79,8 +79,9 @@ impl<K, S> std::ops::Index<u32> for Dense<K, S> {
     }
 }
 
-/// FxHash (rustc's): for keys we made (small integers, ids), where flooding is no concern
-/// and SipHash would dominate a pass over millions of samples.
+/// FxHash (rustc's): for keys we made (small integers, ids) and pids (the kernel hands them
+/// out in order: no process picks its own), where flooding is no concern and SipHash would
+/// dominate a pass over millions of samples, or the agent's drain under churn.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct FxHasher(u64);
 
@@ -106,6 +107,8 @@ impl Hasher for FxHasher {
 
 /// A `HashMap` with `FxHasher`.
 pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+/// A `HashSet` with `FxHasher`.
+pub(crate) type FxSet<K> = std::collections::HashSet<K, BuildHasherDefault<FxHasher>>;
 /// A `Dense` with `FxHasher`.
 pub(crate) type FxDense<K> = Dense<K, BuildHasherDefault<FxHasher>>;
 
