@@ -77,20 +77,22 @@ impl ProcessEvents {
 }
 
 /// The pids with new mappings that still live after `records` (in time order, as
-/// `KernelRecords::read` sorts them), sorted; and every pid that exited, in order. A pid
-/// that exits and is reused by a new process within `records` counts as mapped when the new
-/// one maps files.
-pub(super) fn mapped_and_exited(records: &[KernelRecord]) -> (Vec<u32>, Vec<u32>) {
+/// `KernelRecords::read` sorts them), sorted; into `exited`, every pid that exited, with the
+/// time of its last exit. A pid that exits and is reused by a new process within `records`
+/// counts as mapped when the new one maps files.
+pub(super) fn mapped_and_exited(
+    records: &[KernelRecord],
+    exited: &mut FxMap<u32, u64>,
+) -> Vec<u32> {
     // pid -> whether its last record so far is its exit.
     let mut mapped: FxMap<u32, bool> = FxMap::default();
-    let mut exited = Vec::new();
     for r in records {
         match r {
             KernelRecord::Map { pid, .. } => {
                 mapped.insert(*pid, false);
             }
-            KernelRecord::Exit { pid, .. } => {
-                exited.push(*pid);
+            KernelRecord::Exit { pid, time_ns } => {
+                exited.insert(*pid, *time_ns);
                 if let Some(gone) = mapped.get_mut(pid) {
                     *gone = true;
                 }
@@ -103,7 +105,7 @@ pub(super) fn mapped_and_exited(records: &[KernelRecord]) -> (Vec<u32>, Vec<u32>
         .filter_map(|(pid, gone)| (!gone).then_some(pid))
         .collect();
     live.sort_unstable();
-    (live, exited)
+    live
 }
 
 /// Into `out`, the pids whose whole life is in `records` (forked and exited there, the exit

@@ -83,6 +83,8 @@ pub(crate) struct Collection {
     /// CLOCK_MONOTONIC ns when the kernel's process records were last read: every exec and
     /// exit before it is known (Python naming checks its generations against it).
     records_read_ns: u64,
+    /// The processes the last drain's records saw exit (pid, time of the last exit).
+    exits: crate::util::FxMap<u32, u64>,
     /// Sample records read from the ring, waiting for the process records before them.
     batch: Vec<u8>,
     batch_ends: Vec<usize>,
@@ -294,10 +296,9 @@ impl Collection {
         self.records_read_ns
     }
 
-    /// Reads everything in the ring buffer now. Samples are read first, then the kernel's
-    /// process records, then the samples are added: every record a sample depends on (the
-    /// mapping its code is in, its process's exec) was written before the sample, so it has
-    /// been read by then.
+    /// Reads everything in the ring buffer now: the samples, then the kernel's process
+    /// records, then the samples are added. Every record a sample depends on (the mapping
+    /// its code is in, its process's exec) was written before it, so it is read by then.
     pub(crate) fn drain(&mut self, ring: &mut RingBuf<MapData>) {
         let (mut batch, mut ends) = (
             std::mem::take(&mut self.batch),
@@ -317,7 +318,7 @@ impl Collection {
         self.events
             .read_into(&mut self.processes, &sampled, self.records_read_ns);
         self.tell_python_ends();
-        let exited = self.tell_mappings();
+        self.tell_mappings();
         let mut start = 0;
         for &end in &ends {
             self.add(&batch[start..end]);
@@ -326,7 +327,7 @@ impl Collection {
         self.add_deferred(false);
         // After the samples: a process's last samples come before its exit record.
         if let Some(hook) = self.new_process_hook.as_mut() {
-            for pid in exited {
+            for &pid in self.exits.keys() {
                 hook(crate::unwind::ProcessEvent::Exited { pid });
             }
         }
@@ -370,22 +371,22 @@ impl Collection {
     }
 
     /// Tells the hook of every process whose mappings the records just read changed (with
-    /// its whole space, when the records hold all of it); returns the pids that exited.
-    /// A process whose exit the same records hold is not told: it can have no more samples,
-    /// and under churn most new processes live and die between two drains (a second apart
-    /// in the agent), so loading their mappings cost a kernel map update and a removal each.
-    fn tell_mappings(&mut self) -> Vec<u32> {
+    /// its whole space, when the records hold all of it); keeps the exits in `exits`. One
+    /// whose exit the same records hold is not told: under churn most new processes live
+    /// and die between two drains, and loading them cost a map update and a removal each.
+    fn tell_mappings(&mut self) {
+        self.exits.clear();
         let Some(hook) = self.new_process_hook.as_mut() else {
-            return Vec::new();
+            return;
         };
-        let (mapped, mut exited) = mapped_and_exited(self.events.records());
+        let mapped = mapped_and_exited(self.events.records(), &mut self.exits);
         // Never handed to the loader (gone before any sample or drain): nothing to forget.
-        exited.retain(|pid| !self.events.unseen().contains(pid));
+        let unseen = self.events.unseen();
+        self.exits.retain(|pid, _| !unseen.contains(pid));
         for pid in mapped {
             let mappings = self.processes.unwind_mappings(pid, u64::MAX);
             hook(crate::unwind::ProcessEvent::Mapped { pid, mappings });
         }
-        exited
     }
 
     /// One record: a `SampleHeader`, then the kernel and user addresses (profiler-common).
@@ -411,9 +412,8 @@ impl Collection {
             return;
         }
         let cut = (h.flags & flags::UNWIND_REASON_MASK) >> flags::UNWIND_REASON_SHIFT;
-        // A walk that left the loaded mappings may mean they were read too early (before
-        // ld.so mapped the libraries) or a library was dlopened since: the hook reads them
-        // again (it limits how often).
+        // A walk that left the loaded mappings: read too early (before ld.so mapped the
+        // libraries), or a library dlopened since. The hook reads them again (not too often).
         let stale = cut == reason::NO_MAPPING;
         if let Some(hook) = self.new_process_hook.as_mut()
             && h.pid != 0
@@ -422,10 +422,10 @@ impl Collection {
             hook(crate::unwind::ProcessEvent::Sampled {
                 pid: h.pid,
                 stale,
+                gone: self.exits.get(&h.pid).is_some_and(|&t| t >= h.time_ns),
                 reached: callsites(&frames[klen * 8..(klen + ulen) * 8]).into_vec(),
-                // Its mappings now, not at the sample: the kernel's entry is for the samples
-                // to come, and a sample taken before an exec this drain read (or in ld.so)
-                // would replace the newer mappings `tell_mappings` just gave the loader.
+                // Now, not at the sample: the entry is for samples to come, and one from before
+                // an exec read now would replace the mappings `tell_mappings` just gave.
                 mappings: self.processes.unwind_mappings(h.pid, u64::MAX),
             });
         }

@@ -251,6 +251,21 @@ impl BackgroundLoader {
             ProcessEvent::Sampled {
                 pid,
                 stale: _,
+                gone: true,
+                mappings: Some(mappings),
+                reached,
+            } => {
+                // Most short-lived processes sampled under churn: loading them cost a kernel
+                // map update now and a removal at their exit, for no walk. Only tables to build.
+                self.note_reached(&mappings, &reached);
+                if !self.loader.try_lock().is_ok_and(|l| l.knows_all(&mappings)) {
+                    self.load_or_queue(pid, mappings, true);
+                }
+            }
+            ProcessEvent::Sampled {
+                pid,
+                stale: _,
+                gone: _,
                 mappings,
                 reached,
             } => {

@@ -31,6 +31,9 @@ pub enum ProcessEvent {
     Sampled {
         pid: u32,
         stale: bool,
+        /// The process had exited by the time its sample was read: nothing is loaded for
+        /// it, but its binaries' tables are built (its stack copies are walked with them).
+        gone: bool,
         mappings: Option<Vec<MappingSpec>>,
         /// The user addresses the sample's walk reached, leaf first (`TablePolicy::Reached`
         /// compiles the tables of their binaries only).
