@@ -60,6 +60,11 @@ impl ProcessTable {
     /// blocking thread (the caller's may drain samples or serve HTTP), and names them.
     pub(crate) async fn name_jit_code(&mut self) -> std::io::Result<()> {
         let work = self.jit_work();
+        // Most windows have no JIT code: no blocking thread then (one a window, started
+        // anew as each outlives the pool's keep-alive, which a window's length matches).
+        if work.0.is_empty() {
+            return Ok(());
+        }
         let names = tokio::task::spawn_blocking(move || work.read())
             .await
             .map_err(std::io::Error::other)?;
