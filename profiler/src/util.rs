@@ -207,6 +207,37 @@ pub(crate) fn raise_fd_limit() {
     }
 }
 
+/// Sorts `items` by `key`, keeping the order of equal keys (a stable sort), without
+/// allocating: `order` is scratch space the caller keeps. The slice's own stable sort
+/// allocates half its length of elements each call, memory that a long-running reader's
+/// heap trims give back and fault in again.
+pub(crate) fn sort_stable_by_key<T>(
+    items: &mut [T],
+    key: impl Fn(&T) -> u64,
+    order: &mut Vec<(u64, u32)>,
+) {
+    order.clear();
+    order.extend(items.iter().enumerate().map(|(i, t)| (key(t), i as u32)));
+    if order.is_sorted() {
+        return;
+    }
+    // Unique (key, position) pairs: an unstable sort of them is stable for the keys.
+    order.sort_unstable();
+    // order[i].1 is where item i of the sorted order is now: follow each cycle of that
+    // permutation with swaps, marking placed entries.
+    for start in 0..items.len() {
+        let mut i = start;
+        loop {
+            let from = std::mem::replace(&mut order[i].1, u32::MAX);
+            if from == u32::MAX || from as usize == start {
+                break;
+            }
+            items.swap(i, from as usize);
+            i = from as usize;
+        }
+    }
+}
+
 /// Lowercase hex, as `readelf -n` and pprof print build ids.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -214,6 +245,26 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sort_stable_by_key_keeps_ties_in_order() {
+        let mut order = Vec::new();
+        // Pseudo-random keys in a small range: many ties, long and short cycles.
+        let mut x = 12_345u64;
+        for len in [0, 1, 2, 3, 17, 500] {
+            let items: Vec<(u64, usize)> = (0..len)
+                .map(|i| {
+                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    ((x >> 33) % 7, i)
+                })
+                .collect();
+            let mut ours = items.clone();
+            super::sort_stable_by_key(&mut ours, |t| t.0, &mut order);
+            let mut std = items;
+            std.sort_by_key(|t| t.0);
+            assert_eq!(ours, std, "{len} items");
+        }
+    }
+
     use super::*;
 
     #[test]

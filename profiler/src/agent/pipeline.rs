@@ -32,9 +32,10 @@ pub(super) const PUSH_QUEUE: usize = 4;
 const MAX_NAMES: usize = 1_000_000;
 /// How long the symbolizer keeps the binaries it parsed.
 /// Each start parses again (and indexes by address) every binary with new addresses: under
-/// churn the busy ones (the interpreter that spawns, libc) were a fifth of this thread's CPU
-/// at a minute.
-const SYMBOLIZER_KEEP: Duration = Duration::from_secs(300);
+/// churn the busy ones (the interpreter that spawns, libc) were a fifth of this thread's CPU.
+/// Kept five minutes instead, a build's big libraries (librustc_driver, libLLVM: 44 MB of
+/// parsed symbols in the heap) stayed resident for as long.
+const SYMBOLIZER_KEEP: Duration = Duration::from_secs(60);
 /// How often the dying-cgroup figures are read (a walk of every v1 hierarchy).
 const DYING_EVERY: Duration = Duration::from_secs(60);
 /// Test hook: milliseconds the store thread sleeps before each write, to show that a slow
@@ -149,8 +150,8 @@ pub(super) fn symbolize(
         }
         // Names found are kept in `names`, so a window parses only binaries with new
         // addresses; the symbolizer keeps the binaries it parsed for `SYMBOLIZER_KEEP`, so a
-        // big one with a few new addresses each window (a compiler) is parsed once in five
-        // minutes, not every window, and binaries no longer run leave the RSS by then.
+        // big one with a few new addresses each window (a compiler) is parsed once a minute,
+        // not every window, and binaries no longer run leave the RSS within a minute.
         if user
             .as_ref()
             .is_none_or(|(_, born)| born.elapsed() >= SYMBOLIZER_KEEP)

@@ -152,6 +152,8 @@ pub(crate) struct KernelRecords {
     epoll: OwnedFd,
     /// A record being reassembled when it wraps around the end of a ring.
     scratch: Vec<u8>,
+    /// Scratch space of the sort into time order (`util::sort_stable_by_key`).
+    order: Vec<(u64, u32)>,
 }
 
 impl KernelRecords {
@@ -257,6 +259,7 @@ impl KernelRecords {
             rings,
             epoll,
             scratch: Vec::new(),
+            order: Vec::new(),
         })
     }
 
@@ -282,7 +285,7 @@ impl KernelRecords {
             ring.read(&mut self.scratch, out);
         }
         // CPUs' rings interleave: a fork on one CPU precedes the child's exec on another.
-        out[first..].sort_by_key(KernelRecord::time_ns);
+        crate::util::sort_stable_by_key(&mut out[first..], KernelRecord::time_ns, &mut self.order);
     }
 }
 
