@@ -245,6 +245,8 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn sort_stable_by_key_keeps_ties_in_order() {
         let mut order = Vec::new();
@@ -258,14 +260,12 @@ mod tests {
                 })
                 .collect();
             let mut ours = items.clone();
-            super::sort_stable_by_key(&mut ours, |t| t.0, &mut order);
+            sort_stable_by_key(&mut ours, |t| t.0, &mut order);
             let mut std = items;
             std.sort_by_key(|t| t.0);
             assert_eq!(ours, std, "{len} items");
         }
     }
-
-    use super::*;
 
     #[test]
     fn a_chain_names_each_cause_once() {

@@ -30,11 +30,10 @@ pub(super) const STORE_QUEUE: usize = 4;
 pub(super) const PUSH_QUEUE: usize = 4;
 /// User frame names cached across windows at most; then the cache starts afresh.
 const MAX_NAMES: usize = 1_000_000;
-/// How long the symbolizer keeps the binaries it parsed.
-/// Each start parses again (and indexes by address) every binary with new addresses: under
-/// churn the busy ones (the interpreter that spawns, libc) were a fifth of this thread's CPU.
-/// Kept five minutes instead, a build's big libraries (librustc_driver, libLLVM: 44 MB of
-/// parsed symbols in the heap) stayed resident for as long.
+/// How long the symbolizer keeps the binaries it parsed. Each new symbolizer parses and
+/// indexes again every binary with new addresses: under churn the busy ones (the spawning
+/// interpreter, libc) were a fifth of this thread's CPU. Five minutes would cut that, but a
+/// build's big libraries (librustc_driver, libLLVM: 44 MB of parsed symbols) stayed that long.
 const SYMBOLIZER_KEEP: Duration = Duration::from_secs(60);
 /// How often the dying-cgroup figures are read (a walk of every v1 hierarchy).
 const DYING_EVERY: Duration = Duration::from_secs(60);
