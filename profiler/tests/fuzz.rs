@@ -431,7 +431,7 @@ fn unwind_tables_from_eh_frame() {
                 let _ = table.lookup(pc);
             }
         }
-        let _ = profiler::unwind::table::compile(bytes);
+        let _ = profiler::unwind::table::compile(&bytes);
         let _ = profiler::unwind::table::mapping_bias(bytes, 0x5555_0000_0000, 0);
         // Rows and spans grow with CFI instructions, so with the bytes; gimli's context is fixed.
         linear(bytes, 64, 256 << 10)

@@ -166,9 +166,12 @@ pub fn decode(bytes: &[u8], compiler: &[u8; 20]) -> Result<Table, CacheError> {
 
 /// The cache key of an ELF image: `b<build id>` or, without one, `h<length, crc32 and
 /// SipHash of the bytes>` (96 bits of hash and the length: a false match would mis-unwind).
-pub fn key(data: &[u8]) -> String {
+/// The bytes are hashed a few MB at a time, each let go of once hashed (`Image::done_with`):
+/// librustc_driver, 150 MB, has no build id.
+pub fn key(image: &impl super::table::Image) -> String {
     use object::Object as _;
     use std::hash::Hasher as _;
+    let data: &[u8] = image;
     let build_id = object::File::parse(data)
         .ok()
         .and_then(|f| f.build_id().ok().flatten().map(<[u8]>::to_vec))
@@ -178,18 +181,17 @@ pub fn key(data: &[u8]) -> String {
         None => {
             // DefaultHasher::new() has fixed keys: the same bytes hash the same in every run
             // of one build (another build may differ: its files miss, as they would anyway).
+            // Both hash a stream: bytes written in parts hash as if written at once.
             let mut sip = std::collections::hash_map::DefaultHasher::new();
-            sip.write(data);
-            format!(
-                "h{:x}-{:08x}-{:016x}",
-                data.len(),
-                {
-                    let mut crc = flate2::Crc::new();
-                    crc.update(data);
-                    crc.sum()
-                },
-                sip.finish()
-            )
+            let mut crc = flate2::Crc::new();
+            let mut at = 0;
+            for part in data.chunks(super::table::RELEASE_EVERY) {
+                sip.write(part);
+                crc.update(part);
+                image.done_with(at..at + part.len());
+                at += part.len();
+            }
+            format!("h{:x}-{:08x}-{:016x}", data.len(), crc.sum(), sip.finish())
         }
     }
 }
@@ -461,10 +463,21 @@ mod tests {
     fn keys_are_build_ids_or_content_hashes() {
         let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
         assert!(key(&libc).starts_with('b'), "{}", key(&libc));
-        let a = key(b"no elf here");
+        let a = key(&b"no elf here".to_vec());
         assert!(a.starts_with('h'));
-        assert_ne!(a, key(b"no elf herf"));
-        assert_eq!(a, key(b"no elf here"));
+        assert_ne!(a, key(&b"no elf herf".to_vec()));
+        assert_eq!(a, key(&b"no elf here".to_vec()));
+        // Hashed in parts, keyed as when hashed at once (the keys of caches written before).
+        use std::hash::Hasher as _;
+        let big: Vec<u8> = (0..2 * super::super::table::RELEASE_EVERY + 5)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        let mut sip = std::collections::hash_map::DefaultHasher::new();
+        sip.write(&big);
+        let mut crc = flate2::Crc::new();
+        crc.update(&big);
+        let at_once = format!("h{:x}-{:08x}-{:016x}", big.len(), crc.sum(), sip.finish());
+        assert_eq!(key(&big), at_once);
     }
 
     #[test]

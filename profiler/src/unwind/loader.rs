@@ -21,7 +21,7 @@ use profiler_common::unwind::{
 use super::{
     LoaderStats, UnwindMode,
     budget::RowSpace,
-    files::memmap,
+    files::{Mmap, memmap},
     kernel_rows::{KernelTable, Rules},
     pool::{Compiled, Ready},
     rows_view::RowsView,
@@ -337,7 +337,7 @@ impl Loader {
         let binary = match known {
             Some(b) => b.clone(),
             None => {
-                let mut b = self.load_binary(&m.path, data.as_deref()?, key, pinned)?;
+                let mut b = self.load_binary(&m.path, data.as_ref()?, key, pinned)?;
                 // Tried again after it did not fit: its processes stay its users.
                 if let Some(old) = self.binaries.get(&key) {
                     b.users = old.users;
@@ -374,12 +374,12 @@ impl Loader {
     fn load_binary(
         &mut self,
         path: &Path,
-        data: &[u8],
+        data: &Mmap,
         key: BinaryKey,
         pinned: &HashSet<BinaryKey>,
     ) -> Option<Binary> {
         // Not ELF: no table, no bias.
-        object::File::parse(data).ok()?;
+        object::File::parse(&**data).ok()?;
         let mut binary = Binary {
             kind: mapping::FRAME_POINTER,
             table_start: 0,

@@ -182,7 +182,12 @@ impl Compiled {
     /// .debug_frame read too, from a separate debug file (by build id or .gnu_debuglink)
     /// when it has none itself; a cached table made without that file is compiled again
     /// once the file is there.
-    pub fn new(path: &Path, data: &[u8], cache: Option<&super::cache::TableCache>) -> Self {
+    pub fn new(
+        path: &Path,
+        image: &impl super::table::Image,
+        cache: Option<&super::cache::TableCache>,
+    ) -> Self {
+        let data: &[u8] = image;
         let started = std::time::Instant::now();
         let build_id = || {
             use object::Object as _;
@@ -193,7 +198,7 @@ impl Compiled {
         // A table compiled while the debug file it wanted was missing is kept under its own
         // key, and used only while that file is still missing: installed since (by build id
         // or .gnu_debuglink), the table is compiled again with it.
-        let cache_key = cache.map(|_| super::cache::key(data));
+        let cache_key = cache.map(|_| super::cache::key(image));
         // One compile of a binary at a time: a thread that wants it meanwhile waits, then
         // reads it from the cache (`TableCache::compiling`).
         let _turn = cache.zip(cache_key.as_deref()).map(|(c, k)| c.compiling(k));
@@ -212,7 +217,7 @@ impl Compiled {
             Some(t) => Ok(t),
             None => {
                 let mut debug_missing = false;
-                let compiled = super::table::compile_with_debug(data, |elf| {
+                let compiled = super::table::compile_with_debug(image, |elf| {
                     use object::Object as _;
                     let id = elf.build_id().ok().flatten();
                     let found = debug_file(id).and_then(|debug| {

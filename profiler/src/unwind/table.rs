@@ -58,25 +58,66 @@ pub enum TableError {
     TooHigh(u64),
 }
 
+/// The bytes of an ELF image to compile, and a way to let go of those the compiler has read.
+/// A file mapping drops their pages (`files::Mmap`): the padding scan reads between every
+/// two functions, so it touches nearly all of a binary's code (90 MB of librustc_driver's),
+/// which would otherwise stay resident, counted in the profiler's RSS, until the compile ends.
+pub trait Image: std::ops::Deref<Target = [u8]> {
+    /// The compiler will not read the bytes at `range` (offsets into the image) again; a
+    /// read after all sees the same bytes, only slower.
+    fn done_with(&self, _range: std::ops::Range<usize>) {}
+}
+impl Image for Vec<u8> {}
+impl Image for &[u8] {}
+
+/// Bytes read between two `Image::done_with` calls: a few syscalls for a big binary, and as
+/// many resident bytes at most.
+pub(super) const RELEASE_EVERY: usize = 4 << 20;
+
 /// Compiles the `.eh_frame` of the ELF image `data`. A binary without one gets an empty table.
-pub fn compile(data: &[u8]) -> Result<Table, TableError> {
+pub fn compile(data: &impl Image) -> Result<Table, TableError> {
     compile_with_debug(data, |_| None::<&[u8]>)
 }
 
-/// (start, end, row) of every CFI row of a binary, in the order read.
-type Spans = Vec<(u64, u64, UnwindRow)>;
+/// Every CFI row of a binary, in the order read: the row at its start, and its end. 12 bytes
+/// a row, not the 24 of (u64, u64, row): librustc_driver has a million rows, held while the
+/// table is built.
+#[derive(Default)]
+struct Spans {
+    rows: Vec<(UnwindRow, u32)>,
+    /// The start of a row not below 4 GiB, which tables cannot hold (`finish` says so).
+    too_high: Option<u64>,
+}
+
+impl Spans {
+    /// A row over [start, end); an empty one is left out.
+    fn push(&mut self, start: u64, end: u64, row: UnwindRow) {
+        match (u32::try_from(start), u32::try_from(end)) {
+            _ if start >= end => {}
+            (Ok(pc), Ok(end)) => self.rows.push((UnwindRow { pc, ..row }, end)),
+            _ => _ = self.too_high.get_or_insert(start),
+        }
+    }
+
+    /// (start, end) of each row.
+    fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.rows
+            .iter()
+            .map(|(r, end)| (r.pc.into(), (*end).into()))
+    }
+}
 
 /// `compile`, and where `.eh_frame` covers less than half of the code (built with
 /// `-fno-asynchronous-unwind-tables`, whose CFI gcc puts in `.debug_frame` alone), the
 /// functions it leaves out from `.debug_frame`: the binary's own, else that of its separate
 /// debug file, which `debug_file` is asked for only then (given the parsed binary).
 pub fn compile_with_debug<D: std::ops::Deref<Target = [u8]>>(
-    data: &[u8],
+    image: &impl Image,
     debug_file: impl FnOnce(&object::File<'_>) -> Option<D>,
 ) -> Result<Table, TableError> {
-    let file = object::File::parse(data)?;
+    let file = object::File::parse(&**image)?;
     let mut table = Table::default();
-    let mut spans: Spans = Vec::new();
+    let mut spans = Spans::default();
     let mut bases = BaseAddresses::default();
     if let Some(text) = file.section_by_name(".text") {
         bases = bases.set_text(text.address());
@@ -88,6 +129,9 @@ pub fn compile_with_debug<D: std::ops::Deref<Target = [u8]>>(
         let eh_frame = EhFrame::new(section.data()?, LittleEndian);
         let bases = bases.clone().set_eh_frame(section.address());
         read_section(&eh_frame, &bases, &mut table, &mut spans)?;
+        if let Some((at, size)) = section.file_range() {
+            image.done_with(offset(at)..offset(at.saturating_add(size)));
+        }
     }
     entry_stop(&file, &mut spans);
     let code: u64 = file
@@ -95,13 +139,13 @@ pub fn compile_with_debug<D: std::ops::Deref<Target = [u8]>>(
         .filter(|s| s.kind() == SectionKind::Text)
         .fold(0u64, |sum, s| sum.saturating_add(s.size()));
     // Saturating: the sizes and ranges are the file's word, and it may lie.
-    let covered = spans.iter().fold(0u64, |sum, (a, b, _)| {
-        sum.saturating_add(b.saturating_sub(*a))
-    });
+    let covered = spans
+        .ranges()
+        .fold(0u64, |sum, (a, b)| sum.saturating_add(b.saturating_sub(a)));
     // Go binaries keep frame pointers and have no .eh_frame: their .debug_frame is not
     // wanted (they are walked by frame pointer).
     if covered.saturating_mul(2) >= code || file.section_by_name(".gopclntab").is_some() {
-        return finish(table, spans).map(|t| mark_padding(&file, t));
+        return finish(table, spans).map(|t| mark_padding(&file, image, t));
     }
     // Debug sections may be compressed (SHF_COMPRESSED): read them inflated.
     let debug_frame_of = |f: &object::File<'_>| {
@@ -116,41 +160,69 @@ pub fn compile_with_debug<D: std::ops::Deref<Target = [u8]>>(
     });
     if let Some(bytes) = bytes.as_deref() {
         // FDEs of functions .eh_frame describes already are skipped (crt code has both).
-        let mut eh_ranges: Vec<(u64, u64)> = spans.iter().map(|(a, b, _)| (*a, *b)).collect();
+        let mut eh_ranges: Vec<(u64, u64)> = spans.ranges().collect();
         eh_ranges.sort_unstable();
-        let mut debug_spans = Spans::new();
+        let mut debug_spans = Spans::default();
         let mut debug_frame = DebugFrame::new(bytes, LittleEndian);
         debug_frame.set_address_size(8);
         read_section(&debug_frame, &bases, &mut table, &mut debug_spans)?;
-        spans.extend(debug_spans.into_iter().filter(|(start, _, _)| {
-            let i = eh_ranges.partition_point(|r| r.0 <= *start);
-            i == 0 || eh_ranges[i - 1].1 <= *start
-        }));
+        spans.too_high = spans.too_high.or(debug_spans.too_high);
+        spans
+            .rows
+            .extend(debug_spans.rows.into_iter().filter(|(row, _)| {
+                let start = u64::from(row.pc);
+                let i = eh_ranges.partition_point(|r| r.0 <= start);
+                i == 0 || eh_ranges[i - 1].1 <= start
+            }));
     }
-    finish(table, spans).map(|t| mark_padding(&file, t))
+    finish(table, spans).map(|t| mark_padding(&file, image, t))
 }
 
 /// Fills `table.padding` from the code bytes of `file`'s segments: the gaps between FDEs
 /// that hold nothing but padding (most are the few bytes that align the next function).
-fn mark_padding(file: &object::File<'_>, mut table: Table) -> Table {
-    let segments: Vec<(u64, &[u8])> = file
+fn mark_padding(file: &object::File<'_>, image: &impl Image, mut table: Table) -> Table {
+    // (vaddr, file offset, size) of each segment's bytes in the file.
+    let segments: Vec<(u64, usize, usize)> = file
         .segments()
-        .filter_map(|s| Some((s.address(), s.data().ok()?)))
+        .filter_map(|s| {
+            let (at, size) = s.file_range();
+            Some((s.address(), offset(at), usize::try_from(size).ok()?))
+        })
         .collect();
+    // The file offsets of the code at [from, to), when one segment's bytes hold it.
     let code = |from: u64, to: u64| {
-        segments.iter().find_map(|(at, data)| {
-            let (a, b) = (from.checked_sub(*at)?, to.checked_sub(*at)?);
-            data.get(usize::try_from(a).ok()?..usize::try_from(b).ok()?)
+        segments.iter().find_map(|(vaddr, at, size)| {
+            let (a, b) = (from.checked_sub(*vaddr)?, to.checked_sub(*vaddr)?);
+            let (a, b) = (usize::try_from(a).ok()?, usize::try_from(b).ok()?);
+            (a <= b && b <= *size).then(|| at.saturating_add(a)..at.saturating_add(b))
         })
     };
+    // Rows are in address order, so the reads move forward through each segment: what lies
+    // behind the last read is let go of every few MB.
+    let mut kept_from = 0usize;
     table.padding = table
         .rows
         .windows(2)
         .filter(|w| w[0].kind == kind::NONE)
-        .filter(|w| code(w[0].pc.into(), w[1].pc.into()).is_some_and(is_padding))
+        .filter(|w| {
+            let Some(range) = code(w[0].pc.into(), w[1].pc.into()) else {
+                return false;
+            };
+            if range.start >= kept_from.saturating_add(RELEASE_EVERY) {
+                image.done_with(kept_from..range.start);
+                kept_from = range.start;
+            }
+            image.get(range).is_some_and(is_padding)
+        })
         .map(|w| w[0].pc)
         .collect();
     table
+}
+
+/// A file offset or size from the file's headers as an index (saturating: the file's word,
+/// and it may lie; an index past the end then reads nothing).
+fn offset(at: u64) -> usize {
+    usize::try_from(at).unwrap_or(usize::MAX)
 }
 
 /// A STOP row over the ELF entry point when no CFI covers it: ld.so's `_start` has none, and
@@ -160,13 +232,13 @@ fn entry_stop(file: &object::File<'_>, spans: &mut Spans) {
     use object::ObjectSymbol as _;
     let entry = file.entry();
     // A binary without any CFI (Go's) stays without rows: walked by frame pointer.
-    if entry == 0 || spans.is_empty() || spans.iter().any(|(a, b, _)| *a <= entry && entry < *b) {
+    if entry == 0 || spans.rows.is_empty() || spans.ranges().any(|(a, b)| a <= entry && entry < b) {
         return;
     }
     // Its symbol's size; else (ld.so's _start is in no symbol table) up to the next CFI.
     let next = spans
-        .iter()
-        .map(|(a, _, _)| *a)
+        .ranges()
+        .map(|(a, _)| a)
         .filter(|a| *a > entry)
         .min()
         .unwrap_or(entry.saturating_add(16));
@@ -179,7 +251,7 @@ fn entry_stop(file: &object::File<'_>, spans: &mut Spans) {
         kind: kind::STOP,
         ..UnwindRow::default()
     };
-    spans.push((entry, end, stop));
+    spans.push(entry, end, stop);
 }
 
 /// Reads every FDE of `section` (`.eh_frame` or `.debug_frame`) into `spans`.
@@ -207,7 +279,7 @@ fn read_section<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
                 convert(r, section)
             };
             uses_rbp |= row.kind == kind::CFA_RBP;
-            spans.push((r.start_address(), r.end_address(), row));
+            spans.push(r.start_address(), r.end_address(), row);
         }
         table.rbp_fdes += usize::from(uses_rbp);
     }
@@ -216,21 +288,20 @@ fn read_section<'a, S: UnwindSection<EndianSlice<'a, LittleEndian>>>(
 
 /// Sorts `spans` into `table.rows`, with a gap row wherever no FDE covers the code.
 fn finish(mut table: Table, mut spans: Spans) -> Result<Table, TableError> {
-    spans.sort_by_key(|s| s.0);
-    let mut end = 0u64;
-    for (start, stop, row) in spans {
-        if start >= stop {
-            continue;
+    if let Some(at) = spans.too_high {
+        return Err(TableError::TooHigh(at));
+    }
+    spans.rows.sort_by_key(|(row, _)| row.pc);
+    let mut end = 0u32;
+    for (row, stop) in spans.rows {
+        if !table.rows.is_empty() && row.pc > end {
+            push_merged(&mut table.rows, gap(end));
         }
-        if !table.rows.is_empty() && start > end {
-            push_merged(&mut table.rows, gap(end)?);
-        }
-        let pc = u32::try_from(start).map_err(|_| TableError::TooHigh(start))?;
-        push_merged(&mut table.rows, UnwindRow { pc, ..row });
+        push_merged(&mut table.rows, row);
         end = end.max(stop);
     }
     if !table.rows.is_empty() {
-        push_merged(&mut table.rows, gap(end)?);
+        push_merged(&mut table.rows, gap(end));
     }
     Ok(table)
 }
@@ -318,12 +389,12 @@ pub fn mapping_bias(data: &[u8], start: u64, file_offset: u64) -> Option<u64> {
     )
 }
 
-fn gap(at: u64) -> Result<UnwindRow, TableError> {
-    Ok(UnwindRow {
-        pc: u32::try_from(at).map_err(|_| TableError::TooHigh(at))?,
+fn gap(pc: u32) -> UnwindRow {
+    UnwindRow {
+        pc,
         kind: kind::NONE,
         ..UnwindRow::default()
-    })
+    }
 }
 
 /// Appends `row` unless it changes nothing; a row at the same pc as the last replaces it.
