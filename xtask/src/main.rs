@@ -91,6 +91,12 @@ enum Bench {
         /// How long the agent and perf are measured, side by side (after a 10 s warm-up).
         #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(30..))]
         seconds: u64,
+        /// Also run `cargo fmt --check` on this repository every 10 s: rustfmt maps rustc's
+        /// librustc_driver (150 MB, no build id), whose unwind table and symbols the agent
+        /// then builds, as on a host that builds Rust code. Issue 12's targets are for the
+        /// churn alone; this load shows the peak RSS (VmHWM) a big binary costs.
+        #[arg(long)]
+        big_binaries: bool,
     },
     /// The heat-map page: time, peak RSS and size for a synthetic hour on 64 CPUs (22.8M
     /// samples), and for a real capture of this host; render time in headless Chromium.
@@ -192,7 +198,10 @@ fn dispatch(task: Task) -> Result<ExitCode> {
             repeat,
         } => test::test(kernels, &args, repeat)?,
         Task::Lab { args } => return lab::run(&args),
-        Task::Bench(Bench::Agent { seconds }) => bench_agent::agent(seconds)?,
+        Task::Bench(Bench::Agent {
+            seconds,
+            big_binaries,
+        }) => bench_agent::agent(seconds, big_binaries)?,
         Task::Bench(Bench::Heatmap {
             hours,
             cpus,
