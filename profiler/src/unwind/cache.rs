@@ -166,34 +166,54 @@ pub fn decode(bytes: &[u8], compiler: &[u8; 20]) -> Result<Table, CacheError> {
 
 /// The cache key of an ELF image: `b<build id>` or, without one, `h<length, crc32 and
 /// SipHash of the bytes>` (96 bits of hash and the length: a false match would mis-unwind).
-/// The bytes are hashed a few MB at a time, each let go of once hashed (`Image::done_with`):
-/// librustc_driver, 150 MB, has no build id.
+/// The bytes are hashed a few MB at a time, each let go of once hashed (`Image::done_with`),
+/// and once per file identity while the profiler runs: librustc_driver, 150 MB, has no build
+/// id, and every new rustc process that maps it asks for its table.
 pub fn key(image: &impl super::table::Image) -> String {
     use object::Object as _;
-    use std::hash::Hasher as _;
-    let data: &[u8] = image;
-    let build_id = object::File::parse(data)
+    let build_id = object::File::parse(&**image)
         .ok()
         .and_then(|f| f.build_id().ok().flatten().map(<[u8]>::to_vec))
         .filter(|id| !id.is_empty() && id.len() <= 64);
-    match build_id {
-        Some(id) => format!("b{}", crate::util::hex(&id)),
-        None => {
-            // DefaultHasher::new() has fixed keys: the same bytes hash the same in every run
-            // of one build (another build may differ: its files miss, as they would anyway).
-            // Both hash a stream: bytes written in parts hash as if written at once.
-            let mut sip = std::collections::hash_map::DefaultHasher::new();
-            let mut crc = flate2::Crc::new();
-            let mut at = 0;
-            for part in data.chunks(super::table::RELEASE_EVERY) {
-                sip.write(part);
-                crc.update(part);
-                image.done_with(at..at + part.len());
-                at += part.len();
-            }
-            format!("h{:x}-{:08x}-{:016x}", data.len(), crc.sum(), sip.finish())
-        }
+    if let Some(id) = build_id {
+        return format!("b{}", crate::util::hex(&id));
     }
+    /// Identities hashed, at most this many (then forgotten all at once).
+    const HASHED_MAX: usize = 1024;
+    static HASHED: std::sync::Mutex<std::collections::BTreeMap<[i64; 5], String>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let identity = image.identity();
+    if let Some(id) = identity
+        && let Some(known) = HASHED.lock().ok().and_then(|h| h.get(&id).cloned())
+    {
+        return known;
+    }
+    let key = content_key(image);
+    if let (Some(id), Ok(mut hashed)) = (identity, HASHED.lock()) {
+        if hashed.len() >= HASHED_MAX {
+            hashed.clear();
+        }
+        hashed.insert(id, key.clone());
+    }
+    key
+}
+
+/// `h<length, crc32 and SipHash of the bytes>`.
+fn content_key(image: &impl super::table::Image) -> String {
+    use std::hash::Hasher as _;
+    // DefaultHasher::new() has fixed keys: the same bytes hash the same in every run of one
+    // build (another build may differ: its files miss, as they would anyway). Both hash a
+    // stream: bytes written in parts hash as if written at once.
+    let mut sip = std::collections::hash_map::DefaultHasher::new();
+    let mut crc = flate2::Crc::new();
+    let mut at = 0;
+    for part in image.chunks(super::table::RELEASE_EVERY) {
+        sip.write(part);
+        crc.update(part);
+        image.done_with(at..at + part.len());
+        at += part.len();
+    }
+    format!("h{:x}-{:08x}-{:016x}", image.len(), crc.sum(), sip.finish())
 }
 
 /// A directory of cache files.

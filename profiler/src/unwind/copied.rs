@@ -509,9 +509,8 @@ impl CopyUnwinder {
             Some(b) => (*b)?,
             None => {
                 let file = m.open()?;
-                let len = file.metadata().ok()?.len();
                 // SAFETY: a read-only view, as the loader's (see `Loader::mapping`).
-                let data = unsafe { memmap(&file, len)? };
+                let data = unsafe { memmap(&file)? };
                 let b = table::mapping_bias(&data, 0, m.file_offset);
                 self.bias_at_zero.insert((key, m.file_offset), b);
                 b?
@@ -536,9 +535,8 @@ impl Drop for CopyUnwinder {
 /// The binary's rows as the loader would put them in the kernel (`Loader::load_binary`).
 fn rows_of(mode: UnwindMode, m: &MappingSpec, cache: Option<&TableCache>) -> Option<Rows> {
     let file = m.open()?;
-    let len = file.metadata().ok()?.len();
     // SAFETY: a read-only view, as the loader's (see `Loader::mapping`).
-    let data = unsafe { memmap(&file, len)? };
+    let data = unsafe { memmap(&file)? };
     object::File::parse(&*data).ok()?;
     let table = Compiled::new(&m.path, &data, cache).table.ok()?;
     let by_frame_pointer =

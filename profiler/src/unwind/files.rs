@@ -58,6 +58,9 @@ pub type BinaryKey = (u64, u64);
 pub(super) struct Mmap {
     ptr: *mut libc::c_void,
     len: usize,
+    /// The file's (device, inode, size, mtime, ctime) when it was mapped: any write since
+    /// changes the ctime.
+    identity: [i64; 5],
 }
 
 impl std::ops::Deref for Mmap {
@@ -88,12 +91,25 @@ impl super::table::Image for Mmap {
             unsafe { libc::madvise(self.ptr.byte_add(start), end - start, libc::MADV_DONTNEED) };
         }
     }
+
+    fn identity(&self) -> Option<[i64; 5]> {
+        Some(self.identity)
+    }
 }
 
 /// # Safety
 /// The file must not be truncated while the view lives.
-pub(super) unsafe fn memmap(file: &std::fs::File, len: u64) -> Option<Mmap> {
-    let len = usize::try_from(len).ok().filter(|l| *l > 0)?;
+pub(super) unsafe fn memmap(file: &std::fs::File) -> Option<Mmap> {
+    let meta = file.metadata().ok()?;
+    let len = usize::try_from(meta.len()).ok().filter(|l| *l > 0)?;
+    let nanos = |s: i64, ns: i64| s.saturating_mul(1_000_000_000).saturating_add(ns);
+    let identity = [
+        meta.dev() as i64,
+        meta.ino() as i64,
+        meta.size() as i64,
+        nanos(meta.mtime(), meta.mtime_nsec()),
+        nanos(meta.ctime(), meta.ctime_nsec()),
+    ];
     // SAFETY: a private read-only mapping of an open file.
     let ptr = unsafe {
         libc::mmap(
@@ -105,7 +121,7 @@ pub(super) unsafe fn memmap(file: &std::fs::File, len: u64) -> Option<Mmap> {
             0,
         )
     };
-    (ptr != libc::MAP_FAILED).then_some(Mmap { ptr, len })
+    (ptr != libc::MAP_FAILED).then_some(Mmap { ptr, len, identity })
 }
 
 #[cfg(test)]
@@ -148,6 +164,18 @@ mod resident_tests {
             .expect("the mapping is in smaps")
     }
 
+    /// Minor page faults of this thread so far.
+    fn minor_faults() -> i64 {
+        // SAFETY: getrusage writes the struct it is given.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { libc::getrusage(libc::RUSAGE_THREAD, &raw mut usage) },
+            0
+        );
+        usage.ru_minflt
+    }
+
     /// A big library (rustc's own: 150 MB, 90 MB of it code, no build id) compiled from its
     /// mapping keeps a few MB of it resident, not the code the padding scan and the content
     /// hash read, and gives the same table as from its bytes read into memory.
@@ -164,14 +192,22 @@ mod resident_tests {
             .find(|p| p.to_string_lossy().contains("librustc_driver-"))
             .unwrap_or_else(|| panic!("no librustc_driver in {}", lib.display()));
         let file = File::open(&path).unwrap();
-        let len = file.metadata().unwrap().len();
-        assert!(len > 64 << 20, "{} is {len} bytes", path.display());
         // SAFETY: a read-only view of a toolchain file nobody truncates.
-        let image = unsafe { memmap(&file, len) }.unwrap();
+        let image = unsafe { memmap(&file) }.unwrap();
+        let len = image.len() as u64;
+        assert!(len > 64 << 20, "{} is {len} bytes", path.display());
         let key = super::super::cache::key(&image);
         let table = super::super::table::compile(&image).unwrap();
         let kb = resident_kb(image.as_ptr());
         assert!(kb < len / 1024 / 8, "{kb} kB of {} resident", len / 1024);
+        // The same file mapped again is not hashed again: its key costs a few page faults,
+        // not one per 64 KiB of the file.
+        // SAFETY: as above.
+        let again = unsafe { memmap(&file) }.unwrap();
+        let faults = minor_faults();
+        assert_eq!(super::super::cache::key(&again), key);
+        let faults = minor_faults() - faults;
+        assert!(faults < 200, "{faults} page faults for a key known already");
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(super::super::cache::key(&bytes), key);
         let read = super::super::table::compile(&bytes).unwrap();

@@ -326,12 +326,11 @@ impl Loader {
             Some(b) if b.bias_at_zero.contains_key(&m.file_offset) => None,
             _ => {
                 let file = m.open()?;
-                let len = file.metadata().ok()?.len();
                 // SAFETY: a read-only view. A file rewritten in place under us gives a wrong
                 // table (walks stop early), not unsafety; a file truncated under us would
                 // raise SIGBUS, a risk accepted: running executables refuse writes (ETXTBSY)
                 // and package managers replace libraries by rename, not truncation.
-                Some(unsafe { memmap(&file, len)? })
+                Some(unsafe { memmap(&file)? })
             }
         };
         let binary = match known {

@@ -221,9 +221,8 @@ impl Compiled {
                     use object::Object as _;
                     let id = elf.build_id().ok().flatten();
                     let found = debug_file(id).and_then(|debug| {
-                        let len = debug.metadata().ok()?.len();
                         // SAFETY: a read-only view, as for the binary itself (`mapping`).
-                        unsafe { memmap(&debug, len) }
+                        unsafe { memmap(&debug) }
                     });
                     debug_missing = found.is_none();
                     found
@@ -248,9 +247,8 @@ impl Compiled {
 }
 
 fn compile(task: &Task, cache: Option<&TableCache>) -> Compiled {
-    let len = task.file.metadata().map_or(0, |m| m.len());
     // SAFETY: a read-only view; see `Loader::mapping` for a file changed under us.
-    let Some(data) = (unsafe { memmap(&task.file, len) }) else {
+    let Some(data) = (unsafe { memmap(&task.file) }) else {
         return Compiled {
             table: Err(TableError::Unreadable),
             cache_hit: false,

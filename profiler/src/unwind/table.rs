@@ -66,6 +66,12 @@ pub trait Image: std::ops::Deref<Target = [u8]> {
     /// The compiler will not read the bytes at `range` (offsets into the image) again; a
     /// read after all sees the same bytes, only slower.
     fn done_with(&self, _range: std::ops::Range<usize>) {}
+
+    /// The file the bytes are from, as (device, inode, size, mtime, ctime), where known:
+    /// the same identity has the same bytes (`cache::key` hashes them once).
+    fn identity(&self) -> Option<[i64; 5]> {
+        None
+    }
 }
 impl Image for Vec<u8> {}
 impl Image for &[u8] {}
