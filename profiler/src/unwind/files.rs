@@ -186,9 +186,18 @@ mod resident_tests {
             .output()
             .expect("rustc runs");
         let lib = std::path::Path::new(String::from_utf8_lossy(&sysroot.stdout).trim()).join("lib");
-        let path = std::fs::read_dir(&lib)
-            .unwrap()
-            .map(|e| e.unwrap().path())
+        // rustup's toolchains keep it in lib/, Debian's rustc in lib/x86_64-linux-gnu/.
+        let in_dir = |dir: &std::path::Path| {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .collect::<Vec<_>>()
+        };
+        let path = in_dir(&lib)
+            .into_iter()
+            .chain(in_dir(&lib.join("x86_64-linux-gnu")))
             .find(|p| p.to_string_lossy().contains("librustc_driver-"))
             .unwrap_or_else(|| panic!("no librustc_driver in {}", lib.display()));
         let file = File::open(&path).unwrap();
