@@ -238,6 +238,14 @@ pub(crate) fn sort_stable_by_key<T>(
     }
 }
 
+/// The size of a memory page, bytes.
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .unwrap_or(4096)
+        .max(1)
+}
+
 /// Lowercase hex, as `readelf -n` and pprof print build ids.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

@@ -6,6 +6,8 @@
 //! known. Times are CLOCK_MONOTONIC, like the samples'.
 use std::{io, os::fd::AsRawFd as _, os::fd::FromRawFd as _, os::fd::OwnedFd};
 
+use crate::util::page_size;
+
 /// One side-band record, decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum KernelRecord {
@@ -412,11 +414,6 @@ fn decode(r: &[u8]) -> Option<KernelRecord> {
         RECORD_LOST => Some(KernelRecord::Lost(u64_at(16)?)),
         _ => None,
     }
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
 }
 
 /// `_IO('$', 0)`.

@@ -82,8 +82,7 @@ impl super::table::Image for Mmap {
     /// Drops the whole pages of `range` from this process (`MADV_DONTNEED`): they are file
     /// pages never written, so a later read faults in the same bytes from the page cache.
     fn done_with(&self, range: std::ops::Range<usize>) {
-        // SAFETY: sysconf has no preconditions.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let page = crate::util::page_size();
         let start = range.start.next_multiple_of(page);
         let end = range.end.min(self.len) / page * page;
         if start < end {

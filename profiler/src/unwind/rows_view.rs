@@ -38,10 +38,7 @@ impl RowsView {
     /// Reserves the address range of an array of `capacity` entries (u32: kernel rows and
     /// page indexes, `kernel_rows`), mapping none of it.
     pub fn new(fd: RawFd, capacity: u32) -> std::io::Result<Self> {
-        // SAFETY: sysconf has no preconditions.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
-            .unwrap_or(4096)
-            .max(1);
+        let page = crate::util::page_size();
         let len = (capacity as usize * size_of::<u32>()).next_multiple_of(page);
         // SAFETY: a fresh anonymous reservation: no access, no memory, no swap reserved.
         let ptr = unsafe {
