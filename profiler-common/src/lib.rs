@@ -58,7 +58,14 @@ pub const MAP_PID_FILTER: &str = "PID_FILTER";
 pub const MAP_SCRATCH: &str = "SCRATCH";
 /// BPF_MAP_TYPE_CGROUP_ARRAY of cgroup2 directories: sample only tasks in one of them or below.
 pub const MAP_CGROUP_FILTER: &str = "CGROUP_FILTER";
-pub const PROGRAM_NAME: &str = "sample_cpu";
+/// The sampler's programs, one per variant (profiler-ebpf sampler.rs), most capable first:
+/// table walk and Python frames; table walk; frame pointers and Python frames; frame pointers.
+pub mod program {
+    pub const FULL: &str = "sample_cpu";
+    pub const TABLES: &str = "sample_tables";
+    pub const FP_PYTHON: &str = "sample_fp_py";
+    pub const FP: &str = "sample_fp";
+}
 /// Load-time global: 1 when only pids in PID_FILTER are sampled.
 pub const GLOBAL_FILTER_PIDS: &str = "FILTER_PIDS";
 /// Load-time global (u32): how many slots of CGROUP_FILTER are set; 0 = no cgroup filter.
@@ -289,9 +296,6 @@ pub mod unwind {
     pub const MAP_ROWS: &str = "UNWIND_ROWS";
     pub const MAP_RULES: &str = "UNWIND_RULES";
     pub const MAP_PROCS: &str = "UNWIND_PROCS";
-    /// Load-time global (u8): 0 = frame pointers only (bpf_get_stack), 1 = unwind by table
-    /// where userspace loaded one (a process not loaded yet falls back to frame pointers).
-    pub const GLOBAL_MODE: &str = "UNWIND_MODE";
     /// Words (u32: kernel rows and page indexes) of UNWIND_ROWS as compiled; the loader
     /// sets the real count from `--unwind-memory`.
     pub const DEFAULT_ROWS: u32 = 64 << 20 >> 2;

@@ -73,14 +73,42 @@ static WAKE_FOR_PROCESSES: u8 = 1;
 
 const STACK_BYTES: u32 = (MAX_FRAMES * 8) as u32;
 
+// The sampler in four variants, from the most the kernel must accept to the least: userspace
+// loads the first one the kernel's verifier takes (profiler::bpf::variant). Each is compiled
+// from `sample` with the parts it leaves out removed, not switched off at load time, so an old
+// verifier never sees code it cannot check (5.10 knows neither bpf_loop's callbacks nor
+// bpf_task_pt_regs).
+
+/// Table walk and Python frames.
 #[perf_event]
 pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
-    sample(&ctx);
+    sample::<true, true>(&ctx);
+    0
+}
+
+/// Table walk, no Python frames.
+#[perf_event]
+pub fn sample_tables(ctx: PerfEventContext) -> u32 {
+    sample::<true, false>(&ctx);
+    0
+}
+
+/// Frame pointers and Python frames.
+#[perf_event]
+pub fn sample_fp_py(ctx: PerfEventContext) -> u32 {
+    sample::<false, true>(&ctx);
+    0
+}
+
+/// Frame pointers only: helpers every 5.8 kernel has, no BPF-to-BPF callbacks.
+#[perf_event]
+pub fn sample_fp(ctx: PerfEventContext) -> u32 {
+    sample::<false, false>(&ctx);
     0
 }
 
 #[inline(always)]
-fn sample(ctx: &PerfEventContext) {
+fn sample<const TABLES: bool, const PYTHON: bool>(ctx: &PerfEventContext) {
     // One helper call for both ids (tgid in the high half).
     let ids = bpf_get_current_pid_tgid();
     let pid = (ids >> 32) as u32;
@@ -135,7 +163,7 @@ fn sample(ctx: &PerfEventContext) {
     // The walk left the loaded mappings of a loaded process (`stale_wake`).
     let mut stale = false;
     let user_mode = klen == 0 && in_user_mode(ctx);
-    if pid != 0 && unwind::enabled() {
+    if TABLES && pid != 0 {
         let why = if !user_mode && !unwind::entered_from_user() {
             // A kernel thread: no user stack, nothing truncated.
             table_frames = Some(0);
@@ -195,8 +223,11 @@ fn sample(ctx: &PerfEventContext) {
     }
     let ulen = frame_count(ubytes);
     // Python frames (issue 17) after the user addresses; none unless the pid is registered.
-    let (plen, pflags) =
-        crate::python::python_frames(pid, frames, (klen + ulen) as usize, s.frames.len());
+    let (plen, pflags) = if PYTHON {
+        crate::python::python_frames(pid, frames, (klen + ulen) as usize, s.frames.len())
+    } else {
+        (0, 0)
+    };
     let h = &mut s.header;
     h.kstack_len = klen;
     h.ustack_len = ulen;
@@ -228,7 +259,7 @@ fn sample(ctx: &PerfEventContext) {
     };
     // SAFETY: `len` bytes of the scratch value, which is size_of::<SampleScratch>() long.
     let bytes = unsafe { core::slice::from_raw_parts(scratch.cast::<u8>(), len) };
-    let flag = wakeup_flag(pid, maybe_new, stale, time_ns);
+    let flag = wakeup_flag::<PYTHON>(pid, maybe_new, stale, time_ns);
     match SAMPLES.output::<[u8]>(bytes, flag) {
         Ok(()) => count(counter::SENT),
         Err(_) => {
@@ -256,7 +287,7 @@ fn spin_forever() {
 /// (`record`), or, where new processes do not wake it (the agent), for a new Python process's
 /// first samples (`python_exec`).
 #[inline(always)]
-fn wakeup_flag(pid: u32, maybe_new: bool, stale: bool, now_ns: u64) -> u64 {
+fn wakeup_flag<const PYTHON: bool>(pid: u32, maybe_new: bool, stale: bool, now_ns: u64) -> u64 {
     // SAFETY: a read of a load-time constant.
     let wakeup_bytes = unsafe { core::ptr::read_volatile(&WAKEUP_BYTES) };
     // SAFETY: as above.
@@ -264,7 +295,7 @@ fn wakeup_flag(pid: u32, maybe_new: bool, stale: bool, now_ns: u64) -> u64 {
     if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > wakeup_bytes
         || (for_processes
             && ((maybe_new && first_sample(pid)) || (stale && stale_wake(pid, now_ns))))
-        || (!for_processes && crate::python_exec::wakes(pid, now_ns))
+        || (PYTHON && !for_processes && crate::python_exec::wakes(pid, now_ns))
     {
         BPF_RB_FORCE_WAKEUP as u64
     } else {

@@ -54,18 +54,6 @@ fn word(i: u32) -> Option<u32> {
 static UNWIND_PROCS: HashMap<u32, ProcMappings> =
     HashMap::with_max_entries(MAX_PROCS, BPF_F_NO_PREALLOC);
 
-/// Set at load time: 1 = walk user stacks by table where loaded (0 = frame pointers only).
-#[unsafe(no_mangle)]
-static UNWIND_MODE: u8 = 0;
-
-/// Whether table walks are on (a load-time constant: the frame-pointer-only program pays
-/// one read of it).
-#[inline(always)]
-pub(crate) fn enabled() -> bool {
-    // SAFETY: a read of a load-time constant.
-    unsafe { core::ptr::read_volatile(&UNWIND_MODE) != 0 }
-}
-
 /// The loaded mappings of `pid`, if userspace has loaded them yet.
 #[inline(always)]
 pub(crate) fn mappings(pid: u32) -> Option<*const ProcMappings> {
@@ -78,6 +66,12 @@ pub(crate) fn mappings(pid: u32) -> Option<*const ProcMappings> {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct WalkEnd {
+    /// The registers of the frame being walked: here, not in `Walk` on the stack, so that
+    /// every call of `step` starts from the same state as far as the verifier knows (its
+    /// bounds on a stack pointer kept in `Walk` grew with each call it checked).
+    ip: u64,
+    sp: u64,
+    bp: u64,
     /// Frames written.
     n: u32,
     /// `reason::*` the walk stopped for; FRAME_LIMIT until it stops by itself.
@@ -95,6 +89,15 @@ pub(crate) struct WalkEnd {
     /// mostly in the same binary as its callee (30 frames of one program, then libc's
     /// start), so the step checks it before searching the process's mappings again.
     last: UnwindMapping,
+    /// The binary search in progress (`find_mapping`, `find_row`): candidates [lo, hi) of
+    /// mappings, or rows with `lo` the last known at or below `key`. Here rather than on the
+    /// stack for the reason above: each search step is its own bpf_loop callback, which the
+    /// verifier checks once for any bounds.
+    lo: u32,
+    hi: u32,
+    key: u64,
+    /// Set by a search step that could not read its row.
+    failed: u32,
     /// A copy of the user stack from `win_base`, `win_len` bytes (0: none yet): the walk
     /// goes up the stack, and one read of WINDOW bytes holds the return addresses of
     /// several small frames, each of which cost a helper call of its own.
@@ -115,9 +118,6 @@ static UNWIND_END: PerCpuArray<WalkEnd> = PerCpuArray::with_max_entries(1, 0);
 /// State of one walk, on the sampler's stack and handed to each `step` by bpf_loop.
 #[repr(C)]
 struct Walk {
-    ip: u64,
-    sp: u64,
-    bp: u64,
     procs: *const ProcMappings,
     /// The sample's frame array (per-CPU scratch) and the slot of the first user frame.
     frames: *mut u64,
@@ -153,11 +153,11 @@ pub(crate) fn walk(
         e.last.start = 0;
         e.last.end = 0;
         e.win_len = 0;
+        e.ip = ip;
+        e.sp = sp;
+        e.bp = bp;
     };
     let mut w = Walk {
-        ip,
-        sp,
-        bp,
         procs,
         frames,
         end,
@@ -311,13 +311,15 @@ fn saved_user_regs() -> Option<aya_ebpf::bindings::pt_regs> {
 extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: bpf_loop passes back the `Walk` given to it.
     let w = unsafe { &mut *ctx.cast::<Walk>() };
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    let (ip, sp, mut bp) = unsafe { ((*w.end).ip, (*w.end).sp, (*w.end).bp) };
     let slot = u64::from(w.base) + index;
     // Bounded for the verifier: the frame array has 2 * FRAME_SLOTS slots.
     if slot >= 2 * FRAME_SLOTS as u64 {
         return stop(w, reason::FRAME_LIMIT);
     }
     // SAFETY: slot < 2 * FRAME_SLOTS, the scratch array's length.
-    unsafe { *w.frames.add(slot as usize) = w.ip };
+    unsafe { *w.frames.add(slot as usize) = ip };
     // SAFETY: the per-CPU WalkEnd set up by `walk`.
     unsafe { (*w.end).n = index as u32 + 1 };
     // A return address points after the call; the call itself (ip - 1) is in the caller's
@@ -326,21 +328,21 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: the per-CPU WalkEnd set up by `walk`.
     let exact = unsafe { core::mem::replace(&mut (*w.end).exact, 0) };
     let pc = if index == 0 || exact != 0 {
-        w.ip
+        ip
     } else {
-        w.ip - 1
+        ip - 1
     };
     // Code in no file mapping (JIT code; the vDSO has a table) is walked by frame pointer, as
     // bpf_get_stack would: JIT compilers keep them, and the chain leads back into mapped code.
     // SAFETY: the per-CPU WalkEnd set up by `walk`.
-    let last = unsafe { &mut (*w.end).last };
+    let last = unsafe { (*w.end).last };
     let found = if pc >= last.start && pc < last.end {
-        Some(*last)
+        Some(last)
     } else {
-        // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
-        let found = find_mapping(unsafe { &*w.procs }, pc);
+        let found = find_mapping(w, pc);
         if let Some(m) = found {
-            *last = m;
+            // SAFETY: as above.
+            unsafe { (*w.end).last = m };
         }
         found
     };
@@ -355,11 +357,11 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         // A frame-pointer binary may have STOP rows at its threads' entries (Go's
         // runtime.mstart: what its frame pointer points at is no frame of the thread).
         if m.pages != 0
-            && find_row(&m, pc.wrapping_sub(m.bias)).is_some_and(|r| r.kind == kind::STOP)
+            && find_row(w, &m, pc.wrapping_sub(m.bias)).is_some_and(|r| r.kind == kind::STOP)
         {
             return stop(w, reason::NONE);
         }
-        if w.bp == 0 {
+        if bp == 0 {
             // The end of the frame-pointer chain; in unmapped code, the walk cannot go on.
             let why = if found.is_none() {
                 reason::NO_MAPPING
@@ -368,32 +370,35 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
             };
             return stop(w, why);
         }
-        if w.bp + 16 <= w.sp {
+        if bp + 16 <= sp {
             return stop(w, reason::NO_MAPPING); // not a frame pointer into this stack
         }
-        (w.bp + 16, w.bp)
+        (bp + 16, bp)
     } else {
         // SAFETY: the per-CPU WalkEnd set up by `walk`.
-        let e = unsafe { &mut *w.end };
-        let row = if pc == e.rule_pc {
-            e.rule
+        let row = if pc == unsafe { (*w.end).rule_pc } {
+            // SAFETY: as above.
+            unsafe { (*w.end).rule }
         } else {
-            let Some(row) = find_row(&m, pc.wrapping_sub(m.bias)) else {
+            let Some(row) = find_row(w, &m, pc.wrapping_sub(m.bias)) else {
                 return stop(w, reason::NO_ROW);
             };
-            e.rule = row;
-            e.rule_pc = pc;
+            // SAFETY: as above.
+            unsafe {
+                (*w.end).rule = row;
+                (*w.end).rule_pc = pc;
+            }
             row
         };
         if row.kind == kind::SIGNAL {
-            return signal_frame(w, &row);
+            return signal_frame(w, sp, &row);
         }
         let cfa = match row.kind {
-            kind::CFA_RSP => w.sp + u64::from(row.cfa_off),
-            kind::CFA_RBP => w.bp + u64::from(row.cfa_off),
+            kind::CFA_RSP => sp + u64::from(row.cfa_off),
+            kind::CFA_RBP => bp + u64::from(row.cfa_off),
             kind::PLT => {
                 // rsp + 8, + 8 once the stub pushed (from byte `cfa_off` of its 16).
-                w.sp + 8
+                sp + 8
                     + if pc & 15 >= u64::from(row.cfa_off) {
                         8
                     } else {
@@ -415,7 +420,7 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // window is read upwards from the first address asked for.
     if saved_bp != 0 {
         match stack_word(w, saved_bp) {
-            Some(bp) => w.bp = bp,
+            Some(saved) => bp = saved,
             None => return stop(w, reason::READ_FAULT),
         }
     }
@@ -426,11 +431,15 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         return stop(w, reason::NONE); // the outermost frame
     }
     // The stack grows down: a caller's frame above ours, or the walk is going in circles.
-    if cfa <= w.sp {
+    if cfa <= sp {
         return stop(w, reason::UNSUPPORTED);
     }
-    w.ip = ra;
-    w.sp = cfa;
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    unsafe {
+        (*w.end).ip = ra;
+        (*w.end).sp = cfa;
+        (*w.end).bp = bp;
+    }
     0
 }
 
@@ -488,8 +497,8 @@ fn stack_word(w: &mut Walk, at: u64) -> Option<u64> {
 /// right after it, RBP `rbp_off` slots from RSP. No stack-direction check: a handler on an
 /// alternate stack (sigaltstack) interrupted code whose stack is below its own.
 #[inline(always)]
-fn signal_frame(w: &mut Walk, row: &UnwindRule) -> i64 {
-    let saved_sp = w.sp + u64::from(row.cfa_off);
+fn signal_frame(w: &mut Walk, sp: u64, row: &UnwindRule) -> i64 {
+    let saved_sp = sp + u64::from(row.cfa_off);
     let saved_bp = saved_sp.wrapping_add((i64::from(row.rbp_off) * 8) as u64);
     // SAFETY: user memory read through the checked helper.
     let read = |at: u64| unsafe { bpf_probe_read_user(at as *const u64) };
@@ -499,11 +508,14 @@ fn signal_frame(w: &mut Walk, row: &UnwindRule) -> i64 {
     if ip == 0 {
         return stop(w, reason::NONE);
     }
-    w.ip = ip;
-    w.sp = sp;
-    w.bp = bp;
     // SAFETY: the per-CPU WalkEnd set up by `walk`.
-    unsafe { (*w.end).exact = 1 };
+    unsafe {
+        let e = &mut *w.end;
+        e.ip = ip;
+        e.sp = sp;
+        e.bp = bp;
+        e.exact = 1;
+    }
     0
 }
 
@@ -514,39 +526,81 @@ fn stop(w: &mut Walk, why: u32) -> i64 {
     1
 }
 
-/// The mapping containing `pc`: binary search of the sorted mappings, at most
-/// log2(MAX_MAPPINGS) + 1 steps (bounded for the verifier). Returned by copy: a pointer
-/// whose offset differs on each search path would keep those paths apart in the verifier
-/// (each verified again through the rest of the step), a copy does not.
+/// The mapping containing `pc`: a binary search of the sorted mappings, each step a call of
+/// `mapping_step` (bpf_loop: verified once, whatever the bounds at each step). Returned by
+/// copy: a pointer whose offset differs on each search path would keep those paths apart in
+/// the verifier (each verified again through the rest of the step), a copy does not.
 #[inline(always)]
-fn find_mapping(p: &ProcMappings, pc: u64) -> Option<UnwindMapping> {
-    let count = p.count as usize;
-    let (mut lo, mut hi) = (0usize, count.min(MAX_MAPPINGS));
-    let mut i = 0;
-    while i < 7 && lo < hi {
-        let mid = (lo + hi) / 2;
-        let m = p.maps.get(mid)?;
-        if pc < m.start {
-            hi = mid;
-        } else if pc >= m.end {
-            lo = mid + 1;
-        } else {
-            return Some(*m);
-        }
-        i += 1;
+fn find_mapping(w: &mut Walk, pc: u64) -> Option<UnwindMapping> {
+    // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
+    let count = unsafe { (*w.procs).count }.min(MAX_MAPPINGS as u32);
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    unsafe {
+        let e = &mut *w.end;
+        e.lo = 0;
+        e.hi = count;
+        e.key = pc;
+        e.failed = 1; // cleared by the step that finds it
     }
-    None
+    // Enough steps for MAX_MAPPINGS (log2 + 1).
+    // SAFETY: `mapping_step` has the callback signature; `w` outlives the call.
+    unsafe {
+        bpf_loop(
+            8,
+            mapping_step as *mut core::ffi::c_void,
+            core::ptr::from_mut(w).cast(),
+            0,
+        )
+    };
+    // SAFETY: as above.
+    let e = unsafe { &*w.end };
+    if e.failed != 0 {
+        return None;
+    }
+    // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
+    unsafe { &*w.procs }
+        .maps
+        .get(e.lo as usize & (MAX_MAPPINGS - 1))
+        .copied()
+}
+
+/// One step of `find_mapping`; returns 1 once the search is over (`lo` the mapping found,
+/// `failed` cleared) or empty.
+extern "C" fn mapping_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the `Walk` given to it; its WalkEnd is the per-CPU one.
+    let (w, e) = unsafe {
+        let w = &*ctx.cast::<Walk>();
+        (w, &mut *w.end)
+    };
+    if e.lo >= e.hi {
+        return 1;
+    }
+    let mid = e.lo + (e.hi - e.lo) / 2;
+    // SAFETY: a map value pointer from UNWIND_PROCS, read-only here.
+    let Some(m) = unsafe { &*w.procs }.maps.get(mid as usize) else {
+        return 1;
+    };
+    if e.key < m.start {
+        e.hi = mid;
+    } else if e.key >= m.end {
+        e.lo = mid + 1;
+    } else {
+        e.lo = mid;
+        e.failed = 0;
+        return 1;
+    }
+    0
 }
 
 /// The rule of file vaddr `pc` in mapping `m`'s table: the page index gives the rows of
-/// `pc`'s 64 KiB page, and a binary search of at most SEARCH_STEPS steps finds the last one
-/// at or below `pc`'s offset, starting from the row just before the page's first (the rule
-/// in force where the page starts, an earlier page's last row; the loader adds no row at
-/// offset 0). Before the binary's first row that position is the page index's last entry,
-/// no row: NONE. profiler::unwind::kernel_rows::lookup is the same in userspace, checked
-/// against the compiler's own lookup for every row of libc, ld.so and fx-unwind.
+/// `pc`'s 64 KiB page, and a binary search of at most SEARCH_STEPS steps (`row_step`) finds
+/// the last one at or below `pc`'s offset, starting from the row just before the page's first
+/// (the rule in force where the page starts, an earlier page's last row; the loader adds no
+/// row at offset 0). Before the binary's first row that position is the page index's last
+/// entry, no row: NONE. profiler::unwind::kernel_rows::lookup is the same in userspace,
+/// checked against the compiler's own lookup for every row of libc, ld.so and fx-unwind.
 #[inline(always)]
-fn find_row(m: &UnwindMapping, pc: u64) -> Option<UnwindRule> {
+fn find_row(w: &mut Walk, m: &UnwindMapping, pc: u64) -> Option<UnwindRule> {
     if pc > u64::from(u32::MAX) {
         return None;
     }
@@ -558,31 +612,56 @@ fn find_row(m: &UnwindMapping, pc: u64) -> Option<UnwindRule> {
     }
     let at = m.table_start.wrapping_add(page);
     let first = word(at)?;
-    let mut hi = word(at.wrapping_add(1))?;
+    let hi = word(at.wrapping_add(1))?;
     if first > hi || first == 0 {
         return None; // not a page index the loader wrote
     }
     let rows_start = m.table_start.wrapping_add(m.pages).wrapping_add(1);
-    let off = pc & ((1 << PAGE_SHIFT) - 1);
-    let mut lo = first - 1;
-    // Invariant: row lo starts at or below off (or is the one before the page's first);
-    // rows from hi on start above it.
-    let mut i = 0;
-    while i < SEARCH_STEPS && hi > lo + 1 {
-        let mid = lo + (hi - lo) / 2;
-        if word(mid)? >> 16 <= off {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-        i += 1;
+    // SAFETY: the per-CPU WalkEnd set up by `walk`.
+    unsafe {
+        let e = &mut *w.end;
+        e.lo = first - 1;
+        e.hi = hi;
+        e.key = u64::from(pc & ((1 << PAGE_SHIFT) - 1));
+        e.failed = 0;
     }
-    let rule = if lo < rows_start {
-        0
-    } else {
-        word(lo)? & 0xffff
+    // SAFETY: `row_step` has the callback signature; `w` outlives the call.
+    unsafe {
+        bpf_loop(
+            SEARCH_STEPS,
+            row_step as *mut core::ffi::c_void,
+            core::ptr::from_mut(w).cast(),
+            0,
+        )
     };
+    // SAFETY: as above.
+    let (lo, failed) = unsafe { ((*w.end).lo, (*w.end).failed) };
+    if failed != 0 {
+        return None;
+    }
+    let rule = if lo < rows_start { 0 } else { word(lo)? & 0xffff };
     UNWIND_RULES
         .get(rule >> 1)
         .map(|pair| pair[(rule & 1) as usize])
+}
+
+/// One step of `find_row`. Invariant: row `lo` starts at or below `key` (or is the one before
+/// the page's first); rows from `hi` on start above it. Returns 1 once they meet.
+extern "C" fn row_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the `Walk` given to it; its WalkEnd is the per-CPU one.
+    let e = unsafe { &mut *(*ctx.cast::<Walk>()).end };
+    if e.hi <= e.lo.wrapping_add(1) || e.lo == u32::MAX {
+        return 1;
+    }
+    let mid = e.lo + (e.hi - e.lo) / 2;
+    let Some(row) = word(mid) else {
+        e.failed = 1;
+        return 1;
+    };
+    if u64::from(row >> 16) <= e.key {
+        e.lo = mid;
+    } else {
+        e.hi = mid;
+    }
+    0
 }

@@ -4,6 +4,7 @@ pub(crate) mod churn;
 mod ebpf_log;
 mod exits;
 pub(crate) mod features;
+pub(crate) mod variant;
 
 use std::path::{Path, PathBuf};
 
@@ -18,11 +19,12 @@ use aya::{
 use profiler_common::{
     DRAIN_INTERVAL_MS, GLOBAL_FILTER_CGROUPS, GLOBAL_FILTER_PIDS, GLOBAL_WAKE_FOR_PROCESSES,
     GLOBAL_WAKEUP_BYTES, MAP_CGROUP_FILTER, MAP_COUNTERS, MAP_PID_FILTER, MAP_SAMPLES,
-    MAX_CGROUP_FILTER, PROGRAM_NAME, WAKEUP_FRACTION, counter, python as py, ring_buffer_bytes,
+    MAX_CGROUP_FILTER, WAKEUP_FRACTION, counter, python as py, ring_buffer_bytes,
     unwind,
 };
 
 use crate::unwind::{Loader, UnwindMode};
+use variant::{Refusal, Variant};
 
 /// The sampler object, built by build.rs from profiler-ebpf.
 static SAMPLER_OBJECT: &[u8] =
@@ -83,6 +85,172 @@ pub(crate) enum BpfError {
     TooManyCgroups(usize),
 }
 
+/// Map sizes and load-time values of one load, from the config and the variant.
+struct Sizes {
+    ring_bytes: u32,
+    unwind_rows: u32,
+    unwind_rules: u32,
+    exit_code_offset: u64,
+    fsbase_offset: u32,
+}
+
+impl Sizes {
+    fn new(config: &SamplerConfig<'_>, variant: Variant, cpus: usize) -> Self {
+        let ring_bytes = ring_buffer_bytes(config.frequency_hz, cpus as u64);
+        // Table walks send stack copies (up to COPY_BYTES each, COPIES_PER_SECOND per CPU):
+        // room for a drain interval's worth of them on every CPU besides.
+        let ring_bytes = if variant.tables {
+            let copies = u64::from(unwind::COPIES_PER_SECOND) * DRAIN_INTERVAL_MS / 1000
+                * unwind::COPY_BYTES as u64
+                * cpus as u64;
+            u32::try_from((u64::from(ring_bytes) + copies).next_power_of_two())
+                .unwrap_or(ring_bytes)
+        } else {
+            ring_bytes
+        };
+        // One entry without the table walk: the arrays are allocated in full at load.
+        // UNWIND_ROWS holds 4-byte entries (kernel rows and page indexes).
+        let (unwind_rows, unwind_rules) = if variant.tables {
+            let rows = u32::try_from(config.unwind_memory / 4)
+                .unwrap_or(u32::MAX)
+                .max(2)
+                / unwind::WORDS_PER_ELEMENT;
+            (rows, unwind::MAX_RULES / unwind::WORDS_PER_ELEMENT)
+        } else {
+            (1, 1)
+        };
+        Self {
+            ring_bytes,
+            unwind_rows,
+            unwind_rules,
+            exit_code_offset: exits::exit_code_offset().unwrap_or(0),
+            fsbase_offset: if variant.python {
+                config.python.map_or(0, |p| p.fsbase_offset)
+            } else {
+                0
+            },
+        }
+    }
+}
+
+/// Parses the object, creates its maps with their load-time sizes and values, and fills the
+/// in-kernel filters.
+fn load_object(
+    config: &SamplerConfig<'_>,
+    sizes: &Sizes,
+    cgroup_dirs: &[std::fs::File],
+) -> Result<Ebpf, BpfError> {
+    let filter: u8 = u8::from(!config.pids.is_empty());
+    let cgroup_count = cgroup_dirs.len() as u32;
+    let wakeup_bytes = u64::from(sizes.ring_bytes / WAKEUP_FRACTION);
+    let log_level = ebpf_log::level();
+    let mut ebpf = EbpfLoader::new()
+        .override_global(ebpf_log::GLOBAL_LOG_LEVEL, &log_level, true)
+        .override_global(py::GLOBAL_FSBASE_OFFSET, &sizes.fsbase_offset, true)
+        .override_global(GLOBAL_FILTER_PIDS, &filter, true)
+        .override_global(GLOBAL_FILTER_CGROUPS, &cgroup_count, true)
+        .override_global(GLOBAL_WAKEUP_BYTES, &wakeup_bytes, true)
+        .override_global(
+            GLOBAL_WAKE_FOR_PROCESSES,
+            &u8::from(config.wake_for_processes),
+            true,
+        )
+        .override_global(
+            profiler_common::exits::GLOBAL_EXIT_CODE_OFFSET,
+            &sizes.exit_code_offset,
+            true,
+        )
+        .map_max_entries(MAP_SAMPLES, sizes.ring_bytes)
+        .map_max_entries(unwind::MAP_ROWS, sizes.unwind_rows)
+        .map_max_entries(unwind::MAP_RULES, sizes.unwind_rules)
+        .load(SAMPLER_OBJECT)?;
+    if !cgroup_dirs.is_empty() {
+        let mut map = CgroupArray::try_from(
+            ebpf.map_mut(MAP_CGROUP_FILTER)
+                .ok_or(BpfError::Missing("cgroup map"))?,
+        )?;
+        // The map holds a reference to each cgroup; the descriptors can close after.
+        for (i, dir) in cgroup_dirs.iter().enumerate() {
+            map.set(i as u32, std::os::fd::AsFd::as_fd(dir), 0)?;
+        }
+    }
+    if !config.pids.is_empty() {
+        let mut map: HashMap<_, u32, u8> = HashMap::try_from(
+            ebpf.map_mut(MAP_PID_FILTER)
+                .ok_or(BpfError::Missing("pid map"))?,
+        )?;
+        for pid in config.pids {
+            map.insert(pid, 1, 0)?;
+        }
+    }
+    Ok(ebpf)
+}
+
+/// Loads `variant`'s program into the kernel (the verifier runs here).
+fn load_program(ebpf: &mut Ebpf, variant: Variant) -> Result<(), BpfError> {
+    let name = variant.program();
+    let program: &mut PerfEvent = ebpf
+        .program_mut(name)
+        .ok_or(BpfError::Missing("sampler program"))?
+        .try_into()?;
+    let verify_started = std::time::Instant::now();
+    program.load().map_err(|e| rejected(name, e))?;
+    log::debug!(
+        "{name} verified in {:.3} s ({:?} instructions)",
+        verify_started.elapsed().as_secs_f64(),
+        program
+            .info()
+            .ok()
+            .as_ref()
+            .and_then(aya::programs::ProgramInfo::verified_instruction_count)
+    );
+    Ok(())
+}
+
+/// The table walk's loader over the object's unwind maps, with its cache and the processes
+/// asked for by pid already loaded.
+fn unwind_loader(
+    ebpf: &mut Ebpf,
+    config: &SamplerConfig<'_>,
+    sizes: &Sizes,
+) -> Result<Loader, BpfError> {
+    let rows = ebpf
+        .take_map(unwind::MAP_ROWS)
+        .ok_or(BpfError::Missing("unwind rows"))?;
+    let rules = ebpf
+        .take_map(unwind::MAP_RULES)
+        .ok_or(BpfError::Missing("unwind rules"))?;
+    let procs = ebpf
+        .take_map(unwind::MAP_PROCS)
+        .ok_or(BpfError::Missing("unwind mappings"))?;
+    let words = sizes.unwind_rows * unwind::WORDS_PER_ELEMENT;
+    let mut loader =
+        Loader::new(config.unwind, rows, words, rules, procs).map_err(BpfError::UnwindMaps)?;
+    if let Some(dir) = config.unwind_cache {
+        match crate::unwind::cache::TableCache::open(dir, crate::unwind::cache::DEFAULT_MAX_BYTES)
+        {
+            Ok(cache) => loader.set_cache(cache),
+            Err(e) => eprintln!(
+                "warning: unwind tables are not cached: cannot create {}: {e}",
+                dir.display()
+            ),
+        }
+    }
+    // The processes asked for by pid are loaded before sampling starts, so their first
+    // samples are walked by table too.
+    for &pid in config.pids {
+        if let Ok(mappings) = crate::unwind::proc_mappings(pid)
+            && let Err(e) = loader.load_process(pid, &mappings)
+        {
+            log::debug!(
+                "pid {pid}: cannot load its mappings for unwinding: {}",
+                crate::util::chain(&e)
+            );
+        }
+    }
+    Ok(loader)
+}
+
 /// Loads and attaches `PROGRAM_PY_EXEC` (profiler-ebpf `python_exec`).
 fn attach_python_exec(ebpf: &mut Ebpf) -> Result<(), BpfError> {
     let program: &mut aya::programs::RawTracePoint = ebpf
@@ -125,6 +293,10 @@ pub(crate) struct Sampler {
     python_counters: Option<PerCpuArray<MapData, u64>>,
     /// Exit statuses of processes (`exits`), until the collector takes them.
     exits: Option<RingBuf<MapData>>,
+    /// The variant loaded, the ones refused before it, and what that lost (one line each).
+    variant: Variant,
+    refusals: Vec<Refusal>,
+    lost: Vec<String>,
     /// The programs' debug log (`-vv` only).
     _log: Option<ebpf_log::EbpfLog>,
 }
@@ -168,8 +340,9 @@ pub(crate) struct SamplerConfig<'a> {
 }
 
 impl Sampler {
-    /// Loads and attaches. Needs CAP_BPF + CAP_PERFMON (or root). Returns the sampler and the
-    /// ring buffer its samples stream through.
+    /// Loads and attaches the most capable sampler variant the kernel accepts, from what
+    /// `config` asks down to frame pointers only (`variant`). Needs CAP_BPF + CAP_PERFMON (or
+    /// root). Returns the sampler and the ring buffer its samples stream through.
     pub(crate) fn start(config: &SamplerConfig<'_>) -> Result<(Self, RingBuf<MapData>), BpfError> {
         if config.event == Event::Cycles && !Path::new("/sys/bus/event_source/devices/cpu").exists()
         {
@@ -192,117 +365,55 @@ impl Sampler {
             .iter()
             .map(|p| std::fs::File::open(p).map_err(|e| BpfError::Cgroup(p.clone(), e)))
             .collect::<Result<Vec<_>, _>>()?;
-        let filter: u8 = u8::from(!config.pids.is_empty());
-        let cgroup_count = cgroup_dirs.len() as u32;
         let cpus = aya::util::online_cpus().map_err(|(what, e)| BpfError::Cpus(what, e))?;
-        let table_walk = config.unwind != UnwindMode::Fp;
-        let ring_bytes = ring_buffer_bytes(config.frequency_hz, cpus.len() as u64);
-        // Table walks send stack copies (up to COPY_BYTES each, COPIES_PER_SECOND per CPU):
-        // room for a drain interval's worth of them on every CPU besides.
-        let ring_bytes = if table_walk {
-            let copies = u64::from(unwind::COPIES_PER_SECOND) * DRAIN_INTERVAL_MS / 1000
-                * unwind::COPY_BYTES as u64
-                * cpus.len() as u64;
-            u32::try_from((u64::from(ring_bytes) + copies).next_power_of_two())
-                .unwrap_or(ring_bytes)
-        } else {
-            ring_bytes
+        let asked = Variant {
+            tables: config.unwind != UnwindMode::Fp,
+            python: config.python.is_some(),
         };
-        let wakeup_bytes = u64::from(ring_bytes / WAKEUP_FRACTION);
-        let unwind_mode = u8::from(table_walk);
-        // One entry with frame pointers only: the arrays are allocated in full at load.
-        // UNWIND_ROWS holds 4-byte entries (kernel rows and page indexes).
-        let (unwind_rows, unwind_rules) = if table_walk {
-            let rows = u32::try_from(config.unwind_memory / 4)
-                .unwrap_or(u32::MAX)
-                .max(2)
-                / unwind::WORDS_PER_ELEMENT;
-            (rows, unwind::MAX_RULES / unwind::WORDS_PER_ELEMENT)
-        } else {
-            (1, 1)
-        };
-        let fsbase_offset: u32 = config.python.map_or(0, |p| p.fsbase_offset);
-        let exit_code_offset = exits::exit_code_offset().unwrap_or(0);
-        let log_level = ebpf_log::level();
-        let mut ebpf = EbpfLoader::new()
-            .override_global(ebpf_log::GLOBAL_LOG_LEVEL, &log_level, true)
-            .override_global(py::GLOBAL_FSBASE_OFFSET, &fsbase_offset, true)
-            .override_global(GLOBAL_FILTER_PIDS, &filter, true)
-            .override_global(GLOBAL_FILTER_CGROUPS, &cgroup_count, true)
-            .override_global(GLOBAL_WAKEUP_BYTES, &wakeup_bytes, true)
-            .override_global(
-                GLOBAL_WAKE_FOR_PROCESSES,
-                &u8::from(config.wake_for_processes),
-                true,
-            )
-            .override_global(unwind::GLOBAL_MODE, &unwind_mode, true)
-            .override_global(
-                profiler_common::exits::GLOBAL_EXIT_CODE_OFFSET,
-                &exit_code_offset,
-                true,
-            )
-            .map_max_entries(MAP_SAMPLES, ring_bytes)
-            .map_max_entries(unwind::MAP_ROWS, unwind_rows)
-            .map_max_entries(unwind::MAP_RULES, unwind_rules)
-            .load(SAMPLER_OBJECT)?;
-        if !cgroup_dirs.is_empty() {
-            let mut map = CgroupArray::try_from(
-                ebpf.map_mut(MAP_CGROUP_FILTER)
-                    .ok_or(BpfError::Missing("cgroup map"))?,
-            )?;
-            // The map holds a reference to each cgroup; the descriptors can close after.
-            for (i, dir) in cgroup_dirs.into_iter().enumerate() {
-                map.set(i as u32, dir, 0)?;
+        let mut refusals = Vec::new();
+        for variant in asked.fallbacks() {
+            let refused = |reason: String| Refusal { variant, reason };
+            if variant.refused_by_env() {
+                refusals.push(refused(format!("refused for a test ({})", variant::REFUSE_ENV)));
+                continue;
             }
+            if variant.needs_bpf_loop() && !features.bpf_loop {
+                refusals.push(refused("this kernel has no bpf_loop helper (Linux 5.17+)".into()));
+                continue;
+            }
+            let sizes = Sizes::new(config, variant, cpus.len());
+            let mut ebpf = load_object(config, &sizes, &cgroup_dirs)?;
+            match load_program(&mut ebpf, variant) {
+                Ok(()) => {}
+                Err(BpfError::Rejected { reason, .. }) => {
+                    refusals.push(refused(reason));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            let lost = variant::lost_lines(asked, variant, &refusals);
+            return Self::attach(ebpf, config, &sizes, cpus, variant, refusals, lost);
         }
+        // Nothing loads: the last (simplest) variant's refusal is the error.
+        let last = refusals.pop().expect("frame pointers only is always tried");
+        Err(BpfError::Rejected {
+            program: last.variant.program(),
+            reason: last.reason,
+        })
+    }
 
-        if !config.pids.is_empty() {
-            let mut map: HashMap<_, u32, u8> = HashMap::try_from(
-                ebpf.map_mut(MAP_PID_FILTER)
-                    .ok_or(BpfError::Missing("pid map"))?,
-            )?;
-            for pid in config.pids {
-                map.insert(pid, 1, 0)?;
-            }
-        }
-        let unwind = if table_walk {
-            let rows = ebpf
-                .take_map(unwind::MAP_ROWS)
-                .ok_or(BpfError::Missing("unwind rows"))?;
-            let rules = ebpf
-                .take_map(unwind::MAP_RULES)
-                .ok_or(BpfError::Missing("unwind rules"))?;
-            let procs = ebpf
-                .take_map(unwind::MAP_PROCS)
-                .ok_or(BpfError::Missing("unwind mappings"))?;
-            let words = unwind_rows * unwind::WORDS_PER_ELEMENT;
-            let mut loader = Loader::new(config.unwind, rows, words, rules, procs)
-                .map_err(BpfError::UnwindMaps)?;
-            if let Some(dir) = config.unwind_cache {
-                match crate::unwind::cache::TableCache::open(
-                    dir,
-                    crate::unwind::cache::DEFAULT_MAX_BYTES,
-                ) {
-                    Ok(cache) => loader.set_cache(cache),
-                    Err(e) => eprintln!(
-                        "warning: unwind tables are not cached: cannot create {}: {e}",
-                        dir.display()
-                    ),
-                }
-            }
-            // The processes asked for by pid are loaded before sampling starts, so their
-            // first samples are walked by table too.
-            for &pid in config.pids {
-                if let Ok(mappings) = crate::unwind::proc_mappings(pid)
-                    && let Err(e) = loader.load_process(pid, &mappings)
-                {
-                    log::debug!(
-                        "pid {pid}: cannot load its mappings for unwinding: {}",
-                        crate::util::chain(&e)
-                    );
-                }
-            }
-            Some(loader)
+    /// Attaches the loaded `variant` on every CPU and takes the maps the collector reads.
+    fn attach(
+        mut ebpf: Ebpf,
+        config: &SamplerConfig<'_>,
+        sizes: &Sizes,
+        cpus: Vec<u32>,
+        variant: Variant,
+        refusals: Vec<Refusal>,
+        lost: Vec<String>,
+    ) -> Result<(Self, RingBuf<MapData>), BpfError> {
+        let unwind = if variant.tables {
+            Some(unwind_loader(&mut ebpf, config, sizes)?)
         } else {
             None
         };
@@ -318,18 +429,9 @@ impl Sampler {
             ),
         };
         let program: &mut PerfEvent = ebpf
-            .program_mut(PROGRAM_NAME)
+            .program_mut(variant.program())
             .ok_or(BpfError::Missing("sampler program"))?
             .try_into()?;
-        let verify_started = std::time::Instant::now();
-        program.load().map_err(|e| rejected(PROGRAM_NAME, e))?;
-        let info = program.info().ok();
-        log::debug!(
-            "sampler verified in {:.3} s ({:?} instructions)",
-            verify_started.elapsed().as_secs_f64(),
-            info.as_ref()
-                .and_then(aya::programs::ProgramInfo::verified_instruction_count)
-        );
         for &cpu in &cpus {
             program.attach(
                 perf_config,
@@ -339,7 +441,7 @@ impl Sampler {
             )?;
         }
         // Exit statuses are a nicety: a kernel that refuses the tracepoint still samples.
-        let exits = (exit_code_offset != 0)
+        let exits = (sizes.exit_code_offset != 0)
             .then(|| exits::attach(&mut ebpf))
             .and_then(|r| {
                 r.map_err(|e| {
@@ -349,7 +451,7 @@ impl Sampler {
             });
         // The agent's reader is not woken by new processes: a new Python process's first
         // samples wake it instead, so its frames are named from its first second on.
-        if config.python.is_some()
+        if variant.python
             && !config.wake_for_processes
             && let Err(e) = attach_python_exec(&mut ebpf)
         {
@@ -367,7 +469,7 @@ impl Sampler {
             ebpf.take_map(MAP_COUNTERS)
                 .ok_or(BpfError::Missing("counters"))?,
         )?;
-        let (python_map, python_counters) = if config.python.is_some() {
+        let (python_map, python_counters) = if variant.python {
             let map = HashMap::try_from(
                 ebpf.take_map(py::MAP_PY_PROCS)
                     .ok_or(BpfError::Missing("Python map"))?,
@@ -389,10 +491,28 @@ impl Sampler {
                 python_map,
                 python_counters,
                 exits,
+                variant,
+                refusals,
+                lost,
                 _log: log,
             },
             samples,
         ))
+    }
+
+    /// The variant loaded (`variant::Variant`).
+    pub(crate) fn variant(&self) -> Variant {
+        self.variant
+    }
+
+    /// The variants the kernel refused before this one loaded.
+    pub(crate) fn refusals(&self) -> &[Refusal] {
+        &self.refusals
+    }
+
+    /// One line per part of what was asked that the loaded variant lacks, and why.
+    pub(crate) fn lost(&self) -> &[String] {
+        &self.lost
     }
 
     /// The ring buffer of process exit statuses (`profiler_common::exits`), once; None when
