@@ -34,7 +34,12 @@ static PY_FRAMES: PerCpuArray<[u64; 2 * MAX_PY_FRAMES]> = PerCpuArray::with_max_
 #[unsafe(no_mangle)]
 static PY_FSBASE_OFFSET: u32 = 0;
 
-/// State of one walk, shared with `walk_step` through bpf_loop's context pointer.
+/// State of one walk, shared with `walk_step`. In a per-CPU map value, not on the stack: the
+/// verifier knows the values kept on the stack (a frame count of 0, 1, 2...) and would check
+/// `walk_step` again for each; a map value's fields are unknown to it, so one pass suffices.
+#[map(name = "PY_WALK")]
+static PY_WALK: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
+
 #[repr(C)]
 struct Walk {
     frame: u64,
@@ -77,7 +82,12 @@ pub fn python_frames(pid: u32, out: *mut u64, base: usize, limit: usize) -> (u32
         count(counter::READ_FAILED);
         return (0, flags::READ_FAILED);
     };
-    let mut w = Walk {
+    let Some(walk) = PY_WALK.get_ptr_mut(0) else {
+        return (0, 0);
+    };
+    // SAFETY: per-CPU value, and perf_event programs do not nest on one CPU.
+    let w = unsafe { &mut *walk };
+    *w = Walk {
         frame,
         n: 0,
         flags: 0,
@@ -92,15 +102,17 @@ pub fn python_frames(pid: u32, out: *mut u64, base: usize, limit: usize) -> (u32
     // bpf_loop, not a loop: the verifier checks the step once instead of every iteration.
     // Shim frames take a turn too, so a stack of MAX_PY_FRAMES functions with shims between
     // is cut early (and counted as truncated).
-    // SAFETY: walk_step only touches `w` (the context) and this program's maps.
+    // SAFETY: walk_step only touches this CPU's PY_WALK and this program's maps.
     unsafe {
         bpf_loop(
             MAX_PY_FRAMES as u32,
             walk_step as *mut core::ffi::c_void,
-            (&raw mut w).cast(),
+            core::ptr::null_mut(),
             0,
         );
     }
+    // SAFETY: as above; the walk is over.
+    let w = unsafe { &mut *walk };
     if w.frame != 0 && w.flags & u64::from(flags::READ_FAILED) == 0 {
         w.flags |= u64::from(flags::TRUNCATED);
     }
@@ -141,9 +153,12 @@ pub fn python_frames(pid: u32, out: *mut u64, base: usize, limit: usize) -> (u32
 
 /// One frame of the walk: 0 = go on, 1 = stop.
 #[inline(never)]
-extern "C" fn walk_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
-    // SAFETY: bpf_loop passes back the context pointer python_frames gave it.
-    let w = unsafe { &mut *ctx.cast::<Walk>() };
+extern "C" fn walk_step(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
+    let Some(walk) = PY_WALK.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: this CPU's walk state, set up by python_frames.
+    let w = unsafe { &mut *walk };
     if w.frame == 0 {
         return 1;
     }

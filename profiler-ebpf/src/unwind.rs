@@ -327,11 +327,7 @@ extern "C" fn step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // one a signal frame saved are where the code was interrupted: looked up as they are.
     // SAFETY: the per-CPU WalkEnd set up by `walk`.
     let exact = unsafe { core::mem::replace(&mut (*w.end).exact, 0) };
-    let pc = if index == 0 || exact != 0 {
-        ip
-    } else {
-        ip - 1
-    };
+    let pc = if index == 0 || exact != 0 { ip } else { ip - 1 };
     // Code in no file mapping (JIT code; the vDSO has a table) is walked by frame pointer, as
     // bpf_get_stack would: JIT compilers keep them, and the chain leads back into mapped code.
     // SAFETY: the per-CPU WalkEnd set up by `walk`.
@@ -639,7 +635,11 @@ fn find_row(w: &mut Walk, m: &UnwindMapping, pc: u64) -> Option<UnwindRule> {
     if failed != 0 {
         return None;
     }
-    let rule = if lo < rows_start { 0 } else { word(lo)? & 0xffff };
+    let rule = if lo < rows_start {
+        0
+    } else {
+        word(lo)? & 0xffff
+    };
     UNWIND_RULES
         .get(rule >> 1)
         .map(|pair| pair[(rule & 1) as usize])

@@ -194,6 +194,9 @@ impl Session {
             python,
             wake_for_processes: config.wake_for_processes,
         })?;
+        for line in sampler.lost() {
+            notice(Notice::Warning(line.clone()));
+        }
         let events = ProcessEvents::new(kernel_records, sampler.take_exits());
         // SAFETY: the RingBuf owns its map fd and keeps it open until the AsyncFd drops it.
         let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
@@ -235,6 +238,34 @@ impl Session {
             table_generation: 0,
             settle_delay: config.settle_delay,
         })
+    }
+
+    /// The capture's named counters: the sampler's variant and refusals, and the table
+    /// walk's figures (since the start, as the loader's).
+    fn named_counters(&self, k: &KernelCounters) -> Vec<(String, u64)> {
+        let variant = self.sampler.variant();
+        let mut named = vec![
+            (
+                "sampler_programs_refused".to_owned(),
+                self.sampler.refusals().len() as u64,
+            ),
+            ("sampler_table_walk".to_owned(), u64::from(variant.tables)),
+            ("sampler_python_walk".to_owned(), u64::from(variant.python)),
+        ];
+        if let Some(l) = &self.loader {
+            named.extend(crate::unwind::report::named_counters(&l.stats()));
+            named.push(("unwind_stack_copies".to_owned(), k.stack_copies));
+            named.push((
+                "unwind_stack_copies_refused".to_owned(),
+                k.stack_copies_refused,
+            ));
+        }
+        named
+    }
+
+    /// The sampler program loaded and the ones the kernel refused before it.
+    pub(crate) fn sampler_variant(&self) -> (crate::bpf::variant::Variant, usize) {
+        (self.sampler.variant(), self.sampler.refusals().len())
     }
 
     /// The CPUs sampled.
@@ -414,20 +445,7 @@ impl Session {
             cpus: self.sampler.cpus.clone(),
             counters,
             untimed: Vec::new(),
-            named_counters: self
-                .loader
-                .as_ref()
-                .map(|l| {
-                    let mut named = crate::unwind::report::named_counters(&l.stats());
-                    // Since the start, as the loader's figures.
-                    named.push(("unwind_stack_copies".to_owned(), k.stack_copies));
-                    named.push((
-                        "unwind_stack_copies_refused".to_owned(),
-                        k.stack_copies_refused,
-                    ));
-                    named
-                })
-                .unwrap_or_default(),
+            named_counters: self.named_counters(&k),
         };
         self.start_unix_ns = unix_at(end_mono_ns);
         self.start_mono_ns = end_mono_ns;

@@ -59,6 +59,9 @@ pub(crate) struct Metrics {
     pub python_processes: Option<u64>,
     /// Samples of new Python processes that woke the sampler thread (`Session::python_exec_wakes`).
     pub python_exec_wakes: Option<u64>,
+    /// The sampler program loaded and how many the kernel refused before it
+    /// (`bpf::variant`); None until sampling starts.
+    pub sampler: Option<(&'static str, usize)>,
 }
 
 /// The agent's stages pass windows through bounded queues (docs/agent.md): a full queue drops
@@ -414,6 +417,23 @@ impl Metrics {
                  so they are named from their first second on.",
                 "counter",
                 &[("", f(n))],
+            );
+        }
+        if let Some((program, refused)) = self.sampler {
+            metric(
+                &mut o,
+                "profiler_sampler_program",
+                "The sampler program the kernel accepted (sample_cpu: table walk and Python \
+                 frames; sample_tables; sample_fp_py; sample_fp: frame pointers only).",
+                "gauge",
+                &[(&format!("program=\"{program}\""), 1.0)],
+            );
+            metric(
+                &mut o,
+                "profiler_sampler_programs_refused",
+                "Sampler programs the kernel refused at start before one loaded (docs/kernels.md).",
+                "gauge",
+                &[("", f(refused as u64))],
             );
         }
         let (cpu, rss) = own_usage();

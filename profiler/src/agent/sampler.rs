@@ -90,6 +90,8 @@ impl Stage {
         runtime.block_on(async move {
             let mut session = match Session::start(&self.config, &mut log_notice) {
                 Ok(s) => {
+                    let (variant, refused) = s.sampler_variant();
+                    self.shared.metrics().sampler = Some((variant.program(), refused));
                     let _ = started.send(Ok(s.cpus().len()));
                     s
                 }

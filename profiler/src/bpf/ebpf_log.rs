@@ -15,10 +15,13 @@ use aya::Ebpf;
 /// The aya-log-ebpf global the log macros test (aya-log-common's `Level`: 4 = debug).
 pub(crate) const GLOBAL_LOG_LEVEL: &str = "AYA_LOG_LEVEL";
 
+/// aya-log-common's `Level::Debug`, the most the programs log.
+pub(crate) const MAX_LEVEL: u8 = 4;
+
 /// The level the programs log at: debug when the user asked for debug output, else none.
 pub(crate) fn level() -> u8 {
     if log::log_enabled!(log::Level::Debug) {
-        4
+        MAX_LEVEL
     } else {
         0
     }

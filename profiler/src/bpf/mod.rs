@@ -1,5 +1,6 @@
 //! First stage on the user side: load the embedded sampler object, set its load-time globals,
 //! attach it to a perf event on every online CPU, and hand the maps to the collector.
+pub(crate) mod check;
 pub(crate) mod churn;
 mod ebpf_log;
 mod exits;
@@ -19,8 +20,7 @@ use aya::{
 use profiler_common::{
     DRAIN_INTERVAL_MS, GLOBAL_FILTER_CGROUPS, GLOBAL_FILTER_PIDS, GLOBAL_WAKE_FOR_PROCESSES,
     GLOBAL_WAKEUP_BYTES, MAP_CGROUP_FILTER, MAP_COUNTERS, MAP_PID_FILTER, MAP_SAMPLES,
-    MAX_CGROUP_FILTER, WAKEUP_FRACTION, counter, python as py, ring_buffer_bytes,
-    unwind,
+    MAX_CGROUP_FILTER, WAKEUP_FRACTION, counter, python as py, ring_buffer_bytes, unwind,
 };
 
 use crate::unwind::{Loader, UnwindMode};
@@ -57,10 +57,7 @@ pub(crate) enum BpfError {
     #[error(
         "this kernel's verifier rejected {program}: {reason} (run with -v for the verifier's log)"
     )]
-    Rejected {
-        program: &'static str,
-        reason: String,
-    },
+    Rejected { program: String, reason: String },
     #[error(
         "this kernel has no BPF ring buffer, which the sampler streams through: the profiler \
          needs Linux 5.8 or newer"
@@ -85,16 +82,20 @@ pub(crate) enum BpfError {
     TooManyCgroups(usize),
 }
 
-/// Map sizes and load-time values of one load, from the config and the variant.
-struct Sizes {
+/// Map sizes and load-time values of one load of the object.
+struct Settings {
     ring_bytes: u32,
     unwind_rows: u32,
     unwind_rules: u32,
     exit_code_offset: u64,
     fsbase_offset: u32,
+    filter_pids: u8,
+    filter_cgroups: u32,
+    wake_for_processes: u8,
+    log_level: u8,
 }
 
-impl Sizes {
+impl Settings {
     fn new(config: &SamplerConfig<'_>, variant: Variant, cpus: usize) -> Self {
         let ring_bytes = ring_buffer_bytes(config.frequency_hz, cpus as u64);
         // Table walks send stack copies (up to COPY_BYTES each, COPIES_PER_SECOND per CPU):
@@ -129,41 +130,59 @@ impl Sizes {
             } else {
                 0
             },
+            filter_pids: u8::from(!config.pids.is_empty()),
+            filter_cgroups: config.cgroups.len() as u32,
+            wake_for_processes: u8::from(config.wake_for_processes),
+            log_level: ebpf_log::level(),
+        }
+    }
+
+    /// Every option on, so no load-time constant lets the verifier skip code: the most any
+    /// run can ask of it (`check`). Maps at their smallest.
+    fn worst_case() -> Self {
+        Self {
+            ring_bytes: ring_buffer_bytes(1, 1),
+            unwind_rows: 1,
+            unwind_rules: 1,
+            exit_code_offset: exits::exit_code_offset().unwrap_or(1),
+            // Any offset makes the Python walk live; its value is only read at run time.
+            fsbase_offset: 8,
+            filter_pids: 1,
+            filter_cgroups: MAX_CGROUP_FILTER,
+            wake_for_processes: 1,
+            log_level: ebpf_log::MAX_LEVEL,
         }
     }
 }
 
-/// Parses the object, creates its maps with their load-time sizes and values, and fills the
-/// in-kernel filters.
-fn load_object(
-    config: &SamplerConfig<'_>,
-    sizes: &Sizes,
-    cgroup_dirs: &[std::fs::File],
-) -> Result<Ebpf, BpfError> {
-    let filter: u8 = u8::from(!config.pids.is_empty());
-    let cgroup_count = cgroup_dirs.len() as u32;
-    let wakeup_bytes = u64::from(sizes.ring_bytes / WAKEUP_FRACTION);
-    let log_level = ebpf_log::level();
-    let mut ebpf = EbpfLoader::new()
-        .override_global(ebpf_log::GLOBAL_LOG_LEVEL, &log_level, true)
-        .override_global(py::GLOBAL_FSBASE_OFFSET, &sizes.fsbase_offset, true)
-        .override_global(GLOBAL_FILTER_PIDS, &filter, true)
-        .override_global(GLOBAL_FILTER_CGROUPS, &cgroup_count, true)
+/// Parses the object and creates its maps with their load-time sizes and values.
+fn load_object(settings: &Settings) -> Result<Ebpf, BpfError> {
+    let s = settings;
+    let wakeup_bytes = u64::from(s.ring_bytes / WAKEUP_FRACTION);
+    Ok(EbpfLoader::new()
+        .override_global(ebpf_log::GLOBAL_LOG_LEVEL, &s.log_level, true)
+        .override_global(py::GLOBAL_FSBASE_OFFSET, &s.fsbase_offset, true)
+        .override_global(GLOBAL_FILTER_PIDS, &s.filter_pids, true)
+        .override_global(GLOBAL_FILTER_CGROUPS, &s.filter_cgroups, true)
         .override_global(GLOBAL_WAKEUP_BYTES, &wakeup_bytes, true)
-        .override_global(
-            GLOBAL_WAKE_FOR_PROCESSES,
-            &u8::from(config.wake_for_processes),
-            true,
-        )
+        .override_global(GLOBAL_WAKE_FOR_PROCESSES, &s.wake_for_processes, true)
         .override_global(
             profiler_common::exits::GLOBAL_EXIT_CODE_OFFSET,
-            &sizes.exit_code_offset,
+            &s.exit_code_offset,
             true,
         )
-        .map_max_entries(MAP_SAMPLES, sizes.ring_bytes)
-        .map_max_entries(unwind::MAP_ROWS, sizes.unwind_rows)
-        .map_max_entries(unwind::MAP_RULES, sizes.unwind_rules)
-        .load(SAMPLER_OBJECT)?;
+        .map_max_entries(MAP_SAMPLES, s.ring_bytes)
+        .map_max_entries(unwind::MAP_ROWS, s.unwind_rows)
+        .map_max_entries(unwind::MAP_RULES, s.unwind_rules)
+        .load(SAMPLER_OBJECT)?)
+}
+
+/// Fills the in-kernel filters: the cgroups of `--cgroup` and the pids of `--pid`.
+fn fill_filters(
+    ebpf: &mut Ebpf,
+    pids: &[u32],
+    cgroup_dirs: &[std::fs::File],
+) -> Result<(), BpfError> {
     if !cgroup_dirs.is_empty() {
         let mut map = CgroupArray::try_from(
             ebpf.map_mut(MAP_CGROUP_FILTER)
@@ -174,16 +193,16 @@ fn load_object(
             map.set(i as u32, std::os::fd::AsFd::as_fd(dir), 0)?;
         }
     }
-    if !config.pids.is_empty() {
+    if !pids.is_empty() {
         let mut map: HashMap<_, u32, u8> = HashMap::try_from(
             ebpf.map_mut(MAP_PID_FILTER)
                 .ok_or(BpfError::Missing("pid map"))?,
         )?;
-        for pid in config.pids {
+        for pid in pids {
             map.insert(pid, 1, 0)?;
         }
     }
-    Ok(ebpf)
+    Ok(())
 }
 
 /// Loads `variant`'s program into the kernel (the verifier runs here).
@@ -212,7 +231,7 @@ fn load_program(ebpf: &mut Ebpf, variant: Variant) -> Result<(), BpfError> {
 fn unwind_loader(
     ebpf: &mut Ebpf,
     config: &SamplerConfig<'_>,
-    sizes: &Sizes,
+    settings: &Settings,
 ) -> Result<Loader, BpfError> {
     let rows = ebpf
         .take_map(unwind::MAP_ROWS)
@@ -223,12 +242,11 @@ fn unwind_loader(
     let procs = ebpf
         .take_map(unwind::MAP_PROCS)
         .ok_or(BpfError::Missing("unwind mappings"))?;
-    let words = sizes.unwind_rows * unwind::WORDS_PER_ELEMENT;
+    let words = settings.unwind_rows * unwind::WORDS_PER_ELEMENT;
     let mut loader =
         Loader::new(config.unwind, rows, words, rules, procs).map_err(BpfError::UnwindMaps)?;
     if let Some(dir) = config.unwind_cache {
-        match crate::unwind::cache::TableCache::open(dir, crate::unwind::cache::DEFAULT_MAX_BYTES)
-        {
+        match crate::unwind::cache::TableCache::open(dir, crate::unwind::cache::DEFAULT_MAX_BYTES) {
             Ok(cache) => loader.set_cache(cache),
             Err(e) => eprintln!(
                 "warning: unwind tables are not cached: cannot create {}: {e}",
@@ -264,19 +282,41 @@ fn attach_python_exec(ebpf: &mut Ebpf) -> Result<(), BpfError> {
     Ok(())
 }
 
-/// A program load error as one line: the verifier's reason, its whole log at -v (info).
-fn rejected(program: &'static str, e: aya::programs::ProgramError) -> BpfError {
+/// A program load error as one line: the verifier's reason. At -v (info) its whole log goes
+/// to a file, named in the log: thousands of lines do not belong on a terminal.
+fn rejected(program: &str, e: aya::programs::ProgramError) -> BpfError {
     match e {
         aya::programs::ProgramError::LoadError { verifier_log, .. } => {
             let log = verifier_log.to_string();
-            log::info!("verifier log of {program}:\n{log}");
+            if log::log_enabled!(log::Level::Info) {
+                match save_verifier_log(program, &log) {
+                    Ok(path) => log::info!(
+                        "{program}: the verifier's log ({} lines) is in {}",
+                        log.lines().count(),
+                        path.display()
+                    ),
+                    Err(e) => log::info!("{program}: cannot save the verifier's log: {e}"),
+                }
+            }
             BpfError::Rejected {
-                program,
+                program: program.to_owned(),
                 reason: features::verifier_reason(&log).to_owned(),
             }
         }
         other => BpfError::Program(other),
     }
+}
+
+/// Writes a verifier log to a new file in the temporary directory; returns its path.
+fn save_verifier_log(program: &str, log: &str) -> std::io::Result<PathBuf> {
+    use std::io::Write as _;
+    let mut file = tempfile::Builder::new()
+        .prefix(&format!("profiler-verifier-{program}-"))
+        .suffix(".log")
+        .tempfile()?;
+    file.write_all(log.as_bytes())?;
+    let (_, path) = file.keep().map_err(|e| e.error)?;
+    Ok(path)
 }
 
 /// The sampler, attached: dropping it detaches from every CPU.
@@ -374,15 +414,21 @@ impl Sampler {
         for variant in asked.fallbacks() {
             let refused = |reason: String| Refusal { variant, reason };
             if variant.refused_by_env() {
-                refusals.push(refused(format!("refused for a test ({})", variant::REFUSE_ENV)));
+                refusals.push(refused(format!(
+                    "refused for a test ({})",
+                    variant::REFUSE_ENV
+                )));
                 continue;
             }
             if variant.needs_bpf_loop() && !features.bpf_loop {
-                refusals.push(refused("this kernel has no bpf_loop helper (Linux 5.17+)".into()));
+                refusals.push(refused(
+                    "this kernel has no bpf_loop helper (Linux 5.17+)".into(),
+                ));
                 continue;
             }
-            let sizes = Sizes::new(config, variant, cpus.len());
-            let mut ebpf = load_object(config, &sizes, &cgroup_dirs)?;
+            let settings = Settings::new(config, variant, cpus.len());
+            let mut ebpf = load_object(&settings)?;
+            fill_filters(&mut ebpf, config.pids, &cgroup_dirs)?;
             match load_program(&mut ebpf, variant) {
                 Ok(()) => {}
                 Err(BpfError::Rejected { reason, .. }) => {
@@ -392,12 +438,12 @@ impl Sampler {
                 Err(e) => return Err(e),
             }
             let lost = variant::lost_lines(asked, variant, &refusals);
-            return Self::attach(ebpf, config, &sizes, cpus, variant, refusals, lost);
+            return Self::attach(ebpf, config, &settings, cpus, variant, refusals, lost);
         }
         // Nothing loads: the last (simplest) variant's refusal is the error.
         let last = refusals.pop().expect("frame pointers only is always tried");
         Err(BpfError::Rejected {
-            program: last.variant.program(),
+            program: last.variant.program().to_owned(),
             reason: last.reason,
         })
     }
@@ -406,14 +452,14 @@ impl Sampler {
     fn attach(
         mut ebpf: Ebpf,
         config: &SamplerConfig<'_>,
-        sizes: &Sizes,
+        settings: &Settings,
         cpus: Vec<u32>,
         variant: Variant,
         refusals: Vec<Refusal>,
         lost: Vec<String>,
     ) -> Result<(Self, RingBuf<MapData>), BpfError> {
         let unwind = if variant.tables {
-            Some(unwind_loader(&mut ebpf, config, sizes)?)
+            Some(unwind_loader(&mut ebpf, config, settings)?)
         } else {
             None
         };
@@ -441,7 +487,7 @@ impl Sampler {
             )?;
         }
         // Exit statuses are a nicety: a kernel that refuses the tracepoint still samples.
-        let exits = (sizes.exit_code_offset != 0)
+        let exits = (settings.exit_code_offset != 0)
             .then(|| exits::attach(&mut ebpf))
             .and_then(|r| {
                 r.map_err(|e| {

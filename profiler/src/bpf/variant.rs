@@ -72,11 +72,8 @@ impl Variant {
 
     /// Whether the test hook `PROFILER_REFUSE` names it.
     pub(crate) fn refused_by_env(self) -> bool {
-        std::env::var(REFUSE_ENV).is_ok_and(|names| {
-            names
-                .split(',')
-                .any(|name| name.trim() == self.program())
-        })
+        std::env::var(REFUSE_ENV)
+            .is_ok_and(|names| names.split(',').any(|name| name.trim() == self.program()))
     }
 }
 
@@ -84,14 +81,10 @@ impl Variant {
 /// for the smaller mode directly (no refused load first).
 pub(crate) fn lost_lines(asked: Variant, loaded: Variant, refusals: &[Refusal]) -> Vec<String> {
     let why = |part: fn(Variant) -> bool| {
-        refusals
-            .iter()
-            .rev()
-            .find(|r| part(r.variant))
-            .map_or_else(
-                || "not tried".to_owned(),
-                |r| format!("{}: {}", r.variant.program(), r.reason),
-            )
+        refusals.iter().rev().find(|r| part(r.variant)).map_or_else(
+            || "not tried".to_owned(),
+            |r| format!("{}: {}", r.variant.program(), r.reason),
+        )
     };
     let mut lines = Vec::new();
     if asked.tables && !loaded.tables {
@@ -149,13 +142,18 @@ mod tests {
         let lines = lost_lines(FULL, FP_PYTHON, &refusals);
         assert_eq!(
             lines,
-            ["stacks by frame pointer only: the kernel refused the table walk (sample_tables: \
+            [
+                "stacks by frame pointer only: the kernel refused the table walk (sample_tables: \
               BPF program is too large. Processed 1000001 insn); --unwind fp chooses this mode \
-              without trying"]
+              without trying"
+            ]
         );
         let lines = lost_lines(FULL, FP, &refusals);
         assert_eq!(lines.len(), 2);
-        assert!(lines[1].starts_with("no Python frames: the kernel refused the Python walk (sample_cpu: "));
+        assert!(
+            lines[1]
+                .starts_with("no Python frames: the kernel refused the Python walk (sample_cpu: ")
+        );
         assert!(lines[1].ends_with("--python off chooses this mode without trying"));
         assert!(lost_lines(FULL, FULL, &[]).is_empty());
     }

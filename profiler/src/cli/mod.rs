@@ -1,5 +1,6 @@
 //! Front ends: one file per subcommand. Each parses its options (clap) and calls the library.
 mod agent;
+mod check;
 mod diff;
 mod doctor;
 mod progress;
@@ -42,6 +43,9 @@ pub enum Command {
     Agent(agent::AgentArgs),
     /// Render a time range of the agent's store: -o FILE... (every output format).
     Query(query::QueryArgs),
+    /// Load every kernel program into this kernel without attaching it: what loads, what the
+    /// verifier refused and why, and what verifying each cost (docs/kernels.md).
+    Check(check::CheckArgs),
 }
 
 /// Runs the parsed command, with the log level `-v` asks for.
@@ -61,6 +65,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Diff(args) => diff::run(args),
         Command::Agent(args) => agent::run(args),
         Command::Query(args) => query::run(args),
+        Command::Check(args) => check::run(&args),
     }
 }
 
