@@ -43,12 +43,27 @@ pub fn run_profiler(args: &[&str], timeout: Duration) -> Output {
     run_program(&profiler_bin(), args, timeout)
 }
 
+/// Runs the profiler with `args` and these environment variables set (test hooks).
+pub fn run_profiler_env(args: &[&str], env: &[(&str, &str)], timeout: Duration) -> Output {
+    run_program_env(&profiler_bin(), args, env, timeout)
+}
+
 /// Runs `program` (the profiler, or `profiler-lab` from env `CARGO_BIN_EXE_profiler-lab`)
 /// with `args`, waiting at most `timeout`.
 pub fn run_program(program: &Path, args: &[&str], timeout: Duration) -> Output {
+    run_program_env(program, args, &[], timeout)
+}
+
+fn run_program_env(
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> Output {
     let name = program.file_name().unwrap_or_default().to_string_lossy();
     let mut child = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
