@@ -24,6 +24,10 @@ fn main() -> anyhow::Result<()> {
     } else {
         &[]
     };
+    println!(
+        "cargo:rustc-env=PROFILER_EBPF_BUILT_BY={}",
+        built_by(&toolchain)
+    );
     aya_build::build_ebpf(
         [aya_build::Package {
             name: "profiler-ebpf",
@@ -36,4 +40,32 @@ fn main() -> anyhow::Result<()> {
     .map_err(|e| {
         anyhow::anyhow!("building the eBPF programs failed ({e:#}); run `cargo xtask setup` first")
     })
+}
+
+/// The compiler and linker that build the object, as `profiler check` prints them: the
+/// verifier's work depends on the code they emit (docs/kernels.md, "The same object").
+fn built_by(toolchain: &str) -> String {
+    let output = |program: &str, arg: &str| {
+        std::process::Command::new(program)
+            .arg(arg)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let rustc = output(&format!("{toolchain}/bin/rustc"), "-vV");
+    let field = |name: &str| {
+        rustc
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map_or("unknown", str::trim)
+            .to_owned()
+    };
+    let linker = output("bpf-linker", "--version");
+    format!(
+        "rustc {} (LLVM {}), {}",
+        field("release:"),
+        field("LLVM version:"),
+        linker.trim()
+    )
 }

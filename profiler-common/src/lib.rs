@@ -58,6 +58,11 @@ pub const MAP_PID_FILTER: &str = "PID_FILTER";
 pub const MAP_SCRATCH: &str = "SCRATCH";
 /// BPF_MAP_TYPE_CGROUP_ARRAY of cgroup2 directories: sample only tasks in one of them or below.
 pub const MAP_CGROUP_FILTER: &str = "CGROUP_FILTER";
+/// Processed instructions any of our programs may take on any kernel (`profiler check`, the
+/// kernel matrix, tests/tests/kernel_programs.rs): a quarter of the verifier's limit
+/// (1,000,000), so a stricter kernel or another compiler's code cannot reach the limit.
+pub const VERIFIED_INSNS_BUDGET: u32 = 250_000;
+
 /// The sampler's programs, one per variant (profiler-ebpf sampler.rs), most capable first:
 /// table walk and Python frames; table walk; frame pointers and Python frames; frame pointers.
 pub mod program {

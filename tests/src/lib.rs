@@ -25,8 +25,7 @@ pub use image::{PngSummary, png_summary, svg_frames, svg_titles};
 pub use privilege::{missing_privilege, require_bpf};
 pub use process::{
     Fixture, Running, expect_success, profiler_bin, record, report, run_profiler, run_profiler_env,
-    run_program,
-    spawn_fixture, spawn_fixture_args, wait_timeout,
+    run_program, spawn_fixture, spawn_fixture_args, wait_timeout,
 };
 pub use tempdir::TempDir;
 pub use tools::{

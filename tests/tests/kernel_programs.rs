@@ -9,14 +9,14 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use profiler_tests::{
-    Agent, TempDir, exclusive, has_chain, read_folded, report, require_bpf,
-    run_profiler, run_profiler_env, samples, spawn_fixture,
+    Agent, TempDir, exclusive, has_chain, read_folded, report, require_bpf, run_profiler,
+    run_profiler_env, samples, spawn_fixture,
 };
 use serde_json::Value;
 
 /// A quarter of the verifier's limit of 1,000,000 processed instructions: what every program
 /// may take, so that a stricter kernel or another compiler's code cannot reach the limit.
-const BUDGET: u64 = 250_000;
+const BUDGET: u64 = profiler_common::VERIFIED_INSNS_BUDGET as u64;
 
 /// A bound to catch a hang, not a timing assertion.
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -52,7 +52,10 @@ fn every_program_loads_within_the_verification_budget() {
     let name = |c: &Value| c["program"].as_str().unwrap_or_default().to_owned();
     let names: Vec<String> = checks.iter().map(name).collect();
     for sampler in SAMPLERS {
-        assert!(names.iter().any(|n| n == sampler), "no {sampler} in {names:?}");
+        assert!(
+            names.iter().any(|n| n == sampler),
+            "no {sampler} in {names:?}"
+        );
     }
     for c in &checks {
         assert_eq!(c["loaded"], true, "{} refused: {}", name(c), c["refused"]);
@@ -72,7 +75,10 @@ fn every_program_loads_within_the_verification_budget() {
     let text = run_profiler(&["check"], TIMEOUT);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("budget: 250000"), "{text}");
-    assert!(!text.contains("refused") && !text.contains("over the budget"), "{text}");
+    assert!(
+        !text.contains("refused") && !text.contains("over the budget"),
+        "{text}"
+    );
 }
 
 /// One forced refusal and what must follow from it.
@@ -98,7 +104,9 @@ const CASES: [Case; 3] = [
         program: "sample_fp_py",
         table_walk: false,
         python_walk: true,
-        lines: &["stacks by frame pointer only: the kernel refused the table walk (sample_tables: "],
+        lines: &[
+            "stacks by frame pointer only: the kernel refused the table walk (sample_tables: ",
+        ],
     },
     Case {
         refuse: "sample_cpu,sample_tables,sample_fp_py",
@@ -139,7 +147,12 @@ fn record_falls_back_one_variant_at_a_time_with_a_line_and_a_counter() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "refusing {}: {stderr}", case.refuse);
         let lines = warnings(&stderr);
-        assert_eq!(lines.len(), case.lines.len(), "refusing {}: {stderr}", case.refuse);
+        assert_eq!(
+            lines.len(),
+            case.lines.len(),
+            "refusing {}: {stderr}",
+            case.refuse
+        );
         for (line, start) in lines.iter().zip(case.lines) {
             assert!(line.starts_with(start), "refusing {}: {line}", case.refuse);
         }
@@ -148,7 +161,11 @@ fn record_falls_back_one_variant_at_a_time_with_a_line_and_a_counter() {
         let chained = samples(&stacks, |f| {
             has_chain(f, &["main", "a", "b", "c"], |frame, want| frame == want)
         });
-        assert!(chained >= 20, "refusing {}: {chained} samples of main;a;b;c", case.refuse);
+        assert!(
+            chained >= 20,
+            "refusing {}: {chained} samples of main;a;b;c",
+            case.refuse
+        );
         let stats = report(&[&capture, "--stats"]);
         let stats = String::from_utf8_lossy(&stats.stdout);
         let refused = case.refuse.split(',').count();
@@ -157,9 +174,16 @@ fn record_falls_back_one_variant_at_a_time_with_a_line_and_a_counter() {
             format!("sampler_table_walk: {}", u8::from(case.table_walk)),
             format!("sampler_python_walk: {}", u8::from(case.python_walk)),
         ] {
-            assert!(stats.contains(&want), "refusing {}: no {want} in\n{stats}", case.refuse);
+            assert!(
+                stats.contains(&want),
+                "refusing {}: no {want} in\n{stats}",
+                case.refuse
+            );
         }
-        eprintln!("refusing {}: {} loaded, {lines:?}", case.refuse, case.program);
+        eprintln!(
+            "refusing {}: {} loaded, {lines:?}",
+            case.refuse, case.program
+        );
     }
 }
 
@@ -177,7 +201,10 @@ fn nothing_loads_is_one_error_naming_the_last_refusal() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
     assert_eq!(errors.len(), 1, "{stderr}");
     assert!(errors[0].contains("sample_fp"), "{stderr}");
 }
@@ -203,7 +230,10 @@ fn the_agent_and_the_doctor_start_on_what_loads() {
         metrics.contains("profiler_sampler_program{program=\"sample_fp_py\"} 1"),
         "{metrics}"
     );
-    assert!(metrics.contains("profiler_sampler_programs_refused 2"), "{metrics}");
+    assert!(
+        metrics.contains("profiler_sampler_programs_refused 2"),
+        "{metrics}"
+    );
     assert!(agent.stop().success());
 
     let out = run_profiler_env(

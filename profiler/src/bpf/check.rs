@@ -9,9 +9,7 @@ use aya::programs::{Program, ProgramInfo};
 
 use super::{BpfError, Settings, load_object, rejected};
 
-/// Processed instructions a program may take on any kernel: a quarter of the verifier's
-/// limit (1,000,000), so a stricter kernel or another compiler's code cannot reach it.
-pub(crate) const VERIFIED_INSNS_BUDGET: u32 = 250_000;
+use profiler_common::VERIFIED_INSNS_BUDGET;
 
 /// What the kernel did with one program.
 #[derive(Clone, Debug, serde::Serialize)]

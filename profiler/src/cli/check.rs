@@ -2,7 +2,9 @@
 //! verifying each cost (bpf::check).
 use anyhow::bail;
 
-use crate::bpf::check::{ProgramCheck, VERIFIED_INSNS_BUDGET, check_programs};
+use profiler_common::VERIFIED_INSNS_BUDGET;
+
+use crate::bpf::check::{ProgramCheck, check_programs};
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -70,5 +72,6 @@ fn write_table(out: &mut impl std::io::Write, checks: &[ProgramCheck]) -> std::i
         out,
         "budget: {VERIFIED_INSNS_BUDGET} verified instructions a program (a quarter of the \
          verifier's limit); `-` where the kernel does not count them (before 5.16)"
-    )
+    )?;
+    writeln!(out, "object built by {}", env!("PROFILER_EBPF_BUILT_BY"))
 }

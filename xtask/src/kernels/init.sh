@@ -105,7 +105,8 @@ lacks_bpf_loop() {
         [ "$1" -lt 5 ] || { [ "$1" = 5 ] && [ "$2" -lt 17 ]; }
     fi
 }
-# The one line a record whose table walk the kernel refused prints (bpf::variant::lost_lines).
+# The one line a record whose table walk the kernel refused prints (bpf::variant::lost_lines),
+# as a warning: `warning: stacks by frame pointer only: ...`.
 FP_ONLY='stacks by frame pointer only:'
 
 # record, once per unwind mode (/matrix/unwind-modes: NAME tables|fp ARGS...). On a kernel
@@ -117,7 +118,7 @@ while read -r mode walk args; do
     fx-chain $FX_LIFE &
     fx=$!
     if run "$t" profiler -v record -d 3s -F 99 $args -o "/tmp/$t.capture" -o "/tmp/$t.folded"; then
-        fp_only=$(grep -c "^$FP_ONLY" "/tmp/$t.err")
+        fp_only=$(grep -cE "^(warning: )?$FP_ONLY" "/tmp/$t.err")
         want=0
         [ "$walk" = tables ] && lacks_bpf_loop "/tmp/$t.err" && want=1
         if ! has_chain "/tmp/$t.folded"; then
@@ -132,14 +133,12 @@ while read -r mode walk args; do
     fi
     features=$(grep -o 'kernel features:.*' "/tmp/$t.err" | head -n 1)
     [ -n "$features" ] && say "MATRIX-INFO features ${features#kernel features: }"
-    # The one-line warnings a kernel without a feature gets (docs/kernels.md), and the lines
-    # saying what a refused variant lost.
-    grep 'WARN' "/tmp/$t.err" | sed 's/^\[WARN *[^]]*\] //' | while read -r line; do
-        say "MATRIX-INFO warning $line"
-    done
-    grep -e "^$FP_ONLY" -e '^no Python frames:' "/tmp/$t.err" | while read -r line; do
-        say "MATRIX-INFO fallback $t: $line"
-    done
+    # The one-line warnings a kernel without a feature gets (docs/kernels.md): the log's and
+    # the profiler's own (what a refused variant lost, a kernel interface it cannot open).
+    grep -e 'WARN' -e '^warning: ' "/tmp/$t.err" | sed 's/^\[WARN *[^]]*\] //; s/^warning: //' |
+        while read -r line; do
+            say "MATRIX-INFO warning $line"
+        done
     kill $fx 2> /dev/null
     wait $fx 2> /dev/null
 done < /matrix/unwind-modes

@@ -12,10 +12,9 @@ use profiler_common::program;
 pub(super) const CHECK_TEST: &str = "check";
 
 /// The most instructions the verifier may process for any program a kernel loads
-/// (`verified_insns`, reported by Linux 5.16+). The kernel refuses a program at 1,000,000; one
-/// that needs more than a quarter of that is a change or a kernel release away from refusal,
-/// and its load costs seconds of CPU on a busy host.
-pub(super) const VERIFIED_INSNS_BUDGET: u64 = 250_000;
+/// (`verified_insns`, reported by Linux 5.16+): profiler-common's, as `profiler check` and the
+/// tests use it.
+pub(super) const VERIFIED_INSNS_BUDGET: u64 = profiler_common::VERIFIED_INSNS_BUDGET as u64;
 
 /// The sampler variants (profiler::bpf::variant): on every kernel at least one must load.
 const SAMPLERS: [&str; 4] = [
@@ -166,8 +165,13 @@ pub(super) fn judge(
     let mut text = String::new();
     let mut problems = Vec::new();
     let _ = writeln!(text, "== {label}");
-    for (key, value) in boot.info.iter().filter(|(key, _)| key != VERIFIED_KEY) {
-        let _ = writeln!(text, "   {key}: {value}");
+    // Each record says the same features and warnings: once is enough.
+    let mut said: Vec<&(String, String)> = Vec::new();
+    for info in boot.info.iter().filter(|(key, _)| key != VERIFIED_KEY) {
+        if !said.contains(&info) {
+            let _ = writeln!(text, "   {}: {}", info.0, info.1);
+            said.push(info);
+        }
     }
     if expected.iter().any(|t| t == CHECK_TEST) {
         problems.extend(judge_verified(label, boot, &mut text));
@@ -488,5 +492,13 @@ mod tests {
         assert_eq!(rows[2], ["sample_fp", "-"], "{table}");
         assert_eq!(rows[3], ["sample_tables", "27000"]);
         assert_eq!(verified_table(&[("6.1", parse("MATRIX-END\n"))]), "");
+    }
+
+    #[test]
+    fn the_same_info_from_every_record_is_printed_once() {
+        let line = "MATRIX-INFO features ring buffer yes, bpf_loop no, PROCMAP_QUERY no\n";
+        let boot = parse(&format!("{line}{line}{line}MATRIX-END\n"));
+        let (text, _) = judge("5.10", &boot, &[], false);
+        assert_eq!(text.matches("bpf_loop no").count(), 1, "{text}");
     }
 }
