@@ -19,7 +19,18 @@ pub use report::ReportArgs;
 /// An eBPF CPU profiler: samples kernel and user stacks on every CPU and writes flame graphs,
 /// folded stacks and re-renderable captures.
 #[derive(Debug, Parser)]
-#[command(name = "profiler", version, about, long_about = None, max_term_width = 100)]
+#[command(
+    name = "profiler",
+    version = concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (eBPF object built by ",
+        env!("PROFILER_EBPF_BUILT_BY"),
+        ")"
+    ),
+    about,
+    long_about = None,
+    max_term_width = 100
+)]
 pub struct Cli {
     /// More log output (-v: info, -vv: debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]

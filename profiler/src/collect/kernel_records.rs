@@ -158,13 +158,33 @@ pub(crate) struct KernelRecords {
     order: Vec<(u64, u32)>,
 }
 
+/// perf_event_open(2) of `attr` system-wide on `cpu`.
+fn open_event(attr: &PerfEventAttr, cpu: u32) -> io::Result<OwnedFd> {
+    // SAFETY: perf_event_open(2) with a fully initialised attr of the size it states.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            std::ptr::from_ref(attr),
+            -1 as libc::pid_t,
+            cpu as libc::c_int,
+            -1 as libc::c_int,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
 impl KernelRecords {
     /// Opens the dummy event on each of `cpus` with `data_bytes` of ring each (a power of two
     /// multiple of the page size). Needs CAP_PERFMON (or root) for system-wide events.
     pub(crate) fn open(cpus: &[u32], data_bytes: usize) -> io::Result<Self> {
         let page = page_size();
         let data_len = data_bytes.max(page).next_power_of_two();
-        let attr = PerfEventAttr {
+        let mut attr = PerfEventAttr {
             kind: PERF_TYPE_SOFTWARE,
             size: std::mem::size_of::<PerfEventAttr>() as u32,
             config: PERF_COUNT_SW_DUMMY,
@@ -187,22 +207,19 @@ impl KernelRecords {
         };
         let mut rings = Vec::with_capacity(cpus.len());
         for &cpu in cpus {
-            // SAFETY: perf_event_open(2) with a fully initialised attr of the size it states.
-            let fd = unsafe {
-                libc::syscall(
-                    libc::SYS_perf_event_open,
-                    &raw const attr,
-                    -1 as libc::pid_t,
-                    cpu as libc::c_int,
-                    -1 as libc::c_int,
-                    PERF_FLAG_FD_CLOEXEC,
-                )
+            let fd = match open_event(&attr, cpu) {
+                // Build ids in mmap records came with Linux 5.12; an older kernel refuses the
+                // bit, and its records name files by device and inode instead.
+                Err(e) if rings.is_empty() && e.raw_os_error() == Some(libc::EINVAL) => {
+                    log::info!(
+                        "mmap records without build ids (Linux 5.12+): files are identified \
+                         by device and inode"
+                    );
+                    attr.flags &= !bit::BUILD_ID;
+                    open_event(&attr, cpu)?
+                }
+                other => other?,
             };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: a new descriptor we own.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
             let map_len = page + data_len;
             // SAFETY: mapping the event's ring as perf_event_open(2) describes; writable so
             // that we can move data_tail (the kernel then never overwrites unread records).

@@ -61,6 +61,8 @@ why() { tail -n 1 "/tmp/$1.err" | tr -d '\r'; }
 
 say "MATRIX-INFO kernel $(uname -r)"
 say "MATRIX-INFO cpus $(nproc)"
+# The toolchain that built the eBPF object: the verifier's figures depend on its code.
+say "MATRIX-INFO version $(profiler --version)"
 
 # check: every BPF program of the object loaded into this kernel without attaching. Its JSON
 # array (one object a line) becomes one line per program, judged on the host (report.rs):
