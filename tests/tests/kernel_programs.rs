@@ -237,12 +237,18 @@ fn the_agent_and_the_doctor_start_on_what_loads() {
     assert!(agent.stop().success());
 
     let out = run_profiler_env(
-        &["doctor", "--duration", "2s", "--json"],
-        &[("PROFILER_REFUSE", "sample_fp_py")],
+        &["doctor", "--duration", "2s", "--json", "--unwind", "auto"],
+        &[("PROFILER_REFUSE", "sample_tables")],
         TIMEOUT,
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    let lines = warnings(&stderr);
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with("stacks by frame pointer only: "),
+        "{stderr}"
+    );
     let json: Value = serde_json::from_slice(&out.stdout).expect("doctor --json is JSON");
     assert!(json.get("verdict").is_some(), "{json}");
 }

@@ -41,19 +41,15 @@ impl KernelFeatures {
         )
     }
 
-    /// One line per missing feature the profiler works without, saying what changes.
+    /// One line per missing feature the profiler works without, saying what changes. A
+    /// missing bpf_loop is said by the sampler's fallback (`variant::lost_lines`), which
+    /// knows what was asked.
     pub(crate) fn degraded(self) -> Vec<&'static str> {
         let mut lines = Vec::new();
         if !self.procmap_query {
             lines.push(
                 "this kernel has no PROCMAP_QUERY (Linux 6.11+): user addresses are mapped by \
                  reading /proc/PID/maps, which costs more CPU on busy hosts",
-            );
-        }
-        if !self.bpf_loop {
-            lines.push(
-                "this kernel has no bpf_loop helper (Linux 5.17+): the table unwinder and Python \
-                 frames walk with it; if the sampler is rejected, run with --unwind fp --python off",
             );
         }
         lines
@@ -124,7 +120,7 @@ mod tests {
             procmap_query: false,
         };
         let lines = none.degraded();
-        assert_eq!(lines.len(), 2);
+        assert_eq!(lines.len(), 1);
         assert!(lines.iter().all(|l| !l.contains('\n')));
         assert_eq!(
             none.summary(),
