@@ -5,7 +5,7 @@ mod input;
 mod ticker;
 
 pub(crate) use dense::{Dense, FxDense, FxMap, FxSet};
-pub(crate) use input::InputError;
+pub(crate) use input::{InputError, check_hz, duration_ns, parse_bytes, parse_duration, parse_hz};
 pub(crate) use ticker::Ticker;
 
 /// An error and its causes on one line, `: `-separated, for logs and HTTP bodies (the CLI
@@ -136,43 +136,6 @@ pub(crate) fn check_atomic_writable(path: &std::path::Path) -> std::io::Result<(
         std::fs::remove_file(&tmp)?;
     }
     Ok(())
-}
-
-/// Parses a duration: `10s`, `500ms`, `2m`, `1h`, `7d`, or a bare number of seconds (`1.5`).
-pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, InputError> {
-    let ns = duration_ns(text)?;
-    if !(0.5..1e18).contains(&ns) {
-        return Err(InputError::NotPositive(text.to_owned()));
-    }
-    Ok(std::time::Duration::from_nanos(ns.round() as u64))
-}
-
-/// A duration in ns, unchecked beyond its syntax: `parse_duration` and the offsets of
-/// `report --from/--to` (where 0 is valid) share it. Units: us, ms, s (or none), m, min, h, d.
-pub(crate) fn duration_ns(text: &str) -> Result<f64, InputError> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| InputError::NotDuration(text.to_owned()))?;
-    let scale = match unit {
-        "" | "s" => 1e9,
-        "ms" => 1e6,
-        "us" => 1e3,
-        "m" | "min" => 60e9,
-        "h" => 3600e9,
-        "d" => 86400e9,
-        _ => {
-            return Err(InputError::DurationUnit {
-                text: text.to_owned(),
-                unit: unit.to_owned(),
-            });
-        }
-    };
-    Ok(value * scale)
 }
 
 /// The processes /proc lists now (thread-group ids, not other threads).

@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use crate::{
     unwind::{TablePolicy, UnwindMode},
-    util::{InputError, parse_duration},
+    util::{InputError, check_hz, parse_bytes, parse_duration, parse_hz},
 };
 
 /// Everything the agent needs to run.
@@ -190,7 +190,7 @@ impl FileConfig {
             python,
         } = self;
         if let Some(hz) = frequency {
-            c.frequency_hz = check_frequency(hz)?;
+            c.frequency_hz = check_hz(hz, MAX_HZ)?;
         }
         if let Some(w) = window {
             c.window = parse_window(&w)?;
@@ -234,7 +234,7 @@ impl FileConfig {
                 .map_err(|_| ConfigError::UnwindTables(t))?;
         }
         if let Some(m) = unwind_memory {
-            c.unwind_memory = crate::cli::parse_bytes(&m).map_err(key("unwind-memory"))?;
+            c.unwind_memory = parse_bytes(&m).map_err(key("unwind-memory"))?;
         }
         if let Some(p) = python {
             c.python = match p.as_str() {
@@ -252,19 +252,12 @@ fn key(name: &'static str) -> impl Fn(InputError) -> ConfigError {
     move |source| ConfigError::Key { key: name, source }
 }
 
-pub(crate) fn check_frequency(hz: u32) -> Result<u32, InputError> {
-    if (1..=1000).contains(&hz) {
-        Ok(hz)
-    } else {
-        Err(InputError::AgentFrequency(hz))
-    }
-}
+/// The highest sampling frequency the agent takes, Hz: it is always on.
+pub(crate) const MAX_HZ: u32 = 1000;
 
-/// `--frequency` of the agent: a whole number in 1..=1000.
+/// `--frequency` of the agent: a whole number of Hz in 1..=MAX_HZ.
 pub(crate) fn parse_frequency(text: &str) -> Result<u32, InputError> {
-    text.parse::<u32>()
-        .map_err(|_| InputError::NotWholeNumber(text.to_owned()))
-        .and_then(check_frequency)
+    parse_hz(text, MAX_HZ)
 }
 
 /// A window length: 1 s to 1 h.
@@ -313,30 +306,9 @@ impl AgentConfig {
     }
 }
 
-/// Bytes: `1GiB`, `500MiB`, `100MB`, `4096`.
+/// `max-size` of the store: a size (`util::parse_bytes`) of 1 MiB or more.
 pub(crate) fn parse_size(text: &str) -> Result<u64, InputError> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| InputError::NotSize(text.to_owned()))?;
-    let scale: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" | "K" => 1 << 10,
-        "MiB" | "M" => 1 << 20,
-        "GiB" | "G" => 1 << 30,
-        "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        u => {
-            return Err(InputError::SizeUnit {
-                text: text.to_owned(),
-                unit: u.to_owned(),
-            });
-        }
-    };
-    let bytes = n.saturating_mul(scale);
+    let bytes = parse_bytes(text)?;
     if bytes < 1 << 20 {
         return Err(InputError::SizeBelowMiB(text.to_owned()));
     }
@@ -390,7 +362,10 @@ mod tests {
                 "unwind-tables = \"some\"",
                 "unwind-tables must be all or reached, got `some`",
             ),
-            ("unwind-memory = \"lots\"", "unwind-memory: expected a size"),
+            (
+                "unwind-memory = \"lots\"",
+                "unwind-memory: `lots` is not a size",
+            ),
         ] {
             let f: FileConfig = toml::from_str(text).unwrap();
             let e = crate::util::chain(&f.apply(&mut AgentConfig::default()).unwrap_err());

@@ -60,7 +60,7 @@ pub struct AgentArgs {
     #[arg(long, value_enum)]
     pub unwind: Option<UnwindMode>,
     /// Kernel memory for unwind tables: 64M (default), 512K...
-    #[arg(long, value_name = "BYTES", value_parser = super::parse_bytes)]
+    #[arg(long, value_name = "BYTES", value_parser = crate::util::parse_bytes)]
     pub unwind_memory: Option<u64>,
     /// Which binaries get unwind tables, as for `record` (default reached: only those the
     /// stacks go through).

@@ -24,7 +24,7 @@ pub struct DoctorArgs {
     #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
     pub unwind: UnwindMode,
     /// Kernel memory for unwind tables with --unwind auto|dwarf: 64M, 512K...
-    #[arg(long, default_value = "64M", value_name = "BYTES", value_parser = super::record::parse_bytes)]
+    #[arg(long, default_value = "64M", value_name = "BYTES", value_parser = crate::util::parse_bytes)]
     pub unwind_memory: u64,
     /// Name Python functions in CPython processes (as for `record`; off by default here).
     #[arg(long, value_enum, default_value_t = OnOff::Off, value_name = "on|off")]

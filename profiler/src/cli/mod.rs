@@ -12,8 +12,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+pub(crate) use record::OnOff;
 pub use record::RecordArgs;
-pub(crate) use record::{OnOff, parse_bytes};
 pub use report::ReportArgs;
 
 /// An eBPF CPU profiler: samples kernel and user stacks on every CPU and writes flame graphs,

@@ -56,7 +56,7 @@ pub struct RecordArgs {
     pub unwind: UnwindMode,
     /// Kernel memory for unwind tables (4 bytes a row; libc needs about 110 KiB): 64M, 512K...
     /// Binaries beyond it are walked by frame pointer.
-    #[arg(long, default_value = "64M", value_name = "BYTES", value_parser = parse_bytes)]
+    #[arg(long, default_value = "64M", value_name = "BYTES", value_parser = crate::util::parse_bytes)]
     pub unwind_memory: u64,
     /// Which binaries of a sampled process get unwind tables: `all` it maps, at its first
     /// sample (its first stacks are whole), or only those its stacks `reached` (the agent's
@@ -81,29 +81,12 @@ pub enum OnOff {
     Off,
 }
 
-/// `64M`, `512K`, `1G` or plain bytes.
-pub(crate) fn parse_bytes(text: &str) -> Result<u64, InputError> {
-    let (digits, unit) = match text.strip_suffix(['K', 'M', 'G']) {
-        Some(d) => (d, &text[d.len()..]),
-        None => (text, ""),
-    };
-    let shift = match unit {
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        _ => 0,
-    };
-    match digits.parse::<u64>() {
-        Ok(n) if n > 0 && n.leading_zeros() >= shift + 3 => Ok(n << shift),
-        _ => Err(InputError::Bytes(text.to_owned())),
-    }
-}
+/// The highest sampling frequency `record` and the doctor take, Hz.
+pub(crate) const MAX_HZ: u32 = 10_000;
 
+/// `-F`: a whole number of Hz in 1..=MAX_HZ.
 pub(crate) fn parse_frequency(text: &str) -> Result<u32, InputError> {
-    match text.parse::<u32>() {
-        Ok(hz @ 1..=10_000) => Ok(hz),
-        _ => Err(InputError::Frequency(text.to_owned())),
-    }
+    crate::util::parse_hz(text, MAX_HZ)
 }
 
 pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
@@ -156,21 +139,4 @@ pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
     util::raise_fd_limit();
     let profile = record_blocking(&config, &mut super::progress::printer(true))?;
     super::write_outputs(&outputs, &profile)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_bytes;
-
-    #[test]
-    fn unwind_memory_sizes() {
-        assert_eq!(parse_bytes("64M"), Ok(64 << 20));
-        assert_eq!(parse_bytes("512K"), Ok(512 << 10));
-        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        for bad in ["", "0", "-1M", "12Q", "M", "99999999999999G"] {
-            let e = parse_bytes(bad).unwrap_err().to_string();
-            assert!(e.contains("64M") && e.contains(bad), "{bad}: {e}");
-        }
-    }
 }

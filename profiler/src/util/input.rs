@@ -1,7 +1,8 @@
-//! Why a value a user typed (a flag, a config key, a query parameter) was refused: the error
-//! of the small parsers that clap's `value_parser`, the agent's config file and its HTTP API
-//! share. Each is a leaf, one line naming the text and the form wanted: clap shows only an
-//! error's own `Display`, so nothing here hides part of its message in a `source()`.
+//! The grammar of values a user types (a flag, a config key, a query parameter): sizes,
+//! durations and frequencies, one parser each, which clap's `value_parser`, the agent's config
+//! file and its HTTP API share, and the error of each. An error is a leaf, one line naming the
+//! text and the form wanted: clap shows only an error's own `Display`, so nothing here hides
+//! part of its message in a `source()`.
 
 /// A value typed by a user that does not parse or is out of range.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -14,22 +15,156 @@ pub enum InputError {
     NotPositive(String),
     #[error("window `{0}` must be between 1s and 1h")]
     Window(String),
-    #[error("`{0}` is not a size; write e.g. 1GiB, 500MiB")]
-    NotSize(String),
+    #[error(
+        "`{0}` is not a size; write e.g. 64M, 512K, 1GiB or 100MB (K, M, G, KiB, MiB, GiB: powers of 1024; KB, MB, GB: of 1000)"
+    )]
+    Bytes(String),
     #[error(
         "`{text}`: unknown unit `{unit}`; use B, KiB (K), MiB (M), GiB (G), or KB, MB, GB (powers of 1000)"
     )]
     SizeUnit { text: String, unit: String },
     #[error("max size `{0}` is below 1MiB")]
     SizeBelowMiB(String),
-    #[error("expected a size such as 64M, 512K or 1G (bytes, at most a few GiB), got `{0}`")]
-    Bytes(String),
-    #[error("frequency must be a whole number of Hz in 1..=10000, got `{0}`")]
-    Frequency(String),
-    #[error("frequency must be in 1..=1000 Hz for the agent, got {0}")]
-    AgentFrequency(u32),
-    #[error("`{0}` is not a whole number")]
-    NotWholeNumber(String),
+    #[error("frequency must be a whole number of Hz in 1..={max}, got `{text}`")]
+    Frequency { text: String, max: u32 },
     #[error("listen address `{0}` is not IP:PORT (e.g. 127.0.0.1:7070)")]
     Listen(String),
+}
+
+/// Bytes: `64M`, `512K`, `1G`, `1GiB`, `500MiB` (powers of 1024), `100MB`, `2GB` (of 1000),
+/// `4096` or `4096B`; more than zero.
+pub(crate) fn parse_bytes(text: &str) -> Result<u64, InputError> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = match num.parse() {
+        Ok(n) if n > 0 => n,
+        _ => return Err(InputError::Bytes(text.to_owned())),
+    };
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        u => {
+            return Err(InputError::SizeUnit {
+                text: text.to_owned(),
+                unit: u.to_owned(),
+            });
+        }
+    };
+    n.checked_mul(scale)
+        .ok_or_else(|| InputError::Bytes(text.to_owned()))
+}
+
+/// A sampling frequency: a whole number of Hz in 1..=`max`.
+pub(crate) fn parse_hz(text: &str, max: u32) -> Result<u32, InputError> {
+    match text.trim().parse::<u32>() {
+        Ok(hz) => check_hz(hz, max),
+        Err(_) => Err(InputError::Frequency {
+            text: text.to_owned(),
+            max,
+        }),
+    }
+}
+
+/// `hz` if it is in 1..=`max` (a number given as such, e.g. a config file's integer).
+pub(crate) fn check_hz(hz: u32, max: u32) -> Result<u32, InputError> {
+    if (1..=max).contains(&hz) {
+        Ok(hz)
+    } else {
+        Err(InputError::Frequency {
+            text: hz.to_string(),
+            max,
+        })
+    }
+}
+
+/// Parses a duration: `10s`, `500ms`, `2m`, `1h`, `7d`, or a bare number of seconds (`1.5`).
+pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, InputError> {
+    let ns = duration_ns(text)?;
+    if !(0.5..1e18).contains(&ns) {
+        return Err(InputError::NotPositive(text.to_owned()));
+    }
+    Ok(std::time::Duration::from_nanos(ns.round() as u64))
+}
+
+/// A duration in ns, unchecked beyond its syntax: `parse_duration` and the offsets of
+/// `report --from/--to` (where 0 is valid) share it. Units: us, ms, s (or none), m, min, h, d.
+pub(crate) fn duration_ns(text: &str) -> Result<f64, InputError> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| InputError::NotDuration(text.to_owned()))?;
+    let scale = match unit {
+        "" | "s" => 1e9,
+        "ms" => 1e6,
+        "us" => 1e3,
+        "m" | "min" => 60e9,
+        "h" => 3600e9,
+        "d" => 86400e9,
+        _ => {
+            return Err(InputError::DurationUnit {
+                text: text.to_owned(),
+                unit: unit.to_owned(),
+            });
+        }
+    };
+    Ok(value * scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_in_every_unit_the_flags_and_keys_take() {
+        for (text, bytes) in [
+            ("64M", 64 << 20),
+            ("512K", 512 << 10),
+            ("1G", 1 << 30),
+            ("1GiB", 1 << 30),
+            ("500MiB", 500 << 20),
+            ("100MB", 100_000_000),
+            ("4096", 4096),
+            ("4096B", 4096),
+        ] {
+            assert_eq!(parse_bytes(text), Ok(bytes), "{text}");
+        }
+        for bad in ["", "0", "-1M", "M", "99999999999999G"] {
+            let e = parse_bytes(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("64M") && e.contains(&format!("`{bad}`")),
+                "{bad}: {e}"
+            );
+        }
+        let e = parse_bytes("12 parsecs").unwrap_err().to_string();
+        assert!(e.contains("unknown unit `parsecs`"), "{e}");
+    }
+
+    #[test]
+    fn frequencies_are_whole_hz_up_to_the_commands_limit() {
+        assert_eq!(parse_hz("99", 10_000), Ok(99));
+        assert_eq!(parse_hz("10000", 10_000), Ok(10_000));
+        for bad in ["0", "10001", "1.5", "fast", ""] {
+            let e = parse_hz(bad, 10_000).unwrap_err().to_string();
+            assert!(
+                e.contains("1..=10000") && e.contains(&format!("`{bad}`")),
+                "{e}"
+            );
+        }
+        assert!(
+            check_hz(2000, 1000)
+                .unwrap_err()
+                .to_string()
+                .contains("1..=1000")
+        );
+    }
 }
