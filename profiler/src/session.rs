@@ -10,7 +10,7 @@ use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::{
-    bpf::{Event, KernelCounters, Sampler, SamplerConfig},
+    bpf::{Event, KernelCounters, Sampler, SamplerConfig, UnwindMaps},
     cgroups::CgroupTarget,
     collect::{
         CgroupFilter, Collected, Collection, CommFilter, KernelRecords, ProcessEvents, TableBounds,
@@ -18,7 +18,7 @@ use crate::{
     profile::{Counters, Meta, Profile},
     record::RecordError,
     symbolize::{self, KernelSymbols, NameCache, UserSymbolizer},
-    unwind::{BackgroundLoader, LoaderStats, UnwindMode},
+    unwind::{BackgroundLoader, Loader, LoaderStats, UnwindMode},
     util,
 };
 
@@ -190,7 +190,6 @@ impl Session {
             cgroups: &kernel_cgroups,
             unwind: config.unwind,
             unwind_memory: config.unwind_memory,
-            unwind_cache: config.unwind_cache.as_deref(),
             python,
             wake_for_processes: config.wake_for_processes,
         })?;
@@ -205,7 +204,10 @@ impl Session {
             .with_cgroup_filter(CgroupFilter::new(user_cgroups))
             .with_events(events);
         let loader = match sampler.unwind.take() {
-            Some(l) => Some(Arc::new(BackgroundLoader::spawn(l, config.unwind_tables)?)),
+            Some(maps) => Some(Arc::new(BackgroundLoader::spawn(
+                unwind_loader(maps, config)?,
+                config.unwind_tables,
+            )?)),
             None => None,
         };
         if let Some(loader) = &loader {
@@ -451,6 +453,37 @@ impl Session {
         self.start_mono_ns = end_mono_ns;
         Ok((meta, k))
     }
+}
+
+/// The table walk's loader over the sampler's unwind maps, with its disk cache and the
+/// processes asked for by pid already loaded, so their first samples are walked by table too.
+fn unwind_loader(maps: UnwindMaps, config: &SessionConfig) -> Result<Loader, RecordError> {
+    let mut loader = Loader::new(config.unwind, maps.rows, maps.words, maps.rules, maps.procs)
+        .map_err(|e| {
+            RecordError::Io(std::io::Error::other(format!(
+                "cannot map the unwind tables' memory: {e}"
+            )))
+        })?;
+    if let Some(dir) = &config.unwind_cache {
+        match crate::unwind::cache::TableCache::open(dir, crate::unwind::cache::DEFAULT_MAX_BYTES) {
+            Ok(cache) => loader.set_cache(cache),
+            Err(e) => eprintln!(
+                "warning: unwind tables are not cached: cannot create {}: {e}",
+                dir.display()
+            ),
+        }
+    }
+    for &pid in &config.pids {
+        if let Ok(mappings) = crate::unwind::proc_mappings(pid)
+            && let Err(e) = loader.load_process(pid, &mappings)
+        {
+            log::debug!(
+                "pid {pid}: cannot load its mappings for unwinding: {}",
+                crate::util::chain(&e)
+            );
+        }
+    }
+    Ok(loader)
 }
 
 /// The wall clock at the monotonic `mono_ns` of the recent past.

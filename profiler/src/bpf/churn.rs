@@ -95,7 +95,7 @@ impl ChurnTracer {
         for (key, n) in self.counts.iter().flatten() {
             let e = by_pid.entry(key.pid).or_insert_with(|| ChurnCount {
                 pid: key.pid,
-                comm: comm_string(&key.comm),
+                comm: crate::util::comm_str(&key.comm),
                 ..ChurnCount::default()
             });
             if key.event == EVENT_MKDIR {
@@ -103,7 +103,7 @@ impl ChurnTracer {
             } else {
                 e.rmdirs += n;
             }
-            let parent = comm_string(&key.parent);
+            let parent = crate::util::comm_str(&key.parent);
             match e.parents.iter_mut().find(|p| p.0 == parent) {
                 Some(p) => p.1 += n,
                 None => e.parents.push((parent, n)),
@@ -125,7 +125,7 @@ impl ChurnTracer {
         let mut v: Vec<(u32, String)> = map
             .iter()
             .flatten()
-            .map(|(k, _)| (k.pid, comm_string(&k.path)))
+            .map(|(k, _)| (k.pid, crate::util::comm_str(&k.path)))
             .collect();
         v.sort();
         v.dedup();
@@ -144,9 +144,4 @@ fn attach_program(ebpf: &mut Ebpf) -> Result<HashMap<MapData, AttachKey, u64>, B
         ebpf.take_map(MAP_ATTACH)
             .ok_or(BpfError::Missing("attach map"))?,
     )?)
-}
-
-fn comm_string(comm: &[u8]) -> String {
-    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
 }

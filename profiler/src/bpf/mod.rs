@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{CgroupArray, HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{CgroupArray, HashMap, Map, MapData, PerCpuArray, RingBuf},
     programs::{
         PerfEvent,
         perf_event::{HardwareEvent, PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -23,7 +23,7 @@ use profiler_common::{
     MAX_CGROUP_FILTER, WAKEUP_FRACTION, counter, python as py, ring_buffer_bytes, unwind,
 };
 
-use crate::unwind::{Loader, UnwindMode};
+use crate::unwind::UnwindMode;
 use variant::{Refusal, Variant};
 
 /// The sampler object, built by build.rs from profiler-ebpf.
@@ -76,8 +76,6 @@ pub(crate) enum BpfError {
     NoPmu,
     #[error("cannot open cgroup {0}")]
     Cgroup(PathBuf, #[source] std::io::Error),
-    #[error("cannot map the unwind tables' memory")]
-    UnwindMaps(#[source] std::io::Error),
     #[error("at most {MAX_CGROUP_FILTER} cgroups can be filtered in the kernel, got {0}")]
     TooManyCgroups(usize),
 }
@@ -226,47 +224,23 @@ fn load_program(ebpf: &mut Ebpf, variant: Variant) -> Result<(), BpfError> {
     Ok(())
 }
 
-/// The table walk's loader over the object's unwind maps, with its cache and the processes
-/// asked for by pid already loaded.
-fn unwind_loader(
-    ebpf: &mut Ebpf,
-    config: &SamplerConfig<'_>,
-    settings: &Settings,
-) -> Result<Loader, BpfError> {
-    let rows = ebpf
-        .take_map(unwind::MAP_ROWS)
-        .ok_or(BpfError::Missing("unwind rows"))?;
-    let rules = ebpf
-        .take_map(unwind::MAP_RULES)
-        .ok_or(BpfError::Missing("unwind rules"))?;
-    let procs = ebpf
-        .take_map(unwind::MAP_PROCS)
-        .ok_or(BpfError::Missing("unwind mappings"))?;
-    let words = settings.unwind_rows * unwind::WORDS_PER_ELEMENT;
-    let mut loader =
-        Loader::new(config.unwind, rows, words, rules, procs).map_err(BpfError::UnwindMaps)?;
-    if let Some(dir) = config.unwind_cache {
-        match crate::unwind::cache::TableCache::open(dir, crate::unwind::cache::DEFAULT_MAX_BYTES) {
-            Ok(cache) => loader.set_cache(cache),
-            Err(e) => eprintln!(
-                "warning: unwind tables are not cached: cannot create {}: {e}",
-                dir.display()
-            ),
-        }
-    }
-    // The processes asked for by pid are loaded before sampling starts, so their first
-    // samples are walked by table too.
-    for &pid in config.pids {
-        if let Ok(mappings) = crate::unwind::proc_mappings(pid)
-            && let Err(e) = loader.load_process(pid, &mappings)
-        {
-            log::debug!(
-                "pid {pid}: cannot load its mappings for unwinding: {}",
-                crate::util::chain(&e)
-            );
-        }
-    }
-    Ok(loader)
+/// The table walk's maps, taken from the object: the rows (`words` 4-byte entries), the
+/// rules and the processes' mappings, for `unwind::Loader` to fill.
+pub(crate) struct UnwindMaps {
+    pub rows: Map,
+    pub words: u32,
+    pub rules: Map,
+    pub procs: Map,
+}
+
+fn take_unwind_maps(ebpf: &mut Ebpf, settings: &Settings) -> Result<UnwindMaps, BpfError> {
+    let mut take = |name, what| ebpf.take_map(name).ok_or(BpfError::Missing(what));
+    Ok(UnwindMaps {
+        rows: take(unwind::MAP_ROWS, "unwind rows")?,
+        words: settings.unwind_rows * unwind::WORDS_PER_ELEMENT,
+        rules: take(unwind::MAP_RULES, "unwind rules")?,
+        procs: take(unwind::MAP_PROCS, "unwind mappings")?,
+    })
 }
 
 /// Loads and attaches `PROGRAM_PY_EXEC` (profiler-ebpf `python_exec`).
@@ -326,8 +300,9 @@ pub(crate) struct Sampler {
     counters: PerCpuArray<MapData, u64>,
     /// CPUs the program is attached on.
     pub cpus: Vec<u32>,
-    /// Feeds processes' mappings and tables to the table walk (None with `--unwind fp`).
-    pub unwind: Option<Loader>,
+    /// The table walk's maps, until the session takes them for its loader (None when the
+    /// loaded variant walks frame pointers).
+    pub unwind: Option<UnwindMaps>,
     /// The Python processes map, until the collector takes it (`take_python_map`).
     python_map: Option<HashMap<MapData, u32, py::PyProc>>,
     python_counters: Option<PerCpuArray<MapData, u64>>,
@@ -371,8 +346,6 @@ pub(crate) struct SamplerConfig<'a> {
     pub unwind: UnwindMode,
     /// Bytes of kernel memory for unwind rows (`--unwind-memory`).
     pub unwind_memory: u64,
-    /// Directory of compiled tables kept between runs (`unwind::cache`); None: none.
-    pub unwind_cache: Option<&'a Path>,
     /// Walk Python frames in registered processes (`crate::python`); None = off.
     pub python: Option<crate::python::KernelFacts>,
     /// A new process's first sample wakes the reader (`GLOBAL_WAKE_FOR_PROCESSES`).
@@ -459,7 +432,7 @@ impl Sampler {
         lost: Vec<String>,
     ) -> Result<(Self, RingBuf<MapData>), BpfError> {
         let unwind = if variant.tables {
-            Some(unwind_loader(&mut ebpf, config, settings)?)
+            Some(take_unwind_maps(&mut ebpf, settings)?)
         } else {
             None
         };
