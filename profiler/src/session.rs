@@ -190,7 +190,7 @@ impl Session {
             cgroups: &kernel_cgroups,
             unwind: config.unwind,
             unwind_memory: config.unwind_memory,
-            python,
+            python_fsbase_offset: python.map(|p| p.fsbase_offset),
             wake_for_processes: config.wake_for_processes,
         })?;
         for line in sampler.lost() {

@@ -124,7 +124,7 @@ impl Settings {
             unwind_rules,
             exit_code_offset: exits::exit_code_offset().unwrap_or(0),
             fsbase_offset: if variant.python {
-                config.python.map_or(0, |p| p.fsbase_offset)
+                config.python_fsbase_offset.unwrap_or(0)
             } else {
                 0
             },
@@ -346,8 +346,9 @@ pub(crate) struct SamplerConfig<'a> {
     pub unwind: UnwindMode,
     /// Bytes of kernel memory for unwind rows (`--unwind-memory`).
     pub unwind_memory: u64,
-    /// Walk Python frames in registered processes (`crate::python`); None = off.
-    pub python: Option<crate::python::KernelFacts>,
+    /// Walk Python frames in registered processes: the offset of `thread.fsbase` in
+    /// `task_struct` (`python::KernelFacts`); None = off.
+    pub python_fsbase_offset: Option<u32>,
     /// A new process's first sample wakes the reader (`GLOBAL_WAKE_FOR_PROCESSES`).
     pub wake_for_processes: bool,
 }
@@ -381,7 +382,7 @@ impl Sampler {
         let cpus = aya::util::online_cpus().map_err(|(what, e)| BpfError::Cpus(what, e))?;
         let asked = Variant {
             tables: config.unwind != UnwindMode::Fp,
-            python: config.python.is_some(),
+            python: config.python_fsbase_offset.is_some(),
         };
         let mut refusals = Vec::new();
         for variant in asked.fallbacks() {

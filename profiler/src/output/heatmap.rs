@@ -6,6 +6,8 @@
 //! them into bounded tables, written here as one JSON script element. See docs/heatmap.md.
 use std::io;
 
+use serde::{Serialize, Serializer};
+
 use crate::profile::Profile;
 
 mod data;
@@ -16,90 +18,101 @@ const STYLE: &str = include_str!("heatmap/style.css");
 const SCRIPT: &str = include_str!("heatmap/app.js");
 
 impl HeatmapData {
-    /// Streams the data as JSON, safe inside a `<script>` element (`<` is escaped): the records can be millions, so no intermediate strings for them.
-    #[expect(
-        clippy::many_single_char_names,
-        reason = "the record fields are named by their one-letter JSON keys"
-    )]
+    /// Streams the data as JSON, safe inside a `<script>` element (`ScriptSafe`): the records
+    /// can be millions, so nothing is built in memory first.
     pub(crate) fn write_json(&self, w: &mut impl io::Write) -> io::Result<()> {
-        let list = |items: Vec<String>| format!("[{}]", items.join(","));
-        let cpus = list(self.cpus.iter().map(u32::to_string).collect());
-        let comms = list(self.comms.iter().map(|c| json_str(c)).collect());
-        // As strings: cgroup ids can pass 2^53, where JS numbers lose digits.
-        let cgroups = list(self.cgroups.iter().map(|g| format!("\"{g}\"")).collect());
-        let frames = list(
-            self.frames
-                .iter()
-                .map(|(n, k)| format!("[{},{}]", json_str(n), u8::from(*k)))
-                .collect(),
-        );
-        let stacks = list(
-            self.stacks
-                .iter()
-                .map(|s| list(s.iter().map(u32::to_string).collect()))
-                .collect(),
-        );
-        // Straight into one string: the grid and the CPU strip reach millions of cells (a
-        // `String` per number peaked at 240 MB for a day on 24 CPUs).
-        let nums = |v: &[u64]| {
-            use std::fmt::Write as _;
-            let mut out = String::with_capacity(2 * v.len() + 2);
-            out.push('[');
-            for (i, n) in v.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                let _ = write!(out, "{n}");
-            }
-            out.push(']');
-            out
+        let page = PageData {
+            first_s: self.span.first_s,
+            cols: self.span.cols,
+            rows: self.rows,
+            hz: self.frequency_hz,
+            start_unix_ms: self.start_unix_ms,
+            untimed: &self.untimed_cols,
+            untimed_n: self.untimed_samples,
+            cpus: &self.cpus,
+            comms: &self.comms,
+            cgroups: &self.cgroups,
+            frames: &self.frames,
+            stacks: &self.stacks,
+            grid: &self.grid,
+            cpu_busy: &self.cpu_busy,
+            cpu_kernel: &self.cpu_kernel,
+            bucket: self.bucket,
+            all_bucket: self.all_bucket,
+            all_rec: &self.all_records,
+            rec: &self.records,
         };
-        let (grid, busy, kernel) = (
-            nums(&self.grid),
-            nums(&self.cpu_busy),
-            nums(&self.cpu_kernel),
-        );
-        // Bounded by MAX_RECORDS: fine as one string.
-        let all: Vec<u64> = self.all_records.iter().flatten().copied().collect();
-        let all = nums(&all);
-        let untimed = nums(&self.untimed_cols);
-        write!(
-            w,
-            r#"{{"first_s":{},"cols":{},"rows":{},"hz":{},"start_unix_ms":{},"untimed":{untimed},"untimed_n":{},"cpus":{cpus},"comms":{comms},"cgroups":{cgroups},"frames":{frames},"stacks":{stacks},"grid":{grid},"cpu_busy":{busy},"cpu_kernel":{kernel},"bucket":{},"all_bucket":{},"all_rec":{all},"rec":["#,
-            self.span.first_s,
-            self.span.cols,
-            self.rows,
-            self.frequency_hz,
-            self.start_unix_ms,
-            self.untimed_samples,
-            self.bucket,
-            self.all_bucket,
-        )?;
-        for (i, r) in self.records.iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            let [b, c, m, g, st, n] = r;
-            write!(w, "{sep}{b},{c},{m},{g},{st},{n}")?;
-        }
-        w.write_all(b"]}")
+        let mut json = serde_json::Serializer::with_formatter(w, ScriptSafe);
+        page.serialize(&mut json).map_err(io::Error::from)
     }
 }
 
-/// A JSON string literal; `<`, `>` and `&` as \u escapes so no name can close the script.
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 || matches!(c, '<' | '>' | '&') => {
-                out.push_str(&format!("\\u{:04x}", c as u32));
-            }
-            c => out.push(c),
+/// The JSON the page reads (app.js: `D`), keys in this order (tests/tests/heatmap.rs matches
+/// runs of them). Records are flat arrays of numbers (`rec`: 6 per record, `all_rec`: 5), read
+/// by stride.
+#[derive(Serialize)]
+struct PageData<'a> {
+    first_s: u64,
+    cols: usize,
+    rows: u32,
+    hz: u32,
+    start_unix_ms: u64,
+    untimed: &'a [u64],
+    untimed_n: u64,
+    cpus: &'a [u32],
+    comms: &'a [String],
+    /// As strings: cgroup ids can pass 2^53, where JS numbers lose digits.
+    #[serde(serialize_with = "as_strings")]
+    cgroups: &'a [u64],
+    /// `[name, 1 if kernel code else 0]`.
+    #[serde(serialize_with = "kernel_as_number")]
+    frames: &'a [(String, bool)],
+    stacks: &'a [Vec<u32>],
+    grid: &'a [u64],
+    cpu_busy: &'a [u64],
+    cpu_kernel: &'a [u64],
+    bucket: u32,
+    all_bucket: u32,
+    #[serde(serialize_with = "flat")]
+    all_rec: &'a [[u64; 5]],
+    #[serde(serialize_with = "flat")]
+    rec: &'a [[u64; 6]],
+}
+
+fn as_strings<S: Serializer>(ids: &&[u64], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(ids.iter().map(u64::to_string))
+}
+
+fn kernel_as_number<S: Serializer>(frames: &&[(String, bool)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(
+        frames
+            .iter()
+            .map(|(name, kernel)| (name, u8::from(*kernel))),
+    )
+}
+
+fn flat<S: Serializer, const N: usize>(rows: &&[[u64; N]], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(rows.iter().flatten())
+}
+
+/// serde_json's compact output, with `<`, `>` and `&` in strings as \u escapes so no name can
+/// close the script element (or open a comment in it).
+struct ScriptSafe;
+
+impl serde_json::ser::Formatter for ScriptSafe {
+    fn write_string_fragment<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        fragment: &str,
+    ) -> io::Result<()> {
+        let mut rest = fragment;
+        while let Some(at) = rest.find(['<', '>', '&']) {
+            w.write_all(&rest.as_bytes()[..at])?;
+            write!(w, "\\u{:04x}", u32::from(rest.as_bytes()[at]))?;
+            rest = &rest[at + 1..];
         }
+        w.write_all(rest.as_bytes())
     }
-    out.push('"');
-    out
 }
 
 /// Writes the page: skeleton, inline CSS, the data as a JSON script element, inline JS.
@@ -161,10 +174,6 @@ mod tests {
             d.all_records,
             d.records.iter().map(strip).collect::<Vec<_>>()
         );
-        assert_eq!(
-            json_str("a</script>\"\n"),
-            r#""a\u003c/script\u003e\"\u000a""#
-        );
     }
 
     #[test]
@@ -215,6 +224,26 @@ mod tests {
         d.write_json(&mut json).unwrap();
         let json = String::from_utf8(json).unwrap();
         assert!(json.contains(r#""untimed":[1],"untimed_n":20,"#), "{json}");
+    }
+
+    /// Names are the profiled programs' (thread comms, symbols): none may close the script
+    /// element, and each reads back as it was.
+    #[test]
+    fn names_are_escaped_for_the_script_element() {
+        let mut d = heatmap_data(&profile::timeline_pattern()).unwrap();
+        let name = "a</script><!--&\"\\\n\u{1}é";
+        d.comms[0] = name.into();
+        let mut json = Vec::new();
+        d.write_json(&mut json).unwrap();
+        let text = String::from_utf8(json).unwrap();
+        assert!(!text.contains(['<', '>', '&']), "{text}");
+        assert!(
+            text.contains(r#""comms":["a\u003c/script\u003e\u003c!--\u0026\"\\\n\u0001é"]"#),
+            "{text}"
+        );
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back["comms"][0], name);
+        assert_eq!(back["cgroups"], serde_json::json!(["7"]));
     }
 
     #[test]

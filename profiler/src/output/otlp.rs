@@ -44,125 +44,97 @@ mod field {
 
 /// The uncompressed protobuf body of one export request for `p`.
 pub(crate) fn encode_otlp(p: &Profile) -> Vec<u8> {
-    let mut d = Dictionary::default();
-    // Mappings: one per binary a frame points into, with its address range (user frames are
-    // file offsets, so a user mapping starts at 0) and its build id as an attribute.
-    let mut ranges: HashMap<u32, (u64, u64)> = HashMap::new();
-    for f in &p.frames {
-        let r = ranges.entry(f.binary).or_insert((f.addr, f.addr));
-        *r = (r.0.min(f.addr), r.1.max(f.addr));
-    }
-    let mut mapping_of: HashMap<u32, u64> = HashMap::new();
-    for (id, b) in p.binaries.iter().enumerate().skip(1) {
-        let Some(&(lo, hi)) = ranges.get(&(id as u32)) else {
-            continue;
-        };
-        let mut m = Msg::default();
-        m.uint(1, if b.path.starts_with('[') { lo } else { 0 });
-        m.uint(2, hi + 1);
-        m.uint(4, d.strings.id(&b.path));
-        if !b.build_id.is_empty() {
-            let attr = d.attribute("process.executable.build_id.gnu", &b.build_id);
-            m.packed(5, [attr]);
-        }
-        d.mappings.push(m);
-        mapping_of.insert(id as u32, d.mappings.len() as u64);
-    }
-    // Locations: one per frame; functions: one per name.
-    let mut functions: HashMap<u32, u64> = HashMap::new();
-    for f in &p.frames {
-        let function = *functions.entry(f.name).or_insert_with(|| {
-            let name = d.strings.id(p.str(f.name));
-            let mut m = Msg::default();
-            m.uint(1, name);
-            m.uint(2, name);
-            d.functions.push(m);
-            d.functions.len() as u64
-        });
-        let mut line = Msg::default();
-        line.uint(1, function);
-        let mut m = Msg::default();
-        m.uint(1, mapping_of.get(&f.binary).copied().unwrap_or(0));
-        m.uint(2, f.addr);
-        m.msg(3, line);
-        d.locations.push(m);
-    }
-    // Stacks: leaf first here, root first in ours; location i + 1 is frame i.
-    for s in &p.stacks {
-        let mut m = Msg::default();
-        m.packed(1, s.frames.iter().rev().map(|&f| u64::from(f) + 1));
-        d.stacks.push(m);
-    }
-
-    // Samples per process, then per (stack, comm), with their times in order.
-    type Key = (u32, u32); // (stack, comm)
-    let mut per_pid: BTreeMap<u32, BTreeMap<Key, Vec<u64>>> = BTreeMap::new();
-    let mut untimed: BTreeMap<(u32, Key), u64> = BTreeMap::new();
-    for s in &p.samples {
-        let key = (s.stack, s.comm);
-        if s.has_time() {
-            let t = p.meta.start_unix_ns + s.offset_ns;
-            per_pid
-                .entry(s.pid)
-                .or_default()
-                .entry(key)
-                .or_default()
-                .push(t);
-        } else {
-            per_pid.entry(s.pid).or_default().entry(key).or_default();
-            *untimed.entry((s.pid, key)).or_default() += 1;
-        }
-    }
+    let mut d = Dictionary::of(p);
     let processes: HashMap<u32, &Process> = p.processes.iter().map(|q| (q.pid, q)).collect();
-    let period_ns = 1_000_000_000 / u64::from(p.meta.frequency_hz.max(1));
     let mut out = Msg::default();
-    for (pid, samples) in per_pid {
-        let mut profile = Msg::default();
-        profile.msg(
-            field::PROFILE_SAMPLE_TYPE,
-            value_type(&mut d.strings, "samples", "count"),
-        );
-        for ((stack, comm), mut times) in samples {
-            let mut m = Msg::default();
-            m.uint(field::SAMPLE_STACK_INDEX, u64::from(stack) + 1);
-            let attr = d.attribute("thread.name", p.str(comm));
-            m.packed(field::SAMPLE_ATTRIBUTE_INDICES, [attr]);
-            let n = untimed.get(&(pid, (stack, comm))).copied().unwrap_or(0);
-            if n == 0 {
-                // One event per timestamp, each worth 1 (the spec's reading without values).
-                times.sort_unstable();
-                m.packed_fixed64(field::SAMPLE_TIMESTAMPS, times);
-            } else {
-                // Some times unknown (old stored windows): the count alone.
-                m.packed(field::SAMPLE_VALUES, [n + times.len() as u64]);
-            }
-            profile.msg(field::PROFILE_SAMPLES, m);
-        }
-        profile.fixed64(field::PROFILE_TIME_UNIX_NANO, p.meta.start_unix_ns);
-        profile.uint(field::PROFILE_DURATION_NANO, p.meta.duration_ns);
-        profile.msg(
-            field::PROFILE_PERIOD_TYPE,
-            value_type(&mut d.strings, "cpu", "nanoseconds"),
-        );
-        profile.uint(field::PROFILE_PERIOD, period_ns);
-        profile.bytes(field::PROFILE_ID, &profile_id(p, pid));
-        let mut scope = Msg::default();
-        scope.bytes(1, b"profiler");
-        scope.bytes(2, env!("CARGO_PKG_VERSION").as_bytes());
-        let mut scope_profiles = Msg::default();
-        scope_profiles.msg(field::SCOPE_PROFILES_SCOPE, scope);
-        scope_profiles.msg(field::SCOPE_PROFILES_PROFILES, profile);
-        let mut resource = Msg::default();
-        for kv in resource_attributes(p, pid, processes.get(&pid).copied()) {
-            resource.msg(field::RESOURCE_ATTRIBUTES, kv);
-        }
-        let mut rp = Msg::default();
-        rp.msg(field::RESOURCE_PROFILES_RESOURCE, resource);
-        rp.msg(field::RESOURCE_PROFILES_SCOPE_PROFILES, scope_profiles);
+    for (pid, groups) in samples_by_process(p) {
+        let profile = process_profile(p, &mut d, pid, groups);
+        let rp = resource_profiles(p, pid, processes.get(&pid).copied(), profile);
         out.msg(field::REQUEST_RESOURCE_PROFILES, rp);
     }
     out.msg(field::REQUEST_DICTIONARY, d.finish());
     out.0
+}
+
+/// A process's samples of one stack and thread comm: their times, and how many had none.
+#[derive(Default)]
+struct Group {
+    times: Vec<u64>,
+    untimed: u64,
+}
+
+/// (stack, comm)
+type Key = (u32, u32);
+
+/// Samples per process, then per (stack, comm); times are wall-clock ns.
+fn samples_by_process(p: &Profile) -> BTreeMap<u32, BTreeMap<Key, Group>> {
+    let mut per_pid: BTreeMap<u32, BTreeMap<Key, Group>> = BTreeMap::new();
+    for s in &p.samples {
+        let group = per_pid
+            .entry(s.pid)
+            .or_default()
+            .entry((s.stack, s.comm))
+            .or_default();
+        if s.has_time() {
+            group.times.push(p.meta.start_unix_ns + s.offset_ns);
+        } else {
+            group.untimed += 1;
+        }
+    }
+    per_pid
+}
+
+/// The `Profile` message of one process: its samples, the window and the sampling period.
+fn process_profile(p: &Profile, d: &mut Dictionary, pid: u32, groups: BTreeMap<Key, Group>) -> Msg {
+    let mut profile = Msg::default();
+    profile.msg(
+        field::PROFILE_SAMPLE_TYPE,
+        value_type(&mut d.strings, "samples", "count"),
+    );
+    for ((stack, comm), group) in groups {
+        let mut m = Msg::default();
+        m.uint(field::SAMPLE_STACK_INDEX, u64::from(stack) + 1);
+        let attr = d.attribute("thread.name", p.str(comm));
+        m.packed(field::SAMPLE_ATTRIBUTE_INDICES, [attr]);
+        let Group { mut times, untimed } = group;
+        if untimed == 0 {
+            // One event per timestamp, each worth 1 (the spec's reading without values).
+            times.sort_unstable();
+            m.packed_fixed64(field::SAMPLE_TIMESTAMPS, times);
+        } else {
+            // Some times unknown (old stored windows): the count alone.
+            m.packed(field::SAMPLE_VALUES, [untimed + times.len() as u64]);
+        }
+        profile.msg(field::PROFILE_SAMPLES, m);
+    }
+    let period_ns = 1_000_000_000 / u64::from(p.meta.frequency_hz.max(1));
+    profile.fixed64(field::PROFILE_TIME_UNIX_NANO, p.meta.start_unix_ns);
+    profile.uint(field::PROFILE_DURATION_NANO, p.meta.duration_ns);
+    profile.msg(
+        field::PROFILE_PERIOD_TYPE,
+        value_type(&mut d.strings, "cpu", "nanoseconds"),
+    );
+    profile.uint(field::PROFILE_PERIOD, period_ns);
+    profile.bytes(field::PROFILE_ID, &profile_id(p, pid));
+    profile
+}
+
+/// One process's `ResourceProfiles`: its resource, and `profile` under this profiler's scope.
+fn resource_profiles(p: &Profile, pid: u32, process: Option<&Process>, profile: Msg) -> Msg {
+    let mut scope = Msg::default();
+    scope.bytes(1, b"profiler");
+    scope.bytes(2, env!("CARGO_PKG_VERSION").as_bytes());
+    let mut scope_profiles = Msg::default();
+    scope_profiles.msg(field::SCOPE_PROFILES_SCOPE, scope);
+    scope_profiles.msg(field::SCOPE_PROFILES_PROFILES, profile);
+    let mut resource = Msg::default();
+    for kv in resource_attributes(p, pid, process) {
+        resource.msg(field::RESOURCE_ATTRIBUTES, kv);
+    }
+    let mut rp = Msg::default();
+    rp.msg(field::RESOURCE_PROFILES_RESOURCE, resource);
+    rp.msg(field::RESOURCE_PROFILES_SCOPE_PROFILES, scope_profiles);
+    rp
 }
 
 /// The request's shared tables, each starting with its zero value.
@@ -178,6 +150,71 @@ struct Dictionary {
 }
 
 impl Dictionary {
+    /// The mappings, locations, functions and stacks of `p`; strings and attributes grow as
+    /// the samples are added.
+    fn of(p: &Profile) -> Self {
+        let mut d = Dictionary::default();
+        let mapping_of = d.add_mappings(p);
+        d.add_locations(p, &mapping_of);
+        // Leaf first here, root first in ours; location i + 1 is frame i.
+        for s in &p.stacks {
+            let mut m = Msg::default();
+            m.packed(1, s.frames.iter().rev().map(|&f| u64::from(f) + 1));
+            d.stacks.push(m);
+        }
+        d
+    }
+
+    /// One mapping per binary a frame points into, with its address range (user frames are
+    /// file offsets, so a user mapping starts at 0) and its build id as an attribute. Returns
+    /// the mapping index of each binary id.
+    fn add_mappings(&mut self, p: &Profile) -> HashMap<u32, u64> {
+        let mut ranges: HashMap<u32, (u64, u64)> = HashMap::new();
+        for f in &p.frames {
+            let r = ranges.entry(f.binary).or_insert((f.addr, f.addr));
+            *r = (r.0.min(f.addr), r.1.max(f.addr));
+        }
+        let mut mapping_of: HashMap<u32, u64> = HashMap::new();
+        for (id, b) in p.binaries.iter().enumerate().skip(1) {
+            let Some(&(lo, hi)) = ranges.get(&(id as u32)) else {
+                continue;
+            };
+            let mut m = Msg::default();
+            m.uint(1, if b.path.starts_with('[') { lo } else { 0 });
+            m.uint(2, hi + 1);
+            m.uint(4, self.strings.id(&b.path));
+            if !b.build_id.is_empty() {
+                let attr = self.attribute("process.executable.build_id.gnu", &b.build_id);
+                m.packed(5, [attr]);
+            }
+            self.mappings.push(m);
+            mapping_of.insert(id as u32, self.mappings.len() as u64);
+        }
+        mapping_of
+    }
+
+    /// One location per frame, in frame order; one function per name.
+    fn add_locations(&mut self, p: &Profile, mapping_of: &HashMap<u32, u64>) {
+        let mut functions: HashMap<u32, u64> = HashMap::new();
+        for f in &p.frames {
+            let function = *functions.entry(f.name).or_insert_with(|| {
+                let name = self.strings.id(p.str(f.name));
+                let mut m = Msg::default();
+                m.uint(1, name);
+                m.uint(2, name);
+                self.functions.push(m);
+                self.functions.len() as u64
+            });
+            let mut line = Msg::default();
+            line.uint(1, function);
+            let mut m = Msg::default();
+            m.uint(1, mapping_of.get(&f.binary).copied().unwrap_or(0));
+            m.uint(2, f.addr);
+            m.msg(3, line);
+            self.locations.push(m);
+        }
+    }
+
     /// The index of the string attribute `key = value` in the attribute table.
     fn attribute(&mut self, key: &str, value: &str) -> u64 {
         let k = (key.to_owned(), value.to_owned());

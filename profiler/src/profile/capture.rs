@@ -82,6 +82,7 @@ pub fn read_file(path: &Path) -> Result<Profile, CaptureError> {
     })
 }
 
+/// Writes the header, then the body's sections in the order of docs/capture-format.md.
 pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
     out.write_all(MAGIC)?;
     out.write_all(&CAPTURE_VERSION.to_le_bytes())?;
@@ -90,157 +91,18 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
         1 << 16,
         GzEncoder::new(out, Compression::new(6)),
     ));
-    let Meta {
-        start_unix_ns,
-        start_mono_ns,
-        duration_ns,
-        frequency_hz,
-        event,
-        hostname,
-        kernel_release,
-        cpus,
-        counters,
-        untimed,
-        named_counters,
-    } = &p.meta;
-    w.u(*start_unix_ns)?;
-    w.u(*start_mono_ns)?;
-    w.u(*duration_ns)?;
-    w.u(u64::from(*frequency_hz))?;
-    w.s(event)?;
-    w.s(hostname)?;
-    w.s(kernel_release)?;
-    w.u(cpus.len() as u64)?;
-    for &cpu in cpus {
-        w.u(cpu.into())?;
-    }
-    let Counters {
-        recorded,
-        lost_ringbuf_full,
-        filtered,
-        kstack_failed,
-        ustack_failed,
-    } = counters;
-    for c in [
-        recorded,
-        lost_ringbuf_full,
-        filtered,
-        kstack_failed,
-        ustack_failed,
-    ] {
-        w.u(*c)?;
-    }
-    w.u(p.strings.len() as u64)?;
-    for s in &p.strings {
-        w.s(s)?;
-    }
-    w.u(p.binaries.len() as u64)?;
-    for Binary { path, build_id } in &p.binaries {
-        w.s(path)?;
-        w.s(build_id)?;
-    }
-    w.u(p.frames.len() as u64)?;
-    for Frame {
-        name,
-        module,
-        kind,
-        addr,
-        binary,
-    } in &p.frames
-    {
-        w.u((*name).into())?;
-        w.u((*module).into())?;
-        w.u(match kind {
-            FrameKind::Kernel => 0,
-            FrameKind::User => 1,
-        })?;
-        w.u(*addr)?;
-        w.u((*binary).into())?;
-    }
-    w.u(p.stacks.len() as u64)?;
-    for Stack { frames } in &p.stacks {
-        w.u(frames.len() as u64)?;
-        for &f in frames {
-            w.u(f.into())?;
-        }
-    }
-    w.u(p.processes.len() as u64)?;
-    for Process {
-        pid,
-        comm,
-        exe,
-        cgroup,
-        memory_cgroup,
-        cpu_cgroup,
-    } in &p.processes
-    {
-        w.u((*pid).into())?;
-        for text in [comm, exe, cgroup, memory_cgroup, cpu_cgroup] {
-            w.s(text)?;
-        }
-    }
-    w.u(p.cgroups.len() as u64)?;
-    for Cgroup { id, path } in &p.cgroups {
-        w.u(*id)?;
-        w.s(path)?;
-    }
-    w.u(p.samples.len() as u64)?;
-    let mut prev = 0u64;
-    for &Sample {
-        offset_ns,
-        cpu,
-        pid,
-        tid,
-        cgroup_id,
-        comm,
-        stack,
-    } in &p.samples
-    {
-        // Samples are (nearly) in time order: deltas are small and varints short.
-        w.i(offset_ns as i64 - prev as i64)?;
-        prev = offset_ns;
-        for v in [
-            u64::from(cpu),
-            pid.into(),
-            tid.into(),
-            cgroup_id,
-            comm.into(),
-            stack.into(),
-        ] {
-            w.u(v)?;
-        }
-    }
-    w.u(p.lifetimes.len() as u64)?;
-    for Lifetime {
-        pid,
-        ppid,
-        comm,
-        exe,
-        fork_ns,
-        exec_ns,
-        exit_ns,
-        exit_status,
-    } in &p.lifetimes
-    {
-        w.u((*pid).into())?;
-        w.u((*ppid).into())?;
-        w.s(comm)?;
-        w.s(exe)?;
-        // Optional values as value + 1, 0 for none.
-        for v in [*fork_ns, *exec_ns, *exit_ns, exit_status.map(u64::from)] {
-            w.u(v.map_or(0, |v| v.saturating_add(1)))?;
-        }
-    }
-    w.u(untimed.len() as u64)?;
-    for &(from, to) in untimed {
-        w.u(from)?;
-        w.u(to)?;
-    }
-    w.u(named_counters.len() as u64)?;
-    for (name, value) in named_counters {
-        w.s(name)?;
-        w.u(*value)?;
-    }
+    write_meta(&mut w, &p.meta)?;
+    write_counters(&mut w, &p.meta.counters)?;
+    write_strings(&mut w, &p.strings)?;
+    write_binaries(&mut w, &p.binaries)?;
+    write_frames(&mut w, &p.frames)?;
+    write_stacks(&mut w, &p.stacks)?;
+    write_processes(&mut w, &p.processes)?;
+    write_cgroups(&mut w, &p.cgroups)?;
+    write_samples(&mut w, &p.samples)?;
+    write_lifetimes(&mut w, &p.lifetimes)?;
+    write_untimed(&mut w, &p.meta.untimed)?;
+    write_named_counters(&mut w, &p.meta.named_counters)?;
     w.0.into_inner()
         .map_err(io::IntoInnerError::into_error)?
         .finish()?
@@ -298,9 +160,86 @@ pub fn decode(input: &mut impl Read) -> Result<Profile, CaptureError> {
     Ok(profile)
 }
 
-/// Reads versions 1 and 2 too: version 1 frames have no address or binary (both read as 0,
-/// "unknown"); before version 3 there are no lifetimes, before 4 no untimed ranges or named counters.
+/// Reads the body's sections in the order `encode` writes them; versions 1 to 3 lack the
+/// sections (or fields) added since: version 1 frames have no address or binary (both read as
+/// 0, "unknown"); before version 3 there are no lifetimes, before 4 no untimed ranges or named
+/// counters.
 fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
+    let mut meta = read_meta(r)?;
+    meta.counters = read_counters(r)?;
+    let strings = read_strings(r)?;
+    let binaries = if version >= 2 {
+        read_binaries(r)?
+    } else {
+        vec![Binary::default()]
+    };
+    let frames = read_frames(r, version, strings.len(), binaries.len())?;
+    let stacks = read_stacks(r, frames.len())?;
+    let processes = read_processes(r)?;
+    let cgroups = read_cgroups(r)?;
+    let samples = read_samples(r, meta.duration_ns, strings.len(), stacks.len())?;
+    let lifetimes = if version >= 3 {
+        read_lifetimes(r)?
+    } else {
+        Vec::new()
+    };
+    if version >= 4 {
+        meta.untimed = read_untimed(r)?;
+        meta.named_counters = read_named_counters(r)?;
+    }
+    Ok(Profile {
+        meta,
+        strings,
+        frames,
+        stacks,
+        samples,
+        processes,
+        lifetimes,
+        cgroups,
+        binaries,
+    })
+}
+
+/// `id` when it indexes a table of `len` items, else the corrupt-file error `what`.
+fn checked_id(id: u32, len: usize, what: &str) -> io::Result<u32> {
+    if (id as usize) < len {
+        Ok(id)
+    } else {
+        Err(corrupt(what))
+    }
+}
+
+/// Meta: start (wall clock, then monotonic), duration, frequency, event, host, kernel and the
+/// CPUs. The counters, untimed ranges and named counters are sections of their own.
+fn write_meta(w: &mut Writer<impl Write>, meta: &Meta) -> io::Result<()> {
+    let Meta {
+        start_unix_ns,
+        start_mono_ns,
+        duration_ns,
+        frequency_hz,
+        event,
+        hostname,
+        kernel_release,
+        cpus,
+        counters: _,
+        untimed: _,
+        named_counters: _,
+    } = meta;
+    w.u(*start_unix_ns)?;
+    w.u(*start_mono_ns)?;
+    w.u(*duration_ns)?;
+    w.u(u64::from(*frequency_hz))?;
+    w.s(event)?;
+    w.s(hostname)?;
+    w.s(kernel_release)?;
+    w.u(cpus.len() as u64)?;
+    for &cpu in cpus {
+        w.u(cpu.into())?;
+    }
+    Ok(())
+}
+
+fn read_meta(r: &mut Reader<'_>) -> io::Result<Meta> {
     let mut meta = Meta {
         start_unix_ns: r.u()?,
         start_mono_ns: r.u()?,
@@ -325,40 +264,109 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
     }
     let n = r.items::<u32>()?;
     meta.cpus = (0..n).map(|_| r.u32()).collect::<io::Result<_>>()?;
-    meta.counters = Counters {
+    Ok(meta)
+}
+
+fn write_counters(w: &mut Writer<impl Write>, counters: &Counters) -> io::Result<()> {
+    let Counters {
+        recorded,
+        lost_ringbuf_full,
+        filtered,
+        kstack_failed,
+        ustack_failed,
+    } = counters;
+    for c in [
+        recorded,
+        lost_ringbuf_full,
+        filtered,
+        kstack_failed,
+        ustack_failed,
+    ] {
+        w.u(*c)?;
+    }
+    Ok(())
+}
+
+fn read_counters(r: &mut Reader<'_>) -> io::Result<Counters> {
+    Ok(Counters {
         recorded: r.u()?,
         lost_ringbuf_full: r.u()?,
         filtered: r.u()?,
         kstack_failed: r.u()?,
         ustack_failed: r.u()?,
-    };
+    })
+}
+
+fn write_strings(w: &mut Writer<impl Write>, strings: &[String]) -> io::Result<()> {
+    w.u(strings.len() as u64)?;
+    for s in strings {
+        w.s(s)?;
+    }
+    Ok(())
+}
+
+fn read_strings(r: &mut Reader<'_>) -> io::Result<Vec<String>> {
     let n = r.items::<String>()?;
-    let strings: Vec<String> = (0..n).map(|_| r.s()).collect::<io::Result<_>>()?;
-    let string = |id: u32| -> io::Result<u32> {
-        if (id as usize) < strings.len() {
-            Ok(id)
-        } else {
-            Err(corrupt("string id out of range"))
-        }
-    };
-    let binaries: Vec<Binary> = if version >= 2 {
-        let n = r.items::<Binary>()?;
-        (0..n)
-            .map(|_| {
-                Ok(Binary {
-                    path: r.s()?,
-                    build_id: r.s()?,
-                })
+    (0..n).map(|_| r.s()).collect()
+}
+
+/// Binaries (version 2): path and build id.
+fn write_binaries(w: &mut Writer<impl Write>, binaries: &[Binary]) -> io::Result<()> {
+    w.u(binaries.len() as u64)?;
+    for Binary { path, build_id } in binaries {
+        w.s(path)?;
+        w.s(build_id)?;
+    }
+    Ok(())
+}
+
+fn read_binaries(r: &mut Reader<'_>) -> io::Result<Vec<Binary>> {
+    let n = r.items::<Binary>()?;
+    (0..n)
+        .map(|_| {
+            Ok(Binary {
+                path: r.s()?,
+                build_id: r.s()?,
             })
-            .collect::<io::Result<_>>()?
-    } else {
-        vec![Binary::default()]
-    };
+        })
+        .collect()
+}
+
+/// Frames: name and module (string ids), kind (0 kernel, 1 user), then (version 2) the
+/// address and the binary id.
+fn write_frames(w: &mut Writer<impl Write>, frames: &[Frame]) -> io::Result<()> {
+    w.u(frames.len() as u64)?;
+    for Frame {
+        name,
+        module,
+        kind,
+        addr,
+        binary,
+    } in frames
+    {
+        w.u((*name).into())?;
+        w.u((*module).into())?;
+        w.u(match kind {
+            FrameKind::Kernel => 0,
+            FrameKind::User => 1,
+        })?;
+        w.u(*addr)?;
+        w.u((*binary).into())?;
+    }
+    Ok(())
+}
+
+fn read_frames(
+    r: &mut Reader<'_>,
+    version: u32,
+    strings: usize,
+    binaries: usize,
+) -> io::Result<Vec<Frame>> {
     let n = r.items::<Frame>()?;
     let mut frames = Vec::with_capacity(n);
     for _ in 0..n {
-        let name = string(r.u32()?)?;
-        let module = string(r.u32()?)?;
+        let name = checked_id(r.u32()?, strings, "string id out of range")?;
+        let module = checked_id(r.u32()?, strings, "string id out of range")?;
         let kind = match r.u()? {
             0 => FrameKind::Kernel,
             1 => FrameKind::User,
@@ -370,7 +378,7 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
             (0, 0)
         };
         // 0 is "no binary" even in a profile whose table is empty.
-        if binary != 0 && binary as usize >= binaries.len() {
+        if binary != 0 && binary as usize >= binaries {
             return Err(corrupt("binary id out of range"));
         }
         frames.push(Frame {
@@ -381,6 +389,22 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
             binary,
         });
     }
+    Ok(frames)
+}
+
+/// Stacks: frame ids, root first.
+fn write_stacks(w: &mut Writer<impl Write>, stacks: &[Stack]) -> io::Result<()> {
+    w.u(stacks.len() as u64)?;
+    for Stack { frames } in stacks {
+        w.u(frames.len() as u64)?;
+        for &f in frames {
+            w.u(f.into())?;
+        }
+    }
+    Ok(())
+}
+
+fn read_stacks(r: &mut Reader<'_>, frames: usize) -> io::Result<Vec<Stack>> {
     let n = r.items::<Stack>()?;
     let mut stacks = Vec::with_capacity(n);
     for _ in 0..n {
@@ -392,19 +416,37 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
         }
         let ids = (0..len)
             .map(|_| {
-                r.u32().and_then(|f| {
-                    if (f as usize) < frames.len() {
-                        Ok(f)
-                    } else {
-                        Err(corrupt("frame id out of range"))
-                    }
-                })
+                r.u32()
+                    .and_then(|f| checked_id(f, frames, "frame id out of range"))
             })
             .collect::<io::Result<_>>()?;
         stacks.push(Stack { frames: ids });
     }
+    Ok(stacks)
+}
+
+fn write_processes(w: &mut Writer<impl Write>, processes: &[Process]) -> io::Result<()> {
+    w.u(processes.len() as u64)?;
+    for Process {
+        pid,
+        comm,
+        exe,
+        cgroup,
+        memory_cgroup,
+        cpu_cgroup,
+    } in processes
+    {
+        w.u((*pid).into())?;
+        for text in [comm, exe, cgroup, memory_cgroup, cpu_cgroup] {
+            w.s(text)?;
+        }
+    }
+    Ok(())
+}
+
+fn read_processes(r: &mut Reader<'_>) -> io::Result<Vec<Process>> {
     let n = r.items::<Process>()?;
-    let processes = (0..n)
+    (0..n)
         .map(|_| {
             Ok(Process {
                 pid: r.u32()?,
@@ -415,22 +457,75 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
                 cpu_cgroup: r.s()?,
             })
         })
-        .collect::<io::Result<_>>()?;
+        .collect()
+}
+
+fn write_cgroups(w: &mut Writer<impl Write>, cgroups: &[Cgroup]) -> io::Result<()> {
+    w.u(cgroups.len() as u64)?;
+    for Cgroup { id, path } in cgroups {
+        w.u(*id)?;
+        w.s(path)?;
+    }
+    Ok(())
+}
+
+fn read_cgroups(r: &mut Reader<'_>) -> io::Result<Vec<Cgroup>> {
     let n = r.items::<Cgroup>()?;
-    let cgroups = (0..n)
+    (0..n)
         .map(|_| {
             Ok(Cgroup {
                 id: r.u()?,
                 path: r.s()?,
             })
         })
-        .collect::<io::Result<_>>()?;
+        .collect()
+}
+
+/// Samples: the time as a signed delta from the previous sample's, then cpu, pid, tid,
+/// cgroup id, comm (a string id) and stack id.
+fn write_samples(w: &mut Writer<impl Write>, samples: &[Sample]) -> io::Result<()> {
+    w.u(samples.len() as u64)?;
+    let mut prev = 0u64;
+    for &Sample {
+        offset_ns,
+        cpu,
+        pid,
+        tid,
+        cgroup_id,
+        comm,
+        stack,
+    } in samples
+    {
+        // Samples are (nearly) in time order: deltas are small and varints short.
+        w.i(offset_ns as i64 - prev as i64)?;
+        prev = offset_ns;
+        for v in [
+            u64::from(cpu),
+            pid.into(),
+            tid.into(),
+            cgroup_id,
+            comm.into(),
+            stack.into(),
+        ] {
+            w.u(v)?;
+        }
+    }
+    Ok(())
+}
+
+/// Every time is checked against the capture's declared `duration_ns` (plus `END_SLACK_NS`).
+fn read_samples(
+    r: &mut Reader<'_>,
+    duration_ns: u64,
+    strings: usize,
+    stacks: usize,
+) -> io::Result<Vec<Sample>> {
     let n = r.items::<Sample>()?;
     let mut samples = Vec::with_capacity(n);
     let mut prev = 0i64;
     // Every per-second table (heat map, --cpus) spans the samples: one far outside the
     // declared duration would make them huge.
-    let end = meta.duration_ns.saturating_add(END_SLACK_NS);
+    let end = duration_ns.saturating_add(END_SLACK_NS);
     for _ in 0..n {
         prev = prev
             .checked_add(r.i()?)
@@ -440,7 +535,7 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
             return Err(corrupt(&format!(
                 "a sample {:.1} s after the start lies past the capture's end ({:.1} s)",
                 offset_ns as f64 / 1e9,
-                meta.duration_ns as f64 / 1e9
+                duration_ns as f64 / 1e9
             )));
         }
         let s = Sample {
@@ -449,60 +544,98 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
             pid: r.u32()?,
             tid: r.u32()?,
             cgroup_id: r.u()?,
-            comm: string(r.u32()?)?,
+            comm: checked_id(r.u32()?, strings, "string id out of range")?,
             stack: r.u32()?,
         };
-        if s.stack as usize >= stacks.len() {
+        if s.stack as usize >= stacks {
             return Err(corrupt("stack id out of range"));
         }
         samples.push(s);
     }
-    let lifetimes = if version >= 3 {
-        let n = r.len()?;
-        (0..n)
-            .map(|_| {
-                let (pid, ppid, comm, exe) = (r.u32()?, r.u32()?, r.s()?, r.s()?);
-                let mut opt = || r.u().map(|v| v.checked_sub(1));
-                let (fork_ns, exec_ns, exit_ns) = (opt()?, opt()?, opt()?);
-                let exit_status = opt()?
-                    .map(|s| u32::try_from(s).map_err(|_| corrupt("exit status too large")))
-                    .transpose()?;
-                Ok(Lifetime {
-                    pid,
-                    ppid,
-                    comm,
-                    exe,
-                    fork_ns,
-                    exec_ns,
-                    exit_ns,
-                    exit_status,
-                })
-            })
-            .collect::<io::Result<_>>()?
-    } else {
-        Vec::new()
-    };
-    if version >= 4 {
-        let n = r.items::<(u64, u64)>()?;
-        meta.untimed = (0..n)
-            .map(|_| Ok((r.u()?, r.u()?)))
-            .collect::<io::Result<_>>()?;
-        let n = r.items::<(String, u64)>()?;
-        meta.named_counters = (0..n)
-            .map(|_| Ok((r.s()?, r.u()?)))
-            .collect::<io::Result<_>>()?;
+    Ok(samples)
+}
+
+/// Lifetimes (version 3): pid, ppid, comm, exe, then fork, exec, exit and exit status, each
+/// as value + 1, 0 for none.
+fn write_lifetimes(w: &mut Writer<impl Write>, lifetimes: &[Lifetime]) -> io::Result<()> {
+    w.u(lifetimes.len() as u64)?;
+    for Lifetime {
+        pid,
+        ppid,
+        comm,
+        exe,
+        fork_ns,
+        exec_ns,
+        exit_ns,
+        exit_status,
+    } in lifetimes
+    {
+        w.u((*pid).into())?;
+        w.u((*ppid).into())?;
+        w.s(comm)?;
+        w.s(exe)?;
+        for v in [*fork_ns, *exec_ns, *exit_ns, exit_status.map(u64::from)] {
+            w.u(v.map_or(0, |v| v.saturating_add(1)))?;
+        }
     }
-    Ok(Profile {
-        meta,
-        strings,
-        frames,
-        stacks,
-        samples,
-        processes,
-        lifetimes,
-        cgroups,
-        binaries,
-    })
+    Ok(())
+}
+
+fn read_lifetimes(r: &mut Reader<'_>) -> io::Result<Vec<Lifetime>> {
+    let n = r.len()?;
+    (0..n)
+        .map(|_| {
+            let (pid, ppid, comm, exe) = (r.u32()?, r.u32()?, r.s()?, r.s()?);
+            let mut opt = || r.u().map(|v| v.checked_sub(1));
+            let (fork_ns, exec_ns, exit_ns) = (opt()?, opt()?, opt()?);
+            let exit_status = opt()?
+                .map(|s| u32::try_from(s).map_err(|_| corrupt("exit status too large")))
+                .transpose()?;
+            Ok(Lifetime {
+                pid,
+                ppid,
+                comm,
+                exe,
+                fork_ns,
+                exec_ns,
+                exit_ns,
+                exit_status,
+            })
+        })
+        .collect()
+}
+
+/// Untimed ranges (version 4): from and to, offsets from the start.
+fn write_untimed(w: &mut Writer<impl Write>, untimed: &[(u64, u64)]) -> io::Result<()> {
+    w.u(untimed.len() as u64)?;
+    for &(from, to) in untimed {
+        w.u(from)?;
+        w.u(to)?;
+    }
+    Ok(())
+}
+
+fn read_untimed(r: &mut Reader<'_>) -> io::Result<Vec<(u64, u64)>> {
+    let n = r.items::<(u64, u64)>()?;
+    (0..n).map(|_| Ok((r.u()?, r.u()?))).collect()
+}
+
+/// Named counters (version 4): name and value.
+fn write_named_counters(
+    w: &mut Writer<impl Write>,
+    named_counters: &[(String, u64)],
+) -> io::Result<()> {
+    w.u(named_counters.len() as u64)?;
+    for (name, value) in named_counters {
+        w.s(name)?;
+        w.u(*value)?;
+    }
+    Ok(())
+}
+
+fn read_named_counters(r: &mut Reader<'_>) -> io::Result<Vec<(String, u64)>> {
+    let n = r.items::<(String, u64)>()?;
+    (0..n).map(|_| Ok((r.s()?, r.u()?))).collect()
 }
 
 #[cfg(test)]

@@ -2,8 +2,20 @@
 use super::*;
 use crate::profile::{Interner, NO_CPU};
 
+/// A profile with one or more of everything the format holds, including the values each
+/// version added: binaries and frame addresses, lifetimes, untimed ranges, named counters.
 fn sample_profile() -> Profile {
-    let mut i = Interner::new(Meta {
+    let mut i = Interner::new(sample_meta());
+    let stacks = add_stacks(&mut i);
+    add_samples(&mut i, stacks);
+    add_process_and_cgroup(&mut i);
+    add_lifetimes(&mut i);
+    i.finish()
+}
+
+/// 2 s at 99 Hz on two CPUs, with counters, an untimed range and two named counters.
+fn sample_meta() -> Meta {
+    Meta {
         start_unix_ns: 1_700_000_000_000_000_000,
         start_mono_ns: 123_456,
         duration_ns: 2_000_000_000,
@@ -24,7 +36,12 @@ fn sample_profile() -> Profile {
             ("unwind_table_bytes".into(), 188_136),
             ("unwind_evicted".into(), 2),
         ],
-    });
+    }
+}
+
+/// Three stacks over a user binary with a build id and the kernel: `main`, `main` then a
+/// kernel frame, and `main` at another address then the same kernel frame.
+fn add_stacks(i: &mut Interner) -> [u32; 3] {
     let (main, vm) = (i.string("main"), i.string("vmlinux"));
     let fx = i.binary(Binary {
         path: "/bin/fx".into(),
@@ -58,9 +75,16 @@ fn sample_profile() -> Profile {
         ..Frame::default()
     });
     assert_ne!(f0, f2);
-    let s0 = i.stack(vec![f0]);
-    let s1 = i.stack(vec![f0, f1]);
-    let s2 = i.stack(vec![f2, f1]);
+    [
+        i.stack(vec![f0]),
+        i.stack(vec![f0, f1]),
+        i.stack(vec![f2, f1]),
+    ]
+}
+
+/// Five samples of one thread, out of time order, one past the declared duration (within the
+/// slack) and one untimed.
+fn add_samples(i: &mut Interner, [s0, s1, s2]: [u32; 3]) {
     let comm = i.string("fx-chain");
     // The one at 1 s is a stored sample whose time is no longer known (`Meta::untimed`).
     for (t, stack) in [
@@ -80,6 +104,9 @@ fn sample_profile() -> Profile {
             stack,
         });
     }
+}
+
+fn add_process_and_cgroup(i: &mut Interner) {
     i.process(Process {
         pid: 42,
         comm: "fx-chain".into(),
@@ -92,7 +119,10 @@ fn sample_profile() -> Profile {
         id: 9,
         path: "/system.slice/fx.service".into(),
     });
-    // One of each: started and killed, started and exited 3, running before and after.
+}
+
+/// One of each: started and killed, started and exited 3, running before and after.
+fn add_lifetimes(i: &mut Interner) {
     for (pid, fork_ns, exec_ns, exit_ns, exit_status) in [
         (42, Some(0), Some(1_000), Some(9_000), Some(9)),
         (50, Some(10), None, Some(20), Some(3 << 8)),
@@ -109,7 +139,6 @@ fn sample_profile() -> Profile {
             exit_status,
         });
     }
-    i.finish()
 }
 
 #[test]

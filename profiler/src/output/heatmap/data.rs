@@ -120,86 +120,23 @@ pub(super) fn heatmap_data_bounded(
     let rows = profile::DEFAULT_ROWS;
     let cpus = profile::cpu_ids(profile);
     let span = Span::bounded(profile, cpus.len())?;
-    let cols = span.cols;
-    let cpu_ix: FxMap<u32, usize> = cpus.iter().enumerate().map(|(i, &c)| (c, i)).collect();
-    let kernel_leaf: Vec<bool> = (0..profile.stacks.len() as u32)
-        .map(|st| profile::leaf_is_kernel(profile, st))
-        .collect();
-    let mut grid = vec![0u64; cols * rows as usize];
-    let mut cpu_busy = vec![0u64; cpus.len() * cols];
-    let mut cpu_kernel = vec![0u64; cpus.len() * cols];
-    let mut cgroups = FxDense::default();
-    let (mut per_cpu, mut all) = (Buckets::new(), Buckets::new());
-    let mut untimed_samples = 0;
-    for s in profile.samples.iter().filter(|s| !profile::is_idle(s)) {
-        if !s.has_time() {
-            untimed_samples += 1;
-            continue;
-        }
-        let col = span.col(s.offset_ns);
-        let slice = col * rows as usize + (rows - 1 - profile::row(s.offset_ns, rows)) as usize;
-        grid[slice] += 1;
-        let at = cpu_ix[&s.cpu] * cols + col;
-        cpu_busy[at] += 1;
-        cpu_kernel[at] += u64::from(kernel_leaf[s.stack as usize]);
-        let cg = cgroups.intern(s.cgroup_id);
-        let slices = grid.len();
-        per_cpu.add(
-            slice as u32,
-            [s.cpu, s.comm, cg, s.stack],
-            max_records,
-            slices,
-        );
-        all.add(slice as u32, [s.comm, cg, s.stack, 0], max_records, slices);
-    }
-    // Only the comms, stacks and frames that appear are kept, renumbered densely.
-    let (mut comms, mut kept_stacks, mut kept_frames) =
-        (FxDense::default(), FxDense::default(), FxDense::default());
+    let Counts {
+        grid,
+        cpu_busy,
+        cpu_kernel,
+        cgroups,
+        per_cpu,
+        all,
+        untimed_samples,
+    } = count_samples(profile, &span, &cpus, rows, max_records);
     let (bucket, all_bucket) = (per_cpu.bucket, all.bucket);
-    let records = per_cpu
-        .sorted()
-        .into_iter()
-        .map(|([b, cpu, comm, cg, st], n)| {
-            let comm = comms.intern(comm);
-            let st = kept_stacks.intern(st);
-            let [b, cpu, comm, cg, st] = [b, cpu, comm, cg, st].map(u64::from);
-            [b, cpu, comm, cg, st, n]
-        })
-        .collect();
-    // Same comms and stacks as the per-CPU records: already interned there.
-    let all_records = all
-        .sorted()
-        .into_iter()
-        .map(|([b, comm, cg, st, _], n)| {
-            let [b, cg] = [b, cg].map(u64::from);
-            let interned = "interned with the per-CPU records";
-            let comm = u64::from(comms.id(&comm).expect(interned));
-            [
-                b,
-                comm,
-                cg,
-                u64::from(kept_stacks.id(&st).expect(interned)),
-                n,
-            ]
-        })
-        .collect();
-    let stacks = kept_stacks
-        .items()
-        .iter()
-        .map(|&st| {
-            let frames = &profile.stacks[st as usize].frames;
-            frames.iter().map(|&f| kept_frames.intern(f)).collect()
-        })
-        .collect();
-    let frames = kept_frames
-        .items()
-        .iter()
-        .map(|&f| {
-            let f = &profile.frames[f as usize];
-            let name = profile.frame_name(f);
-            (name.to_owned(), f.kind == FrameKind::Kernel)
-        })
-        .collect();
+    let Renumbered {
+        records,
+        all_records,
+        comms,
+        stacks,
+    } = renumber_records(per_cpu, all);
+    let (stacks, frames) = stack_and_frame_tables(profile, &stacks);
     Ok(HeatmapData {
         span,
         rows,
@@ -227,4 +164,132 @@ pub(super) fn heatmap_data_bounded(
             .collect(),
         untimed_samples,
     })
+}
+
+/// What the one pass over the samples counts, in the profile's own comm and stack ids.
+struct Counts {
+    grid: Vec<u64>,
+    cpu_busy: Vec<u64>,
+    cpu_kernel: Vec<u64>,
+    /// Cgroup ids, numbered densely in the order met.
+    cgroups: FxDense<u64>,
+    per_cpu: Buckets,
+    all: Buckets,
+    untimed_samples: u64,
+}
+
+/// Counts every non-idle sample into the grid, the CPU strip and both sets of records, and
+/// those without a time into `untimed_samples` alone.
+fn count_samples(
+    profile: &Profile,
+    span: &Span,
+    cpus: &[u32],
+    rows: u32,
+    max_records: usize,
+) -> Counts {
+    let cols = span.cols;
+    let cpu_ix: FxMap<u32, usize> = cpus.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+    let kernel_leaf: Vec<bool> = (0..profile.stacks.len() as u32)
+        .map(|st| profile::leaf_is_kernel(profile, st))
+        .collect();
+    let mut c = Counts {
+        grid: vec![0u64; cols * rows as usize],
+        cpu_busy: vec![0u64; cpus.len() * cols],
+        cpu_kernel: vec![0u64; cpus.len() * cols],
+        cgroups: FxDense::default(),
+        per_cpu: Buckets::new(),
+        all: Buckets::new(),
+        untimed_samples: 0,
+    };
+    for s in profile.samples.iter().filter(|s| !profile::is_idle(s)) {
+        if !s.has_time() {
+            c.untimed_samples += 1;
+            continue;
+        }
+        let col = span.col(s.offset_ns);
+        let slice = col * rows as usize + (rows - 1 - profile::row(s.offset_ns, rows)) as usize;
+        c.grid[slice] += 1;
+        let at = cpu_ix[&s.cpu] * cols + col;
+        c.cpu_busy[at] += 1;
+        c.cpu_kernel[at] += u64::from(kernel_leaf[s.stack as usize]);
+        let cg = c.cgroups.intern(s.cgroup_id);
+        let slices = c.grid.len();
+        c.per_cpu.add(
+            slice as u32,
+            [s.cpu, s.comm, cg, s.stack],
+            max_records,
+            slices,
+        );
+        c.all
+            .add(slice as u32, [s.comm, cg, s.stack, 0], max_records, slices);
+    }
+    c
+}
+
+/// The records in the page's form, with the comms and stacks they use numbered densely.
+struct Renumbered {
+    records: Vec<[u64; 6]>,
+    all_records: Vec<[u64; 5]>,
+    /// Profile string ids of the comms kept.
+    comms: FxDense<u32>,
+    /// Profile stack ids of the stacks kept.
+    stacks: FxDense<u32>,
+}
+
+/// Keeps only the comms and stacks that appear, renumbered densely.
+fn renumber_records(per_cpu: Buckets, all: Buckets) -> Renumbered {
+    let (mut comms, mut stacks) = (FxDense::default(), FxDense::default());
+    let records = per_cpu
+        .sorted()
+        .into_iter()
+        .map(|([b, cpu, comm, cg, st], n)| {
+            let comm = comms.intern(comm);
+            let st = stacks.intern(st);
+            let [b, cpu, comm, cg, st] = [b, cpu, comm, cg, st].map(u64::from);
+            [b, cpu, comm, cg, st, n]
+        })
+        .collect();
+    // Same comms and stacks as the per-CPU records: already interned there.
+    let all_records = all
+        .sorted()
+        .into_iter()
+        .map(|([b, comm, cg, st, _], n)| {
+            let [b, cg] = [b, cg].map(u64::from);
+            let interned = "interned with the per-CPU records";
+            let comm = u64::from(comms.id(&comm).expect(interned));
+            [b, comm, cg, u64::from(stacks.id(&st).expect(interned)), n]
+        })
+        .collect();
+    Renumbered {
+        records,
+        all_records,
+        comms,
+        stacks,
+    }
+}
+
+/// The kept stacks as indexes into a frame table holding only the frames they use.
+fn stack_and_frame_tables(
+    profile: &Profile,
+    kept_stacks: &FxDense<u32>,
+) -> (Vec<Vec<u32>>, Vec<(String, bool)>) {
+    let mut kept_frames = FxDense::default();
+    let stacks = kept_stacks
+        .items()
+        .iter()
+        .map(|&st| {
+            let frames = &profile.stacks[st as usize].frames;
+            frames.iter().map(|&f| kept_frames.intern(f)).collect()
+        })
+        .collect();
+    let frames = kept_frames
+        .items()
+        .iter()
+        .map(|&f| {
+            let f = &profile.frames[f as usize];
+            let name = profile.frame_name(f);
+            (name.to_owned(), f.kind == FrameKind::Kernel)
+        })
+        .collect();
+    (stacks, frames)
 }
