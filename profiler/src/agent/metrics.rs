@@ -236,37 +236,56 @@ impl Metrics {
             crate::unwind::report::metrics_text(stats, &self.unwind_truncated, &copies);
     }
 
-    /// The Prometheus text exposition format (version 0.0.4).
+    /// The Prometheus text exposition format (version 0.0.4): the table walk's figures, then
+    /// one group of families after another, in this order.
     pub(crate) fn render(&self) -> String {
         let mut o = self.unwind_text.clone();
+        self.render_cpu(&mut o);
+        self.render_dying_cgroups(&mut o);
+        self.render_samples(&mut o);
+        self.render_windows(&mut o);
+        self.render_pipeline(&mut o);
+        self.render_lifecycle(&mut o);
+        self.render_python(&mut o);
+        self.render_sampler(&mut o);
+        render_own_usage(&mut o);
+        o
+    }
+
+    /// CPU seconds by comm, cgroup and container, and memory-cgroup seconds by comm.
+    fn render_cpu(&self, o: &mut String) {
         counter_family(
-            &mut o,
+            o,
             "profiler_process_cpu_seconds_total",
             "CPU time seen in samples, by process comm (top comms, the rest as other).",
             "comm",
             &self.cpu_by_comm,
         );
         counter_family(
-            &mut o,
+            o,
             "profiler_cgroup_cpu_seconds_total",
             "CPU time seen in samples, by cgroup v2 path (top cgroups, the rest as other).",
             "cgroup",
             &self.cpu_by_cgroup,
         );
         counter_family(
-            &mut o,
+            o,
             "profiler_container_cpu_seconds_total",
             "CPU time seen in samples, by container id (12 hex digits; top containers, the rest as other).",
             "container",
             &self.cpu_by_container,
         );
         counter_family(
-            &mut o,
+            o,
             "profiler_process_memcg_seconds_total",
             "CPU time with a kernel memory-cgroup function on the stack, by comm.",
             "comm",
             &self.memcg_by_comm,
         );
+    }
+
+    /// Dying cgroups by controller, as last read (`set_dying`).
+    fn render_dying_cgroups(&self, o: &mut String) {
         let _ = writeln!(
             o,
             "# HELP profiler_dying_cgroups Dying cgroups now, by controller (v2: cgroup2 nr_dying_descendants)."
@@ -279,42 +298,49 @@ impl Metrics {
                 escape(c)
             );
         }
+    }
+
+    /// The sampler's accounting: samples recorded or filtered, and those lost or damaged.
+    fn render_samples(&self, o: &mut String) {
         let c = self.counters;
-        let f = |n: u64| n as f64;
         metric(
-            &mut o,
+            o,
             "profiler_samples_total",
             "Samples by outcome.",
             "counter",
             &[
-                ("outcome=\"recorded\"", f(c.recorded)),
-                ("outcome=\"filtered\"", f(c.filtered)),
+                ("outcome=\"recorded\"", value(c.recorded)),
+                ("outcome=\"filtered\"", value(c.filtered)),
             ],
         );
         metric(
-            &mut o,
+            o,
             "profiler_samples_lost_total",
             "Samples lost or damaged, by reason.",
             "counter",
             &[
-                ("reason=\"ringbuf_full\"", f(c.lost_ringbuf_full)),
-                ("reason=\"kstack_failed\"", f(c.kstack_failed)),
-                ("reason=\"ustack_failed\"", f(c.ustack_failed)),
+                ("reason=\"ringbuf_full\"", value(c.lost_ringbuf_full)),
+                ("reason=\"kstack_failed\"", value(c.kstack_failed)),
+                ("reason=\"ustack_failed\"", value(c.ustack_failed)),
             ],
         );
+    }
+
+    /// Where whole windows went: stored or dropped, the store's size, pushed or dropped.
+    fn render_windows(&self, o: &mut String) {
         metric(
-            &mut o,
+            o,
             "profiler_windows_total",
             "Windows by outcome (dropped: the store failed for too long).",
             "counter",
             &[
-                ("outcome=\"stored\"", f(self.windows_stored)),
-                ("outcome=\"dropped\"", f(self.windows_dropped)),
+                ("outcome=\"stored\"", value(self.windows_stored)),
+                ("outcome=\"dropped\"", value(self.windows_dropped)),
             ],
         );
         if let Some(bytes) = self.store_used_bytes {
             metric(
-                &mut o,
+                o,
                 "profiler_store_used_bytes",
                 "Bytes of the store's database in use (pages minus free pages) after the last window written.",
                 "gauge",
@@ -322,106 +348,125 @@ impl Metrics {
             );
         }
         metric(
-            &mut o,
+            o,
             "profiler_push_windows_total",
             "Windows pushed to --push-url, or dropped from the full spool.",
             "counter",
             &[
-                ("outcome=\"sent\"", f(self.push_sent)),
-                ("outcome=\"dropped\"", f(self.push_dropped)),
+                ("outcome=\"sent\"", value(self.push_sent)),
+                ("outcome=\"dropped\"", value(self.push_dropped)),
             ],
         );
+    }
+
+    /// Where the samples cut went through the stages (`Pipeline`), and the work refused.
+    fn render_pipeline(&self, o: &mut String) {
         let q = self.pipeline;
         metric(
-            &mut o,
+            o,
             "profiler_pipeline_samples_total",
             "Samples cut into windows, and where they went: stored, or dropped where a queue was \
              full or the store failed too long (cut = stored + in flight + dropped).",
             "counter",
             &[
-                ("stage=\"cut\"", f(q.cut)),
-                ("stage=\"stored\"", f(q.stored)),
+                ("stage=\"cut\"", value(q.cut)),
+                ("stage=\"stored\"", value(q.stored)),
                 (
                     "stage=\"dropped_symbolize_queue\"",
-                    f(q.dropped_symbolize_queue),
+                    value(q.dropped_symbolize_queue),
                 ),
-                ("stage=\"dropped_store_queue\"", f(q.dropped_store_queue)),
+                (
+                    "stage=\"dropped_store_queue\"",
+                    value(q.dropped_store_queue),
+                ),
                 (
                     "stage=\"dropped_store_failing\"",
-                    f(q.dropped_store_failing),
+                    value(q.dropped_store_failing),
                 ),
             ],
         );
         metric(
-            &mut o,
+            o,
             "profiler_pipeline_samples_in_flight",
             "Samples cut but not yet stored or dropped (queued, symbolizing, being written).",
             "gauge",
-            &[("", f(q.in_flight))],
+            &[("", value(q.in_flight))],
         );
         metric(
-            &mut o,
+            o,
             "profiler_pipeline_refused_total",
             "Work refused because a queue was full: windows not handed to the pusher, \
              /debug/pprof/profile requests answered 503.",
             "counter",
             &[
-                ("what=\"push_window\"", f(q.push_queue_dropped_windows)),
-                ("what=\"pprof_request\"", f(q.pprof_refused)),
+                ("what=\"push_window\"", value(q.push_queue_dropped_windows)),
+                ("what=\"pprof_request\"", value(q.pprof_refused)),
             ],
         );
+    }
+
+    /// Process starts, exits by reason and crash loops (`add_lifecycle`).
+    fn render_lifecycle(&self, o: &mut String) {
         metric(
-            &mut o,
+            o,
             "profiler_process_starts_total",
             "Processes started (fork or exec) as the kernel reported them.",
             "counter",
-            &[("", f(self.process_starts))],
+            &[("", value(self.process_starts))],
         );
         let exits: Vec<(String, f64)> = EXIT_REASONS
             .iter()
             .zip(self.process_exits)
-            .map(|(r, n)| (format!("reason=\"{r}\""), f(n)))
+            .map(|(r, n)| (format!("reason=\"{r}\""), value(n)))
             .collect();
         let exits: Vec<(&str, f64)> = exits.iter().map(|(l, n)| (l.as_str(), *n)).collect();
         metric(
-            &mut o,
+            o,
             "profiler_process_exits_total",
             "Process exits by how they ended (exit_zero, exit_nonzero, signal, unknown).",
             "counter",
             &exits,
         );
         metric(
-            &mut o,
+            o,
             "profiler_crash_loops",
             "Programs restarted with failing exits at 5 or more a minute in the last window \
              (same executable and parent; see docs/doctor.md).",
             "gauge",
-            &[("", f(self.crash_loops))],
+            &[("", value(self.crash_loops))],
         );
+    }
+
+    /// The Python processes named and the exec wake-ups; nothing with Python frames off.
+    fn render_python(&self, o: &mut String) {
         if let Some(n) = self.python_processes {
             metric(
-                &mut o,
+                o,
                 "profiler_python_processes",
                 "Python processes (each exec counted apart) whose frame names the agent holds, \
                  as of the last window: the live ones and those of the window being cut.",
                 "gauge",
-                &[("", f(n))],
+                &[("", value(n))],
             );
         }
         if let Some(n) = self.python_exec_wakes {
             metric(
-                &mut o,
+                o,
                 "profiler_python_exec_wakes_total",
                 "Samples of processes that exec'd a program named python* in the last 2 s that \
                  woke the sampler thread before its timed drain (at most 4 a second a process), \
                  so they are named from their first second on.",
                 "counter",
-                &[("", f(n))],
+                &[("", value(n))],
             );
         }
+    }
+
+    /// The sampler program loaded and how many were refused; nothing before sampling starts.
+    fn render_sampler(&self, o: &mut String) {
         if let Some((program, refused)) = self.sampler {
             metric(
-                &mut o,
+                o,
                 "profiler_sampler_program",
                 "The sampler program the kernel accepted (sample_cpu: table walk and Python \
                  frames; sample_tables; sample_fp_py; sample_fp: frame pointers only).",
@@ -429,30 +474,38 @@ impl Metrics {
                 &[(&format!("program=\"{program}\""), 1.0)],
             );
             metric(
-                &mut o,
+                o,
                 "profiler_sampler_programs_refused",
                 "Sampler programs the kernel refused at start before one loaded (docs/kernels.md).",
                 "gauge",
-                &[("", f(refused as u64))],
+                &[("", value(refused as u64))],
             );
         }
-        let (cpu, rss) = own_usage();
-        metric(
-            &mut o,
-            "profiler_agent_cpu_seconds_total",
-            "CPU time of the agent itself (user + system).",
-            "counter",
-            &[("", cpu)],
-        );
-        metric(
-            &mut o,
-            "profiler_agent_resident_memory_bytes",
-            "Resident memory of the agent.",
-            "gauge",
-            &[("", rss as f64)],
-        );
-        o
     }
+}
+
+/// The agent's own CPU seconds and resident memory, read now (`own_usage`).
+fn render_own_usage(o: &mut String) {
+    let (cpu, rss) = own_usage();
+    metric(
+        o,
+        "profiler_agent_cpu_seconds_total",
+        "CPU time of the agent itself (user + system).",
+        "counter",
+        &[("", cpu)],
+    );
+    metric(
+        o,
+        "profiler_agent_resident_memory_bytes",
+        "Resident memory of the agent.",
+        "gauge",
+        &[("", rss as f64)],
+    );
+}
+
+/// A count as a sample value.
+fn value(n: u64) -> f64 {
+    n as f64
 }
 
 /// One metric family with fixed labels: `labels` is the text inside `{}` ("" for none).

@@ -121,7 +121,69 @@ pub(crate) fn run(
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<(), AgentError> {
     one_malloc_arena();
-    // Every check before loading BPF, so a bad data dir, port or token fails fast and clearly.
+    let (endpoints, inputs) = open(&config)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(AgentError::Runtime)?;
+    // Before the sampler loads: a signal while it does still ends in a stored window.
+    let signals = {
+        let _enter = runtime.enter();
+        crate::record::StopSignals::install()
+    };
+    let shared = Arc::new(Shared {
+        metrics: Mutex::new(Metrics::default()),
+        store_problem: Mutex::new(None),
+    });
+    let (taps_tx, taps_rx) = tokio::sync::mpsc::channel(sampler::MAX_TAPS);
+    let (push_tx, push_rx) = tokio::sync::mpsc::channel(pipeline::PUSH_QUEUE);
+    let push = (!endpoints.pushers.is_empty()).then_some(push_tx);
+    let stages = Stages::start(&config, inputs, &shared, taps_rx, push)?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let pushing = serve(&config, endpoints, &shared, taps_tx, push_rx)?;
+        progress(Progress::Started {
+            cpus: stages.cpus,
+            config: &config,
+        });
+        // Forever, in practice: only a signal ends it.
+        let stop = signals
+            .until(Duration::from_secs(u64::from(u32::MAX)))
+            .await;
+        progress(Progress::Stopping(stop));
+        let finished = stages.stop().await;
+        let pushed = pushing.finish(&shared).await;
+        match finished {
+            Some(lost_windows) => progress(Progress::Stopped {
+                lost_windows,
+                pushed,
+            }),
+            None => log::error!("agent: a stage panicked; see the messages above"),
+        }
+        Ok(())
+    })
+}
+
+/// What the main thread serves with: the API's token and listener, the push targets.
+struct Endpoints {
+    token: Option<crate::http::Token>,
+    listener: std::net::TcpListener,
+    pushers: Vec<Rc<push::Pusher>>,
+}
+
+/// What the stages start from besides the config.
+struct StageInputs {
+    store: Store,
+    kernel: KernelSymbols,
+    /// `pipeline::STORE_DELAY_ENV` and `sampler::SETTLE_DELAY_ENV`, when set.
+    store_delay: Option<Duration>,
+    settle_delay: Option<Duration>,
+}
+
+/// Every check before loading BPF, so a bad data dir, port or token fails fast and clearly:
+/// the exposure, the token, the store, the port, the push targets, the test hooks' delays,
+/// then the kernel's symbols.
+fn open(config: &AgentConfig) -> Result<(Endpoints, StageInputs), AgentError> {
     config.check_exposure()?;
     let token = config
         .token_file
@@ -135,6 +197,32 @@ pub(crate) fn run(
             addr: config.listen,
             source,
         })?;
+    let pushers = open_pushers(config)?;
+    let store_delay = test_delay(pipeline::STORE_DELAY_ENV)?;
+    let settle_delay = test_delay(sampler::SETTLE_DELAY_ENV)?;
+    let kernel = KernelSymbols::load().map_err(RecordError::Kallsyms)?;
+    if kernel.hidden() {
+        log::warn!(
+            "kernel addresses are hidden by kernel.kptr_restrict; kernel frames show as [kernel]"
+        );
+    }
+    let endpoints = Endpoints {
+        token,
+        listener,
+        pushers,
+    };
+    let inputs = StageInputs {
+        store,
+        kernel,
+        store_delay,
+        settle_delay,
+    };
+    Ok((endpoints, inputs))
+}
+
+/// A pusher for each push target configured (--push-url, then --otlp-endpoint), each with its
+/// spool in the data dir.
+fn open_pushers(config: &AgentConfig) -> Result<Vec<Rc<push::Pusher>>, AgentError> {
     let mut pushers = Vec::new();
     for (url, protocol, flag) in [
         (&config.push_url, push::Protocol::Pyroscope, "--push-url"),
@@ -152,115 +240,196 @@ pub(crate) fn run(
             );
         }
     }
-    let delay = test_delay(pipeline::STORE_DELAY_ENV)?;
-    let settle_delay = test_delay(sampler::SETTLE_DELAY_ENV)?;
-    let kernel = KernelSymbols::load().map_err(RecordError::Kallsyms)?;
-    if kernel.hidden() {
-        log::warn!(
-            "kernel addresses are hidden by kernel.kptr_restrict; kernel frames show as [kernel]"
-        );
+    Ok(pushers)
+}
+
+/// The sampler's session as the agent runs it: on CPU time, every process of `config.comms`.
+fn session_config(config: &AgentConfig, settle_delay: Option<Duration>) -> SessionConfig {
+    SessionConfig {
+        event: Event::CpuClock,
+        frequency_hz: config.frequency_hz,
+        pids: Vec::new(),
+        comms: config.comms.clone(),
+        cgroups: Vec::new(),
+        unwind: config.unwind,
+        unwind_memory: config.unwind_memory,
+        unwind_tables: config.unwind_tables,
+        python: config.python,
+        // Tables compiled once survive restarts, next to the store (docs/unwinding.md).
+        unwind_cache: Some(config.data_dir.join("unwind-tables")),
+        kernel_record_bytes: sampler::KERNEL_RECORD_BYTES,
+        wake_for_processes: false,
+        settle_delay,
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(AgentError::Runtime)?;
-    // Before the sampler loads: a signal while it does still ends in a stored window.
-    let signals = {
-        let _enter = runtime.enter();
-        crate::record::StopSignals::install()
-    };
-    let shared = Arc::new(Shared {
-        metrics: Mutex::new(Metrics::default()),
-        store_problem: Mutex::new(None),
-    });
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (taps_tx, taps_rx) = tokio::sync::mpsc::channel(sampler::MAX_TAPS);
-    let jobs = Arc::new(pipeline::Jobs::default());
-    let (store_tx, store_rx) = std::sync::mpsc::sync_channel(pipeline::STORE_QUEUE);
-    let (push_tx, mut push_rx) = tokio::sync::mpsc::channel(pipeline::PUSH_QUEUE);
-    let (started_tx, started_rx) = std::sync::mpsc::channel();
-    let stage = sampler::Stage {
-        config: SessionConfig {
-            event: Event::CpuClock,
-            frequency_hz: config.frequency_hz,
-            pids: Vec::new(),
-            comms: config.comms.clone(),
-            cgroups: Vec::new(),
-            unwind: config.unwind,
-            unwind_memory: config.unwind_memory,
-            unwind_tables: config.unwind_tables,
-            python: config.python,
-            // Tables compiled once survive restarts, next to the store (docs/unwinding.md).
-            unwind_cache: Some(config.data_dir.join("unwind-tables")),
-            kernel_record_bytes: sampler::KERNEL_RECORD_BYTES,
-            wake_for_processes: false,
-            settle_delay,
-        },
-        window: config.window,
-        jobs: jobs.clone(),
-        taps: taps_rx,
-        stop: stop_rx,
-        shared: shared.clone(),
-    };
-    let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-        std::thread::Builder::new()
-            .name(name.to_owned())
-            .spawn(f)
-            .map_err(AgentError::Runtime)
-    };
-    let sampling = spawn("sampler", Box::new(move || stage.run(started_tx)))?;
-    let cpus = match started_rx.recv() {
-        Ok(Ok(cpus)) => cpus,
-        Ok(Err(e)) => return Err(e.into()),
-        Err(_) => {
-            return Err(RecordError::Io(std::io::Error::other("the sampler thread died")).into());
-        }
-    };
-    let symbolizer = {
-        let shared = shared.clone();
-        let push = (!pushers.is_empty()).then_some(push_tx);
-        spawn(
-            "symbolize",
-            Box::new(move || pipeline::symbolize(&jobs, kernel, store_tx, push, shared)),
-        )?
-    };
-    let storing = {
-        let stage = pipeline::StoreStage {
+}
+
+/// The stages' threads, which the main thread stops at the end.
+struct Stages {
+    /// CPUs sampled.
+    cpus: usize,
+    stop: tokio::sync::watch::Sender<bool>,
+    sampling: std::thread::JoinHandle<()>,
+    symbolizer: std::thread::JoinHandle<()>,
+    /// Returns the windows it could not store.
+    storing: std::thread::JoinHandle<usize>,
+}
+
+impl Stages {
+    /// Starts the drain, which loads BPF, and waits until it samples (or could not start);
+    /// then the symbolizer and the store. `taps` are /debug/pprof/profile requests to the
+    /// drain; `push` takes the symbolized windows when there is a push target.
+    fn start(
+        config: &AgentConfig,
+        inputs: StageInputs,
+        shared: &Arc<Shared>,
+        taps: tokio::sync::mpsc::Receiver<sampler::TapRequest>,
+        push: Option<tokio::sync::mpsc::Sender<Arc<crate::profile::Profile>>>,
+    ) -> Result<Self, AgentError> {
+        let StageInputs {
             store,
-            windows: store_rx,
-            retention: config.store_retention(),
+            kernel,
+            store_delay,
+            settle_delay,
+        } = inputs;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let jobs = Arc::new(pipeline::Jobs::default());
+        let (store_tx, store_rx) = std::sync::mpsc::sync_channel(pipeline::STORE_QUEUE);
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let stage = sampler::Stage {
+            config: session_config(config, settle_delay),
+            window: config.window,
+            jobs: jobs.clone(),
+            taps,
+            stop: stop_rx,
             shared: shared.clone(),
-            delay,
         };
-        std::thread::Builder::new()
-            .name("store".to_owned())
-            .spawn(move || stage.run())
-            .map_err(AgentError::Runtime)?
-    };
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&runtime, async move {
-        let listener =
-            tokio::net::TcpListener::from_std(listener).map_err(|source| AgentError::Listen {
-                addr: config.listen,
-                source,
-            })?;
-        let state = Rc::new(State {
-            config: config.clone(),
-            shared: shared.clone(),
-            taps: taps_tx,
-            heavy: std::cell::Cell::new(0),
-            pushers: pushers.clone(),
-        });
-        let senders: Vec<_> = pushers
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.to_owned())
+                .spawn(f)
+                .map_err(AgentError::Runtime)
+        };
+        let sampling = spawn("sampler", Box::new(move || stage.run(started_tx)))?;
+        let cpus = match started_rx.recv() {
+            Ok(Ok(cpus)) => cpus,
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => {
+                return Err(
+                    RecordError::Io(std::io::Error::other("the sampler thread died")).into(),
+                );
+            }
+        };
+        let symbolizer = {
+            let shared = shared.clone();
+            spawn(
+                "symbolize",
+                Box::new(move || pipeline::symbolize(&jobs, kernel, store_tx, push, shared)),
+            )?
+        };
+        let storing = {
+            let stage = pipeline::StoreStage {
+                store,
+                windows: store_rx,
+                retention: config.store_retention(),
+                shared: shared.clone(),
+                delay: store_delay,
+            };
+            std::thread::Builder::new()
+                .name("store".to_owned())
+                .spawn(move || stage.run())
+                .map_err(AgentError::Runtime)?
+        };
+        Ok(Self {
+            cpus,
+            stop: stop_tx,
+            sampling,
+            symbolizer,
+            storing,
+        })
+    }
+
+    /// Stops the stages: the drain cuts the last window, the symbolizer and the store finish
+    /// theirs; the API goes on answering meanwhile. Returns the windows that could not be
+    /// stored, or None if a stage panicked.
+    async fn stop(self) -> Option<usize> {
+        let Self {
+            stop,
+            sampling,
+            symbolizer,
+            storing,
+            ..
+        } = self;
+        let _ = stop.send(true);
+        let joined = tokio::task::spawn_blocking(move || {
+            let others = [sampling, symbolizer].into_iter().all(|t| t.join().is_ok());
+            (others, storing.join().ok())
+        })
+        .await
+        .unwrap_or((false, None));
+        match joined {
+            (true, Some(lost_windows)) => Some(lost_windows),
+            _ => None,
+        }
+    }
+}
+
+/// Starts serving the HTTP API and pushing on this thread's `LocalSet` (its tasks run while
+/// the caller waits); returns the push tasks, to finish at the end.
+fn serve(
+    config: &AgentConfig,
+    endpoints: Endpoints,
+    shared: &Arc<Shared>,
+    taps: tokio::sync::mpsc::Sender<sampler::TapRequest>,
+    windows: tokio::sync::mpsc::Receiver<Arc<crate::profile::Profile>>,
+) -> Result<Pushing, AgentError> {
+    let Endpoints {
+        token,
+        listener,
+        pushers,
+    } = endpoints;
+    let listener =
+        tokio::net::TcpListener::from_std(listener).map_err(|source| AgentError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let state = Rc::new(State {
+        config: config.clone(),
+        shared: shared.clone(),
+        taps,
+        heavy: std::cell::Cell::new(0),
+        pushers: pushers.clone(),
+    });
+    let pushing = Pushing::start(pushers, windows, shared);
+    tokio::task::spawn_local(crate::http::serve(listener, token, move |req| {
+        api::handle(state.clone(), req)
+    }));
+    Ok(pushing)
+}
+
+/// The push targets' tasks: a sender each, and the spooler that hands every symbolized
+/// window to all of them (none without a target).
+struct Pushing {
+    pushers: Vec<Rc<push::Pusher>>,
+    senders: Vec<tokio::task::JoinHandle<()>>,
+    spooler: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Pushing {
+    fn start(
+        pushers: Vec<Rc<push::Pusher>>,
+        mut windows: tokio::sync::mpsc::Receiver<Arc<crate::profile::Profile>>,
+        shared: &Arc<Shared>,
+    ) -> Self {
+        let senders = pushers
             .iter()
             .map(|p| tokio::task::spawn_local(p.clone().run()))
             .collect();
-        let stoppers = pushers.clone();
         let mut spooler = None;
         if !pushers.is_empty() {
             let shared = shared.clone();
+            let pushers = pushers.clone();
             spooler = Some(tokio::task::spawn_local(async move {
-                while let Some(profile) = push_rx.recv().await {
+                while let Some(profile) = windows.recv().await {
                     for p in &pushers {
                         p.enqueue(&profile, &profile.meta.hostname);
                     }
@@ -268,28 +437,21 @@ pub(crate) fn run(
                 }
             }));
         }
-        let api_state = state.clone();
-        tokio::task::spawn_local(crate::http::serve(listener, token, move |req| {
-            api::handle(api_state.clone(), req)
-        }));
-        progress(Progress::Started {
-            cpus,
-            config: &config,
-        });
-        // Forever, in practice: only a signal ends it.
-        let stop = signals
-            .until(Duration::from_secs(u64::from(u32::MAX)))
-            .await;
-        progress(Progress::Stopping(stop));
-        let _ = stop_tx.send(true);
-        // The drain cuts the last window, the symbolizer and the store finish theirs; the
-        // API goes on answering meanwhile.
-        let joined = tokio::task::spawn_blocking(move || {
-            let others = [sampling, symbolizer].into_iter().all(|t| t.join().is_ok());
-            (others, storing.join().ok())
-        })
-        .await
-        .unwrap_or((false, None));
+        Self {
+            pushers,
+            senders,
+            spooler,
+        }
+    }
+
+    /// Once the stages stopped: sends what is left (within `push::STOP_GRACE`) and returns
+    /// the windows sent and dropped over every target, None without one.
+    async fn finish(self, shared: &Shared) -> Option<(u64, u64)> {
+        let Self {
+            pushers,
+            senders,
+            spooler,
+        } = self;
         // The symbolizer is gone, so the spooler ends once the last window is spooled; then
         // each sender finishes its push and sends what is spooled. Dropped at the runtime's
         // end instead, a sender cut its connection mid-request (a server saw one close before
@@ -298,7 +460,7 @@ pub(crate) fn run(
             if let Some(spooler) = spooler {
                 let _ = spooler.await;
             }
-            for p in &stoppers {
+            for p in &pushers {
                 p.stop();
             }
             for s in senders {
@@ -312,16 +474,8 @@ pub(crate) fn run(
             );
         }
         // The last pass sent windows after the spooler's last count.
-        let pushed = (!stoppers.is_empty()).then(|| count_pushes(&shared, &stoppers));
-        match joined {
-            (true, Some(lost_windows)) => progress(Progress::Stopped {
-                lost_windows,
-                pushed,
-            }),
-            _ => log::error!("agent: a stage panicked; see the messages above"),
-        }
-        Ok(())
-    })
+        (!pushers.is_empty()).then(|| count_pushes(shared, &pushers))
+    }
 }
 
 /// Copies the push targets' counts, both together, into `profiler_push_windows_total` and

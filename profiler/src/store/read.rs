@@ -98,6 +98,44 @@ impl Store {
         } else {
             ("0", "NULL")
         };
+        let (windows, meta) = self.read_windows(q, has_times)?;
+        between();
+        let start = meta.start_unix_ns;
+        // Sized once from the counts (comm filter applied, cgroup not: an upper bound), so the
+        // vector never doubles past the limit on its way there.
+        let upper = self.matching_samples(&windows, &q.comms)?;
+        if upper > limits.max_samples && q.cgroup.is_none() {
+            return Err(too_many("samples", limits.max_samples)); // exact without a cgroup
+        }
+        let samples = Vec::with_capacity(upper.min(limits.max_samples) as usize);
+        // A store of an agent from before threads were kept reads tid = pid.
+        let tid = if times::has_tid(&self.conn)? {
+            "coalesce(c.tid, c.pid)"
+        } else {
+            "c.pid"
+        };
+        let mut counts = self.conn.prepare(&format!(
+            "SELECT c.stack, c.pid, n.text, c.cgroup_id, g.text, c.samples, {times}, {tid} FROM counts \
+             c JOIN names n ON n.id = c.comm JOIN names g ON g.id = c.cgroup WHERE c.window = ?1",
+        ))?;
+        let mut rebuild = Rebuild::new(&self.conn, meta, limits, samples)?;
+        for w in &windows {
+            let base = w.start.saturating_sub(start);
+            if !w.timed {
+                rebuild.add_untimed(base, w.duration);
+            }
+            let mut rows = counts.query([w.id])?;
+            while let Some(r) = rows.next()? {
+                rebuild.add_count(q, w, base, r)?;
+            }
+        }
+        Ok(rebuild.finish())
+    }
+
+    /// The windows overlapping the query's range, in time order, and the profile's `Meta`
+    /// from them: the first window's facts, the span to the end of the last, the counters
+    /// summed. `has_times` is the column saying a window's times are kept ("0" without it).
+    fn read_windows(&self, q: &Query, has_times: &str) -> rusqlite::Result<(Vec<Window>, Meta)> {
         let mut stmt = self.conn.prepare(&format!(
             "SELECT id, start_ns, duration_ns, frequency_hz, event, hostname, kernel, cpus, \
              recorded, lost_ringbuf_full, filtered, kstack_failed, ustack_failed, {has_times} \
@@ -134,116 +172,162 @@ impl Store {
             };
             windows.push(w);
         }
-        between();
-        let too_many = |what, max| ReadError::Store(StoreError::TooBig { what, max });
-        let start = meta.start_unix_ns;
-        let mut out = Interner::new(meta);
-        let mut stacks: HashMap<i64, u32> = HashMap::new();
-        let mut processes: BTreeMap<u32, Process> = BTreeMap::new();
-        let mut cgroups: BTreeMap<u64, String> = BTreeMap::new();
-        // Sized once from the counts (comm filter applied, cgroup not: an upper bound), so the
-        // vector never doubles past the limit on its way there.
-        let upper = self.matching_samples(&windows, &q.comms)?;
-        if upper > limits.max_samples && q.cgroup.is_none() {
-            return Err(too_many("samples", limits.max_samples)); // exact without a cgroup
+        Ok((windows, meta))
+    }
+}
+
+/// A read's `TooBig` error: more `what` than `max`.
+fn too_many(what: &'static str, max: u64) -> ReadError {
+    ReadError::Store(StoreError::TooBig { what, max })
+}
+
+impl Query {
+    /// Whether the query asks for the samples of `comm` in `cgroup`.
+    fn matches(&self, comm: &str, cgroup: &str) -> bool {
+        (self.comms.is_empty() || self.comms.iter().any(|c| c == comm))
+            && self
+                .cgroup
+                .as_ref()
+                .is_none_or(|want| crate::cgroups::is_at_or_below(cgroup, want))
+    }
+}
+
+/// A profile being rebuilt from stored counts, one at a time, within the read's limits.
+struct Rebuild<'conn> {
+    limits: ReadLimits,
+    out: Interner,
+    /// Stored stack and frame ids to the profile's.
+    stacks: HashMap<i64, u32>,
+    frames: HashMap<i64, u32>,
+    processes: BTreeMap<u32, Process>,
+    cgroups: BTreeMap<u64, String>,
+    samples: Vec<Sample>,
+    /// `Meta::untimed`.
+    untimed: Vec<(u64, u64)>,
+    stack_text: rusqlite::Statement<'conn>,
+    frame_of: rusqlite::Statement<'conn>,
+}
+
+impl<'conn> Rebuild<'conn> {
+    /// `samples` is empty, sized for what the read may hold.
+    fn new(
+        conn: &'conn rusqlite::Connection,
+        meta: Meta,
+        limits: ReadLimits,
+        samples: Vec<Sample>,
+    ) -> rusqlite::Result<Self> {
+        Ok(Self {
+            limits,
+            out: Interner::new(meta),
+            stacks: HashMap::new(),
+            frames: HashMap::new(),
+            processes: BTreeMap::new(),
+            cgroups: BTreeMap::new(),
+            samples,
+            untimed: Vec::new(),
+            stack_text: conn.prepare("SELECT frames FROM stacks WHERE id = ?1")?,
+            frame_of: conn.prepare(
+                "SELECT f.kernel, n.text, m.text, f.addr, b.text FROM frames f JOIN names n ON \
+                 n.id = f.name JOIN names m ON m.id = f.module JOIN names b ON b.id = f.binary \
+                 WHERE f.id = ?1",
+            )?,
+        })
+    }
+
+    /// A window whose times are not kept, `base` ns into the profile, to the untimed ranges.
+    fn add_untimed(&mut self, base: u64, duration: u64) {
+        // Adjacent windows make one range.
+        match self.untimed.last_mut() {
+            Some((_, end)) if *end >= base => *end = (*end).max(base + duration),
+            _ => self.untimed.push((base, base + duration)),
         }
-        let mut samples = Vec::with_capacity(upper.min(limits.max_samples) as usize);
-        // A store of an agent from before threads were kept reads tid = pid.
-        let tid = if times::has_tid(&self.conn)? {
-            "coalesce(c.tid, c.pid)"
-        } else {
-            "c.pid"
+    }
+
+    /// One stored count of window `w` (`base` ns into the profile) as its samples, unless the
+    /// query leaves its comm or cgroup out.
+    fn add_count(
+        &mut self,
+        q: &Query,
+        w: &Window,
+        base: u64,
+        r: &rusqlite::Row<'_>,
+    ) -> Result<(), ReadError> {
+        let comm: String = r.get(2)?;
+        let cgroup: String = r.get(4)?;
+        if !q.matches(&comm, &cgroup) {
+            return Ok(());
+        }
+        let n = r.get::<_, i64>(5)?.max(0) as u64;
+        if self.samples.len() as u64 + n > self.limits.max_samples {
+            return Err(too_many("samples", self.limits.max_samples));
+        }
+        let stack = self.stack(r.get(0)?)?;
+        let pid: u32 = r.get(1)?;
+        let tid: u32 = r.get(7)?;
+        let cgroup_id = r.get::<_, i64>(3)? as u64;
+        let comm_id = self.out.string(&comm);
+        self.processes.entry(pid).or_insert_with(|| Process {
+            pid,
+            comm: comm.clone(),
+            cgroup: cgroup.clone(),
+            ..Process::default()
+        });
+        self.cgroups.entry(cgroup_id).or_insert(cgroup);
+        let sample = |offset_ns, cpu| Sample {
+            offset_ns,
+            cpu,
+            pid,
+            tid,
+            cgroup_id,
+            comm: comm_id,
+            stack,
         };
-        let mut counts = self.conn.prepare(&format!(
-            "SELECT c.stack, c.pid, n.text, c.cgroup_id, g.text, c.samples, {times}, {tid} FROM counts \
-             c JOIN names n ON n.id = c.comm JOIN names g ON g.id = c.cgroup WHERE c.window = ?1",
-        ))?;
-        let mut untimed: Vec<(u64, u64)> = Vec::new();
-        let mut stack_text = self
-            .conn
-            .prepare("SELECT frames FROM stacks WHERE id = ?1")?;
-        let mut frame_of = self.conn.prepare(
-            "SELECT f.kernel, n.text, m.text, f.addr, b.text FROM frames f JOIN names n ON \
-             n.id = f.name JOIN names m ON m.id = f.module JOIN names b ON b.id = f.binary \
-             WHERE f.id = ?1",
-        )?;
-        let mut frames: HashMap<i64, u32> = HashMap::new();
-        for w in &windows {
-            let base = w.start.saturating_sub(start);
-            if !w.timed {
-                // Adjacent windows make one range.
-                match untimed.last_mut() {
-                    Some((_, end)) if *end >= base => *end = (*end).max(base + w.duration),
-                    _ => untimed.push((base, base + w.duration)),
-                }
-            }
-            let mut rows = counts.query([w.id])?;
-            while let Some(r) = rows.next()? {
-                let comm: String = r.get(2)?;
-                let cgroup: String = r.get(4)?;
-                if !q.comms.is_empty() && !q.comms.contains(&comm) {
-                    continue;
-                }
-                if let Some(want) = &q.cgroup
-                    && !crate::cgroups::is_at_or_below(&cgroup, want)
-                {
-                    continue;
-                }
-                let n = r.get::<_, i64>(5)?.max(0) as u64;
-                if samples.len() as u64 + n > limits.max_samples {
-                    return Err(too_many("samples", limits.max_samples));
-                }
-                let db_stack: i64 = r.get(0)?;
-                let stack = match stacks.get(&db_stack) {
-                    Some(&s) => s,
-                    None => {
-                        if stacks.len() >= limits.max_stacks {
-                            return Err(too_many("stacks", limits.max_stacks as u64));
-                        }
-                        let ids = stack_text
-                            .query_row([db_stack], |r| Ok(intern::decode_stack(r.get_ref(0)?)))?
-                            .map_err(|e| ReadError::Store(StoreError::CorruptStack(e)))?;
-                        let s = parse_stack(&mut out, &mut frame_of, &mut frames, &ids)?;
-                        stacks.insert(db_stack, s);
-                        s
-                    }
-                };
-                let pid: u32 = r.get(1)?;
-                let tid: u32 = r.get(7)?;
-                let cgroup_id = r.get::<_, i64>(3)? as u64;
-                let comm_id = out.string(&comm);
-                processes.entry(pid).or_insert_with(|| Process {
-                    pid,
-                    comm: comm.clone(),
-                    cgroup: cgroup.clone(),
-                    ..Process::default()
-                });
-                cgroups.entry(cgroup_id).or_insert(cgroup);
-                let sample = |offset_ns, cpu| Sample {
-                    offset_ns,
-                    cpu,
-                    pid,
-                    tid,
-                    cgroup_id,
-                    comm: comm_id,
-                    stack,
-                };
-                if w.timed {
-                    let blob: Option<Vec<u8>> = r.get(6)?;
-                    let at = times::decode(blob.as_deref().unwrap_or_default(), n, w.duration)
-                        .map_err(|source| {
-                            ReadError::Store(StoreError::CorruptTimes {
-                                start: w.start,
-                                source,
-                            })
-                        })?;
-                    samples.extend(at.into_iter().map(|(t, cpu)| sample(base + t, cpu)));
-                } else {
-                    // Times unknown: the window's start, on no CPU (see `Meta::untimed`).
-                    samples.extend((0..n).map(|_| sample(base, NO_CPU)));
-                }
-            }
+        if w.timed {
+            let blob: Option<Vec<u8>> = r.get(6)?;
+            let at = times::decode(blob.as_deref().unwrap_or_default(), n, w.duration).map_err(
+                |source| {
+                    ReadError::Store(StoreError::CorruptTimes {
+                        start: w.start,
+                        source,
+                    })
+                },
+            )?;
+            self.samples
+                .extend(at.into_iter().map(|(t, cpu)| sample(base + t, cpu)));
+        } else {
+            // Times unknown: the window's start, on no CPU (see `Meta::untimed`).
+            self.samples.extend((0..n).map(|_| sample(base, NO_CPU)));
         }
+        Ok(())
+    }
+
+    /// The profile's id of stored stack `db_stack`, interned with its frames the first time.
+    fn stack(&mut self, db_stack: i64) -> Result<u32, ReadError> {
+        if let Some(&s) = self.stacks.get(&db_stack) {
+            return Ok(s);
+        }
+        if self.stacks.len() >= self.limits.max_stacks {
+            return Err(too_many("stacks", self.limits.max_stacks as u64));
+        }
+        let ids = self
+            .stack_text
+            .query_row([db_stack], |r| Ok(intern::decode_stack(r.get_ref(0)?)))?
+            .map_err(|e| ReadError::Store(StoreError::CorruptStack(e)))?;
+        let s = parse_stack(&mut self.out, &mut self.frame_of, &mut self.frames, &ids)?;
+        self.stacks.insert(db_stack, s);
+        Ok(s)
+    }
+
+    /// The profile, with its processes, cgroups and samples in time order.
+    fn finish(self) -> Profile {
+        let Self {
+            mut out,
+            processes,
+            cgroups,
+            mut samples,
+            untimed,
+            ..
+        } = self;
         for p in processes.into_values() {
             out.process(p);
         }
@@ -255,7 +339,7 @@ impl Store {
         let mut profile = out.finish();
         profile.samples = samples;
         profile.meta.untimed = untimed;
-        Ok(profile)
+        profile
     }
 }
 
