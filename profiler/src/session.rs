@@ -19,7 +19,7 @@ use crate::{
     record::RecordError,
     symbolize::{self, KernelSymbols, NameCache, UserSymbolizer},
     unwind::{BackgroundLoader, Loader, LoaderStats, UnwindMode},
-    util,
+    util::{self, unix_now_ns},
 };
 
 /// What to sample and how.
@@ -506,13 +506,6 @@ fn open_kernel_records(
             )));
         })
         .ok()
-}
-
-/// Wall-clock now, ns since the Unix epoch.
-pub(crate) fn unix_now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 fn read_trimmed(path: &str) -> String {

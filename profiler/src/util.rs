@@ -143,6 +143,13 @@ pub(crate) fn proc_pids() -> std::io::Result<impl Iterator<Item = u32>> {
     Ok(std::fs::read_dir("/proc")?.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()))
 }
 
+/// Wall-clock now, ns since the Unix epoch.
+pub(crate) fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// CLOCK_MONOTONIC now, ns: the clock of `bpf_ktime_get_ns`, which stamps every sample.
 pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {

@@ -5,13 +5,14 @@ use std::{rc::Rc, time::Duration};
 use super::{
     State,
     sampler::{MAX_TAPS, TapRequest},
-    time_ago, unix_now_ns,
+    time_ago,
 };
 use crate::{
     http::{Request, Response},
     output,
     profile::{GroupBy, Profile},
     store::{Query, ReadLimits, Store, StoreError},
+    util::unix_now_ns,
 };
 
 /// Longest range the store endpoints read.

@@ -543,13 +543,6 @@ fn test_delay(env: &'static str) -> Result<Option<Duration>, AgentError> {
     }
 }
 
-/// Wall-clock now, ns since the Unix epoch.
-pub(crate) fn unix_now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
 /// A time that is neither `now` nor a duration ago; the duration's error follows.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[error("a time is `now` or a duration ago such as 1h, 30m")]

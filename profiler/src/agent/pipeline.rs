@@ -11,7 +11,8 @@ use std::{
 
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
-use super::{MAX_PENDING, Shared, unix_now_ns};
+use super::{MAX_PENDING, Shared};
+use crate::util::unix_now_ns;
 use crate::{
     cgroups,
     profile::{Frame, Interner, Profile, Sample},

@@ -4,8 +4,9 @@ use std::path::PathBuf;
 use anyhow::{Context as _, bail};
 
 use crate::{
-    agent::{time_ago, unix_now_ns},
+    agent::time_ago,
     store::{Query, Store},
+    util::unix_now_ns,
 };
 
 #[derive(Debug, clap::Args)]
