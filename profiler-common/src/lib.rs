@@ -447,6 +447,36 @@ pub mod unwind {
     }
     const _: () = assert!(core::mem::size_of::<ProcMappings>() == 8 + 40 * MAX_MAPPINGS);
 
+    /// Counts by `unwind::reason` code: of samples whose table walk was cut short, or of walks
+    /// of stack copies (index 0, `none`: reached the entry, not a cut).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct ByReason(pub [u64; reason::NAMES.len()]);
+
+    impl ByReason {
+        /// Counts one of `code` (an unknown code is not counted).
+        pub fn add(&mut self, code: u32) {
+            if let Some(n) = self.0.get_mut(code as usize) {
+                *n += 1;
+            }
+        }
+
+        /// Adds every count of `other`.
+        pub fn add_all(&mut self, other: &ByReason) {
+            for (total, n) in self.0.iter_mut().zip(other.0) {
+                *total += n;
+            }
+        }
+
+        /// The cuts, by code and count, `none` left out.
+        pub fn cuts(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+            self.0.iter().copied().enumerate().skip(1)
+        }
+
+        pub fn total(&self) -> u64 {
+            self.0.iter().sum()
+        }
+    }
+
     /// Why a table walk stopped before the entry (the header's `flags` bits 8..11, and the
     /// `counter::UNWIND_*` index of each).
     pub mod reason {

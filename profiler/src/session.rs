@@ -97,7 +97,7 @@ pub(crate) struct SessionReport {
     /// Table loader figures, when stacks were walked by table.
     pub unwind: Option<LoaderStats>,
     /// Samples whose user stack a table walk cut short, by `unwind::reason`.
-    pub unwind_truncated: [u64; 7],
+    pub unwind_truncated: profiler_common::unwind::ByReason,
     /// Python figures, when Python frames were on.
     pub python: Option<PythonReport>,
     /// Kernel process records lost (rings full).

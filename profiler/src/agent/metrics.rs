@@ -10,6 +10,7 @@ use crate::{
     doctor::memcg,
     profile::{Counters, Profile, lifecycle},
 };
+use profiler_common::unwind::ByReason;
 
 /// Distinct label values per metric at most, `other` excluded.
 pub(crate) const MAX_SERIES: usize = 50;
@@ -19,9 +20,9 @@ const OTHER: &str = "other";
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
     /// Samples whose table walk stopped early, by `unwind::reason` code, since start.
-    unwind_truncated: [u64; 7],
+    unwind_truncated: ByReason,
     /// Walks of stack copies by the reason they stopped at (0: whole), since start.
-    copy_walks: [u64; 7],
+    copy_walks: ByReason,
     /// `unwind::report::metrics_text` as of the last window; empty under `--unwind fp`.
     unwind_text: String,
     /// CPU seconds by comm (idle task excluded).
@@ -211,16 +212,8 @@ impl Metrics {
         counts: &crate::collect::Counts,
         named: &[(String, u64)],
     ) {
-        for (total, n) in self
-            .unwind_truncated
-            .iter_mut()
-            .zip(&counts.unwind_truncated)
-        {
-            *total += n;
-        }
-        for (total, n) in self.copy_walks.iter_mut().zip(&counts.copy_walks) {
-            *total += n;
-        }
+        self.unwind_truncated.add_all(&counts.unwind_truncated);
+        self.copy_walks.add_all(&counts.copy_walks);
         let named = |key: &str| {
             named
                 .iter()

@@ -325,7 +325,7 @@ pub(crate) struct KernelCounters {
     pub kstack_failed: u64,
     pub ustack_failed: u64,
     /// Table walks stopped early, by `unwind::reason` code (index 0 unused).
-    pub unwind_truncated: [u64; 7],
+    pub unwind_truncated: unwind::ByReason,
     /// Samples given a stack copy, and samples sent without the copy they wanted
     /// (`counter::STACK_COPIES_REFUSED`).
     pub stack_copies: u64,
@@ -578,8 +578,8 @@ impl Sampler {
             kstack_failed: read(counter::KSTACK_FAILED)?,
             ustack_failed: read(counter::USTACK_FAILED)?,
             unwind_truncated: {
-                let mut by_reason = [0; 7];
-                for (code, n) in by_reason.iter_mut().enumerate().skip(1) {
+                let mut by_reason = unwind::ByReason::default();
+                for (code, n) in by_reason.0.iter_mut().enumerate().skip(1) {
                     *n = read(counter::UNWIND_REASON_BASE + code as u32)?;
                 }
                 by_reason

@@ -1,5 +1,7 @@
 //! How the CLI shows a recording's progress and report on stderr (`record`, `doctor`): the
 //! library reports through `record::Progress`; only this prints.
+use profiler_common::unwind::ByReason;
+
 use crate::{
     record::{Progress, RecordReport, Stop},
     session::{Notice, PythonReport},
@@ -121,7 +123,7 @@ fn collected(r: &RecordReport, verbose: bool, tty: bool) {
     }
 }
 
-fn unwind(s: &LoaderStats, truncated: &[u64; 7]) {
+fn unwind(s: &LoaderStats, truncated: &ByReason) {
     eprintln!(
         "unwind tables: {} processes, {} binaries by table ({} rows, {:.1} MiB in the kernel at the end, compiled in {:.3} s, {} from the disk cache), {} by frame pointer, {} evicted{}",
         s.processes,
@@ -139,10 +141,8 @@ fn unwind(s: &LoaderStats, truncated: &[u64; 7]) {
         }
     );
     let cut: Vec<String> = truncated
-        .iter()
-        .enumerate()
-        .skip(1) // 0: not cut
-        .filter(|(_, n)| **n > 0)
+        .cuts()
+        .filter(|&(_, n)| n > 0)
         .map(|(code, n)| format!("{n} {}", profiler_common::unwind::reason::NAMES[code]))
         .collect();
     if !cut.is_empty() {

@@ -54,10 +54,10 @@ pub(crate) struct Counts {
     pub kstack_failed: u64,
     pub ustack_failed: u64,
     /// Kept samples whose user stack a table walk cut short, by `unwind::reason` (0: not cut).
-    pub unwind_truncated: [u64; 7],
+    pub unwind_truncated: profiler_common::unwind::ByReason,
     /// Stack copies the collector walked (`flags::STACK_COPY`), by the `unwind::reason` their
     /// walk stopped at (0: it reached the entry), whether or not the walk was kept.
-    pub copy_walks: [u64; 7],
+    pub copy_walks: profiler_common::unwind::ByReason,
     /// Samples whose Python walk was cut at `MAX_PY_FRAMES` or by an unreadable frame.
     pub py_truncated: u64,
     /// Kernel process records dropped because a ring was full: mappings may be missing.

@@ -439,9 +439,7 @@ impl Collection {
             match unwinder.offer(record, frames_end, h.pid, mappings) {
                 crate::unwind::copied::Offer::Deferred => return,
                 crate::unwind::copied::Offer::Walked(frames, why) => {
-                    if let Some(n) = self.counts.copy_walks.get_mut(why as usize) {
-                        *n += 1;
-                    }
+                    self.counts.copy_walks.add(why);
                     walked = Some((frames, why));
                 }
             }
@@ -470,9 +468,7 @@ impl Collection {
             user = callsites_of(frames.into_iter());
             user_cut = why;
         }
-        if let Some(n) = self.counts.unwind_truncated.get_mut(user_cut as usize) {
-            *n += 1;
-        }
+        self.counts.unwind_truncated.add(user_cut);
         let space = self.processes.saw(h.pid, h.time_ns, &user);
         let user = with_truncation_marker(user, user_cut);
         let ustack = self.ustacks.intern((space, user));

@@ -4,7 +4,7 @@
 //! /metrics. Plain functions, so record and the agent share them.
 use std::fmt::Write as _;
 
-use profiler_common::unwind::reason;
+use profiler_common::unwind::{ByReason, reason};
 
 /// What the loader did, for `--stats`, /metrics and the bench.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -94,13 +94,13 @@ pub struct CopyFigures {
     pub refused: u64,
     /// The collector's walks of copies (samples the filters kept), by the `unwind::reason`
     /// each stopped at (0: it reached the entry).
-    pub walks: [u64; 7],
+    pub walks: ByReason,
 }
 
 /// Prometheus text exposition (0.0.4) of the table walk: kernel memory of the tables now,
 /// the budget, evictions, binaries by walk, `truncated` (cumulative samples cut short,
 /// by `unwind::reason` code; index 0 unused) and the stack copies.
-pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7], copies: &CopyFigures) -> String {
+pub fn metrics_text(s: &LoaderStats, truncated: &ByReason, copies: &CopyFigures) -> String {
     let mut o = String::new();
     let mut metric = |name: &str, help: &str, kind: &str, series: &[(String, u64)]| {
         let _ = writeln!(o, "# HELP {name} {help}");
@@ -174,7 +174,7 @@ pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7], copies: &CopyFigures)
         "profiler_unwind_stack_copies_walked_total",
         "Stack copies walked by the profiler (of the samples its filters kept).",
         "counter",
-        &[(String::new(), copies.walks.iter().sum())],
+        &[(String::new(), copies.walks.total())],
     );
     metric(
         "profiler_unwind_stack_copy_truncated_total",
@@ -187,9 +187,10 @@ pub fn metrics_text(s: &LoaderStats, truncated: &[u64; 7], copies: &CopyFigures)
 
 /// One `reason` series per truncation code (index 0, not cut, left out): zero or not, so
 /// rates work from the first scrape.
-fn by_reason(counts: &[u64; 7]) -> Vec<(String, u64)> {
-    (1..counts.len())
-        .map(|code| (format!("reason=\"{}\"", reason_label(code)), counts[code]))
+fn by_reason(counts: &ByReason) -> Vec<(String, u64)> {
+    counts
+        .cuts()
+        .map(|(code, n)| (format!("reason=\"{}\"", reason_label(code)), n))
         .collect()
 }
 
@@ -209,9 +210,9 @@ mod tests {
         let copies = CopyFigures {
             sent: 9,
             refused: 4,
-            walks: [6, 0, 0, 0, 1, 0, 0],
+            walks: ByReason([6, 0, 0, 0, 1, 0, 0]),
         };
-        let text = metrics_text(&s, &[0, 5, 0, 0, 2, 0, 1], &copies);
+        let text = metrics_text(&s, &ByReason([0, 5, 0, 0, 2, 0, 1]), &copies);
         assert!(
             text.contains("\nprofiler_unwind_table_bytes 8000\n"),
             "{text}"
