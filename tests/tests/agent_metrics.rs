@@ -111,38 +111,121 @@ impl Drop for CgroupFixture {
     }
 }
 
-#[test]
-fn metric_values_match_the_kernel_and_the_design() {
-    if !require_bpf() {
-        return;
+/// One read of /metrics: the series and the text they came from (for the failure messages).
+struct Scrape {
+    m: BTreeMap<String, f64>,
+    text: String,
+}
+
+impl Scrape {
+    fn of(agent: &Agent) -> Self {
+        let text = String::from_utf8_lossy(&agent.get("/metrics").1).into_owned();
+        Scrape {
+            m: parse(&text),
+            text,
+        }
     }
-    let Some(root) = cgroup2_root() else {
-        cannot_run("no cgroup2 mount: the container and cgroup metrics cannot be checked");
-        return;
-    };
-    let _serial = exclusive();
-    let dir = TempDir::new("agent-metrics");
-    // Two spinning fixtures: one in a plain cgroup, one in a cgroup named like a docker
-    // container's scope.
-    let me = std::process::id();
-    let host = CgroupFixture::start(
-        root,
-        &format!("profiler-metrics-{me}"),
-        env!("FIXTURE_FX_CHAIN"),
-        "fx-chain",
-    );
-    let id = format!("{me:08x}{:056x}", 0xc0ffee);
-    let boxed = CgroupFixture::start(
-        root,
-        &format!("docker-{id}.scope"),
-        env!("CARGO_BIN_EXE_fixture-rust"),
-        "fixture-rust",
-    );
-    let fixture_start = Instant::now();
-    let spawned = Instant::now();
-    // Only the fixtures: the rest of the machine counts as filtered, and its processes (other
-    // people's tests) are never opened.
-    let mut agent = Agent::start(
+
+    /// A series that must be there.
+    fn get(&self, series: &str) -> f64 {
+        *self
+            .m
+            .get(series)
+            .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{}", self.text))
+    }
+
+    fn stored_windows(&self) -> f64 {
+        self.m
+            .get("profiler_windows_total{outcome=\"stored\"}")
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    /// The sum of every series of a labelled metric (`prefix` ends in `{`).
+    fn sum(&self, prefix: &str) -> f64 {
+        self.m
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
+/// The two spinning fixtures: one in a plain cgroup, one in a cgroup named like a docker
+/// container's scope.
+struct Fixtures {
+    host: CgroupFixture,
+    boxed: CgroupFixture,
+    /// The fake container's id (64 hex digits).
+    id: String,
+    started: Instant,
+}
+
+impl Fixtures {
+    fn start(root: &str) -> Self {
+        let me = std::process::id();
+        let host = CgroupFixture::start(
+            root,
+            &format!("profiler-metrics-{me}"),
+            env!("FIXTURE_FX_CHAIN"),
+            "fx-chain",
+        );
+        let id = format!("{me:08x}{:056x}", 0xc0ffee);
+        let boxed = CgroupFixture::start(
+            root,
+            &format!("docker-{id}.scope"),
+            env!("CARGO_BIN_EXE_fixture-rust"),
+            "fixture-rust",
+        );
+        Fixtures {
+            host,
+            boxed,
+            id,
+            started: Instant::now(),
+        }
+    }
+}
+
+/// What /proc says about the agent and the fixtures, read right after the scrape.
+struct KernelFigures {
+    agent_cpu: f64,
+    agent_rss: f64,
+    /// Seconds since the agent was started.
+    since_spawn: f64,
+    host_cpu: f64,
+    boxed_cpu: f64,
+    /// Seconds since the fixtures were started.
+    fixture_wall: f64,
+    cpus: f64,
+}
+
+impl KernelFigures {
+    fn read(agent: &Agent, fixtures: &Fixtures, spawned: Instant) -> Self {
+        let agent_cpu = cpu_seconds(agent.pid());
+        let agent_rss = rss_bytes(agent.pid());
+        let since_spawn = spawned.elapsed().as_secs_f64();
+        let (host_cpu, boxed_cpu) = (
+            cpu_seconds(fixtures.host.pid()),
+            cpu_seconds(fixtures.boxed.pid()),
+        );
+        let fixture_wall = fixtures.started.elapsed().as_secs_f64();
+        let cpus = std::thread::available_parallelism().unwrap().get() as f64;
+        KernelFigures {
+            agent_cpu,
+            agent_rss,
+            since_spawn,
+            host_cpu,
+            boxed_cpu,
+            fixture_wall,
+            cpus,
+        }
+    }
+}
+
+/// The agent at 49 Hz with 2 s windows, recording only the fixtures: the rest of the machine
+/// counts as filtered, and its processes (other people's tests) are never opened.
+fn start_agent(dir: &TempDir) -> Agent {
+    Agent::start(
         &dir.file("data"),
         &[
             "--window",
@@ -154,72 +237,62 @@ fn metric_values_match_the_kernel_and_the_design() {
             "--comm",
             "fixture-rust",
         ],
-    );
-    let (m, text) = loop {
-        let (_, body) = agent.get("/metrics");
-        let text = String::from_utf8_lossy(&body).into_owned();
-        let m = parse(&text);
-        if m.get("profiler_windows_total{outcome=\"stored\"}")
-            .copied()
-            .unwrap_or(0.0)
-            >= WINDOWS
-        {
-            break (m, text);
+    )
+}
+
+/// Scrapes /metrics until `WINDOWS` windows are stored (at most 120 s after `spawned`).
+fn scrape_after_windows(agent: &Agent, spawned: Instant) -> Scrape {
+    loop {
+        let s = Scrape::of(agent);
+        if s.stored_windows() >= WINDOWS {
+            return s;
         }
         assert!(
             spawned.elapsed() < Duration::from_secs(120),
-            "fewer than {WINDOWS} windows stored:\n{text}"
+            "fewer than {WINDOWS} windows stored:\n{}",
+            s.text
         );
         std::thread::sleep(Duration::from_millis(200));
-    };
-    // Read the kernel's figures right after the scrape.
-    let agent_cpu = cpu_seconds(agent.pid());
-    let agent_rss = rss_bytes(agent.pid());
-    let since_spawn = spawned.elapsed().as_secs_f64();
-    let (host_cpu, boxed_cpu) = (cpu_seconds(host.pid()), cpu_seconds(boxed.pid()));
-    let fixture_wall = fixture_start.elapsed().as_secs_f64();
-    let cpus = std::thread::available_parallelism().unwrap().get() as f64;
-    let get = |series: &str| -> f64 {
-        *m.get(series)
-            .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{text}"))
-    };
-    let windows = get("profiler_windows_total{outcome=\"stored\"}");
-    let covered = windows * WINDOW_S;
-    eprintln!(
-        "{windows} windows; fx-chain {host_cpu:.2} s CPU, fixture-rust {boxed_cpu:.2} s in \
-         {fixture_wall:.1} s; agent {agent_cpu:.2} s CPU, {agent_rss} B RSS\n{text}"
-    );
+    }
+}
 
-    // The store's size in use: whole pages, and not zero once windows are stored.
-    let used = get("profiler_store_used_bytes");
+/// The store's size in use: whole pages, and not zero once windows are stored. Windows: all
+/// stored, none dropped. Nothing pushed without --push-url.
+fn check_store_and_windows(s: &Scrape) {
+    let text = &s.text;
+    let used = s.get("profiler_store_used_bytes");
     assert!(
         used > 0.0 && used % 4096.0 == 0.0,
         "store bytes in use {used}: {text}"
     );
+    assert_eq!(
+        s.get("profiler_windows_total{outcome=\"dropped\"}"),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        s.get("profiler_push_windows_total{outcome=\"sent\"}"),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        s.get("profiler_push_windows_total{outcome=\"dropped\"}"),
+        0.0,
+        "{text}"
+    );
+}
 
-    // Windows: all stored, none dropped. Nothing pushed without --push-url.
-    assert_eq!(
-        get("profiler_windows_total{outcome=\"dropped\"}"),
-        0.0,
-        "{text}"
+/// Samples: F x seconds x CPUs, recorded or filtered (the idle task is sampled too, so every
+/// CPU counts). The windows cover at least `covered` seconds and at most the time since the
+/// agent started.
+fn check_sample_counts(s: &Scrape, k: &KernelFigures, covered: f64) {
+    let text = &s.text;
+    let recorded = s.get("profiler_samples_total{outcome=\"recorded\"}");
+    let filtered = s.get("profiler_samples_total{outcome=\"filtered\"}");
+    let (low, high) = (
+        0.8 * HZ * k.cpus * covered,
+        1.1 * HZ * k.cpus * k.since_spawn,
     );
-    assert_eq!(
-        get("profiler_push_windows_total{outcome=\"sent\"}"),
-        0.0,
-        "{text}"
-    );
-    assert_eq!(
-        get("profiler_push_windows_total{outcome=\"dropped\"}"),
-        0.0,
-        "{text}"
-    );
-
-    // Samples: F x seconds x CPUs, recorded or filtered (the idle task is sampled too, so
-    // every CPU counts). The windows cover at least `covered` seconds and at most the time
-    // since the agent started.
-    let recorded = get("profiler_samples_total{outcome=\"recorded\"}");
-    let filtered = get("profiler_samples_total{outcome=\"filtered\"}");
-    let (low, high) = (0.8 * HZ * cpus * covered, 1.1 * HZ * cpus * since_spawn);
     assert!(
         recorded + filtered >= low && recorded + filtered <= high,
         "{recorded} samples recorded + {filtered} filtered; F x d x CPUs says {low:.0}..{high:.0}\n{text}"
@@ -228,12 +301,12 @@ fn metric_values_match_the_kernel_and_the_design() {
     assert!(filtered > 0.0, "nothing filtered with --comm\n{text}");
     // 49 Hz on 2 CPUs is far below what the ring buffer holds.
     assert_eq!(
-        get("profiler_samples_lost_total{reason=\"ringbuf_full\"}"),
+        s.get("profiler_samples_lost_total{reason=\"ringbuf_full\"}"),
         0.0,
         "{text}"
     );
     for reason in ["kstack_failed", "ustack_failed"] {
-        let n = get(&format!(
+        let n = s.get(&format!(
             "profiler_samples_lost_total{{reason=\"{reason}\"}}"
         ));
         assert!(
@@ -241,19 +314,22 @@ fn metric_values_match_the_kernel_and_the_design() {
             "{n} samples {reason} of {recorded}\n{text}"
         );
     }
+}
 
-    // CPU seconds (samples / F) of each fixture's own cgroup: never more than the fixture
-    // really used (plus sampling noise), and at least half of its share of the covered time.
-    // Its comm's series holds at least as much (others may run the same fixture).
+/// CPU seconds (samples / F) of each fixture's own cgroup: never more than the fixture really
+/// used (plus sampling noise), and at least half of its share of the covered time. Its comm's
+/// series holds at least as much (others may run the same fixture).
+fn check_fixture_cpu(s: &Scrape, k: &KernelFigures, f: &Fixtures, root: &str, covered: f64) {
+    let text = &s.text;
     for (comm, fixture, used) in [
-        ("fx-chain", &host, host_cpu),
-        ("fixture-rust", &boxed, boxed_cpu),
+        ("fx-chain", &f.host, k.host_cpu),
+        ("fixture-rust", &f.boxed, k.boxed_cpu),
     ] {
         let path = fixture.path(root);
-        let seen = get(&format!(
+        let seen = s.get(&format!(
             "profiler_cgroup_cpu_seconds_total{{cgroup=\"{path}\"}}"
         ));
-        let share = used / fixture_wall;
+        let share = used / k.fixture_wall;
         let (low, high) = (0.5 * share * covered, 1.1 * used + 2.0 / HZ);
         assert!(
             seen >= low && seen <= high,
@@ -261,7 +337,7 @@ fn metric_values_match_the_kernel_and_the_design() {
              a CPU), so {low:.2}..{high:.2}\n{text}",
             share * 100.0
         );
-        let by_comm = get(&format!(
+        let by_comm = s.get(&format!(
             "profiler_process_cpu_seconds_total{{comm=\"{comm}\"}}"
         ));
         assert!(
@@ -269,47 +345,54 @@ fn metric_values_match_the_kernel_and_the_design() {
             "{comm}: {by_comm} < its cgroup's {seen}\n{text}"
         );
     }
-    // Only the two comms are recorded, so their seconds are all the recorded samples / F.
-    let comm_sum: f64 = m
-        .iter()
-        .filter(|(k, _)| k.starts_with("profiler_process_cpu_seconds_total{"))
-        .map(|(_, v)| v)
-        .sum();
+}
+
+/// Only the two comms are recorded, so their seconds are all the recorded samples / F.
+fn check_recorded_are_the_comms(s: &Scrape) {
+    let recorded = s.get("profiler_samples_total{outcome=\"recorded\"}");
+    let comm_sum = s.sum("profiler_process_cpu_seconds_total{");
     assert!(
         (comm_sum * HZ - recorded).abs() < 0.5,
-        "{comm_sum} CPU s by comm is not {recorded} samples / {HZ} Hz\n{text}"
+        "{comm_sum} CPU s by comm is not {recorded} samples / {HZ} Hz\n{}",
+        s.text
     );
+}
 
-    // The fake container: its 12-digit id carries exactly its cgroup's samples.
-    let container = get(&format!(
+/// The fake container: its 12-digit id carries exactly its cgroup's samples.
+fn check_container(s: &Scrape, f: &Fixtures, root: &str) {
+    let container = s.get(&format!(
         "profiler_container_cpu_seconds_total{{container=\"{}\"}}",
-        &id[..12]
+        &f.id[..12]
     ));
-    let cgroup = get(&format!(
+    let cgroup = s.get(&format!(
         "profiler_cgroup_cpu_seconds_total{{cgroup=\"{}\"}}",
-        boxed.path(root)
+        f.boxed.path(root)
     ));
     assert!(
         (cgroup - container).abs() <= 1e-9 && container > 0.0,
-        "container {container} s, its cgroup {cgroup} s\n{text}"
+        "container {container} s, its cgroup {cgroup} s\n{}",
+        s.text
     );
+}
 
-    // Memory-cgroup seconds are samples of that comm with a memcg function: at most its CPU,
-    // and the fixtures, which only compute, have next to none.
-    for (series, v) in m
-        .iter()
-        .filter(|(k, _)| k.starts_with("profiler_process_memcg_seconds_total{"))
+/// Memory-cgroup seconds are samples of that comm with a memcg function: at most its CPU, and
+/// the fixtures, which only compute, have next to none.
+fn check_memcg(s: &Scrape) {
+    let text = &s.text;
+    for (series, v) in
+        s.m.iter()
+            .filter(|(k, _)| k.starts_with("profiler_process_memcg_seconds_total{"))
     {
         let comm_series = series.replace(
             "profiler_process_memcg_seconds_total",
             "profiler_process_cpu_seconds_total",
         );
-        let cpu = m.get(&comm_series).copied().unwrap_or(0.0);
+        let cpu = s.m.get(&comm_series).copied().unwrap_or(0.0);
         assert!(*v <= cpu + 1e-9, "{series} {v} > its CPU {cpu}\n{text}");
     }
     for comm in ["fx-chain", "fixture-rust"] {
-        let memcg = m
-            .get(&format!(
+        let memcg =
+            s.m.get(&format!(
                 "profiler_process_memcg_seconds_total{{comm=\"{comm}\"}}"
             ))
             .copied()
@@ -319,32 +402,72 @@ fn metric_values_match_the_kernel_and_the_design() {
             "{comm} spins in user space, yet {memcg} memcg s\n{text}"
         );
     }
+}
 
-    // Dying cgroups: the v2 series is cgroup2's nr_dying_descendants (other work on the
-    // machine may create and remove cgroups meanwhile: a tenth or 20 either way).
+/// Dying cgroups: the v2 series is cgroup2's nr_dying_descendants (other work on the machine
+/// may create and remove cgroups meanwhile: a tenth or 20 either way).
+fn check_dying_cgroups(s: &Scrape, root: &str) {
     let stat = std::fs::read_to_string(format!("{root}/cgroup.stat")).unwrap_or_default();
     let dying: f64 = stat
         .lines()
         .find_map(|l| l.strip_prefix("nr_dying_descendants "))
         .and_then(|v| v.trim().parse().ok())
         .expect("nr_dying_descendants in cgroup.stat");
-    let v2 = get("profiler_dying_cgroups{controller=\"v2\"}");
+    let v2 = s.get("profiler_dying_cgroups{controller=\"v2\"}");
     assert!(
         (v2 - dying).abs() <= 20.0 + dying * 0.1,
-        "profiler_dying_cgroups v2 = {v2}, cgroup.stat says {dying}\n{text}"
+        "profiler_dying_cgroups v2 = {v2}, cgroup.stat says {dying}\n{}",
+        s.text
     );
+}
 
-    // The agent's own CPU and RSS, as /proc shows them a moment later.
-    let cpu = get("profiler_agent_cpu_seconds_total");
+/// The agent's own CPU and RSS, as /proc shows them a moment later.
+fn check_agent_itself(s: &Scrape, k: &KernelFigures) {
+    let text = &s.text;
+    let (agent_cpu, agent_rss) = (k.agent_cpu, k.agent_rss);
+    let cpu = s.get("profiler_agent_cpu_seconds_total");
     assert!(
         cpu > 0.0 && cpu <= agent_cpu + 0.011 && cpu >= agent_cpu - 0.5,
         "agent CPU {cpu} s in the metric, {agent_cpu} s in /proc\n{text}"
     );
-    let rss = get("profiler_agent_resident_memory_bytes");
+    let rss = s.get("profiler_agent_resident_memory_bytes");
     assert!(
         rss >= agent_rss * 0.75 && rss <= agent_rss * 1.25,
         "agent RSS {rss} B in the metric, {agent_rss} B in /proc\n{text}"
     );
+}
+
+#[test]
+fn metric_values_match_the_kernel_and_the_design() {
+    if !require_bpf() {
+        return;
+    }
+    let Some(root) = cgroup2_root() else {
+        cannot_run("no cgroup2 mount: the container and cgroup metrics cannot be checked");
+        return;
+    };
+    let _serial = exclusive();
+    let dir = TempDir::new("agent-metrics");
+    let fixtures = Fixtures::start(root);
+    let spawned = Instant::now();
+    let mut agent = start_agent(&dir);
+    let s = scrape_after_windows(&agent, spawned);
+    let k = KernelFigures::read(&agent, &fixtures, spawned);
+    let windows = s.get("profiler_windows_total{outcome=\"stored\"}");
+    let covered = windows * WINDOW_S;
+    eprintln!(
+        "{windows} windows; fx-chain {:.2} s CPU, fixture-rust {:.2} s in {:.1} s; agent {:.2} \
+         s CPU, {} B RSS\n{}",
+        k.host_cpu, k.boxed_cpu, k.fixture_wall, k.agent_cpu, k.agent_rss, s.text
+    );
+    check_store_and_windows(&s);
+    check_sample_counts(&s, &k, covered);
+    check_fixture_cpu(&s, &k, &fixtures, root, covered);
+    check_recorded_are_the_comms(&s);
+    check_container(&s, &fixtures, root);
+    check_memcg(&s);
+    check_dying_cgroups(&s, root);
+    check_agent_itself(&s, &k);
     assert!(agent.stop().success());
 }
 
@@ -369,47 +492,32 @@ fn stack_copies_of_programs_started_under_the_agent_are_counted_and_walked() {
         &dir.file("data"),
         &["--window", "2s", "-F", "99", "--comm", &comm],
     );
-    let metrics = |agent: &Agent| {
-        let text = String::from_utf8_lossy(&agent.get("/metrics").1).into_owned();
-        (parse(&text), text)
-    };
-    let stored = |m: &BTreeMap<String, f64>| {
-        m.get("profiler_windows_total{outcome=\"stored\"}")
-            .copied()
-            .unwrap_or(0.0)
-    };
     for _ in 0..40 {
         let run = run_program(&program, &["0.05", "qsort"], Duration::from_secs(30));
         assert!(run.status.success(), "{comm} failed: {run:?}");
     }
     // The runs' samples are in the windows cut from now on: the second one holds the last
     // of them (a record waiting for its copy's tables waits at most 10 s at a window's end).
-    let after_runs = stored(&metrics(&agent).0);
+    let after_runs = Scrape::of(&agent).stored_windows();
     let waited = Instant::now();
-    let (m, text) = loop {
-        let (m, text) = metrics(&agent);
-        if stored(&m) >= after_runs + 2.0 {
-            break (m, text);
+    let s = loop {
+        let s = Scrape::of(&agent);
+        if s.stored_windows() >= after_runs + 2.0 {
+            break s;
         }
         assert!(
             waited.elapsed() < Duration::from_secs(120),
-            "no two windows stored after the runs:\n{text}"
+            "no two windows stored after the runs:\n{}",
+            s.text
         );
         std::thread::sleep(Duration::from_millis(200));
     };
-    let get = |series: &str| -> f64 {
-        *m.get(series)
-            .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{text}"))
-    };
-    let sent = get("profiler_unwind_stack_copies_total");
-    let refused = get("profiler_unwind_stack_copies_refused_total");
-    let walked = get("profiler_unwind_stack_copies_walked_total");
-    let truncated: f64 = m
-        .iter()
-        .filter(|(k, _)| k.starts_with("profiler_unwind_stack_copy_truncated_total{"))
-        .map(|(_, v)| v)
-        .sum();
-    let samples = get(&format!(
+    let text = &s.text;
+    let sent = s.get("profiler_unwind_stack_copies_total");
+    let refused = s.get("profiler_unwind_stack_copies_refused_total");
+    let walked = s.get("profiler_unwind_stack_copies_walked_total");
+    let truncated = s.sum("profiler_unwind_stack_copy_truncated_total{");
+    let samples = s.get(&format!(
         "profiler_process_cpu_seconds_total{{comm=\"{comm}\"}}"
     )) * 99.0;
     eprintln!(
@@ -437,11 +545,7 @@ fn stack_copies_of_programs_started_under_the_agent_are_counted_and_walked() {
         "{truncated} of {walked} walks of stack copies stopped before the entry\n{text}"
     );
     // And so do its samples' stacks (only the fixture's are kept): first samples included.
-    let cut: f64 = m
-        .iter()
-        .filter(|(k, _)| k.starts_with("profiler_unwind_truncated_total{"))
-        .map(|(_, v)| v)
-        .sum();
+    let cut = s.sum("profiler_unwind_truncated_total{");
     assert!(
         cut * 10.0 <= samples,
         "{cut} of {comm}'s {samples:.0} samples' stacks stopped before the entry\n{text}"

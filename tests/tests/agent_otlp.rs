@@ -110,6 +110,201 @@ fn read_trimmed(path: &str) -> String {
     std::fs::read_to_string(path).unwrap().trim().to_owned()
 }
 
+/// Starts `fx` (a copy of fx-chain named `comm`) in the pod's container cgroup and waits until
+/// it has exec'd.
+fn start_in_pod(cg: &PodCgroup, fx: &Path, comm: &str) -> Fixture {
+    let procs = cg.0[0].join("cgroup.procs");
+    let fixture = Fixture::from_child(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo $$ > {} && exec \"$0\" 120", procs.display()))
+            .arg(fx)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting the fixture in the test cgroup"),
+    );
+    let pid = fixture.pid();
+    let start = Instant::now();
+    while std::fs::read_to_string(format!("/proc/{pid}/comm")).map_or(true, |c| c.trim() != comm) {
+        assert!(start.elapsed() < TIMEOUT, "the fixture did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    fixture
+}
+
+/// Runs the agent (2 s windows at 49 Hz, its log in `log`) pushing to `endpoint` until the
+/// receiver accepted two requests, then stops it.
+fn export_two_windows(
+    data: &str,
+    log: &str,
+    endpoint: &str,
+    got: &Mutex<Vec<Request>>,
+    slow: &AtomicBool,
+) {
+    let mut agent = Agent::start_with(
+        data,
+        &["--window", "2s", "-F", "49", "--otlp-endpoint", endpoint],
+        Stdio::from(std::fs::File::create(log).unwrap()),
+    );
+    let start = Instant::now();
+    while got.lock().unwrap().len() < 2 {
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "fewer than 2 requests accepted; agent log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A server slow to answer: the agent's stop waits for its answers rather than cutting the
+    // requests (once, that left a connection closed before its request line).
+    slow.store(true, Ordering::SeqCst);
+    assert!(agent.stop().success());
+}
+
+/// At stop the agent sent what was spooled, its last window included; the refused first
+/// window was kept and retried, with the endpoint named in the log.
+fn check_spool_sent_and_refusal_logged(data: &str, log: &str, endpoint: &str) {
+    let spool: Vec<_> = std::fs::read_dir(Path::new(data).join("otlp"))
+        .expect("reading the OTLP spool")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(spool.is_empty(), "windows left unsent at stop: {spool:?}");
+    let text = std::fs::read_to_string(log).unwrap();
+    assert!(
+        text.contains(&format!(
+            "push to {endpoint}/v1development/profiles failed: the server answered `HTTP/1.1 503 Service Unavailable`; "
+        )),
+        "{text}"
+    );
+}
+
+/// Checks each request is a protobuf POST to the profiles path and decodes the bodies with the
+/// opentelemetry-proto classes (tests/support/otlp_decode.py), one JSON object per request.
+fn decode(python: &Path, dir: &TempDir, requests: &[Request]) -> serde_json::Value {
+    let mut files = Vec::new();
+    for (i, (line, kind, body)) in requests.iter().enumerate() {
+        assert_eq!(
+            line, "POST /v1development/profiles HTTP/1.1",
+            "request {i}: an empty line is a connection closed before its request"
+        );
+        assert_eq!(kind, "application/x-protobuf");
+        let f = dir.file(&format!("req{i}.pb"));
+        std::fs::write(&f, body).unwrap();
+        files.push(f);
+    }
+    let out = Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/support/otlp_decode.py"
+        ))
+        .args(&files)
+        .output()
+        .unwrap();
+    expect_success(&out, "decoding with the opentelemetry-proto classes");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The GNU build id of `binary`, as `readelf -n` prints it.
+fn gnu_build_id(readelf: &Path, binary: &Path) -> String {
+    let notes = Command::new(readelf)
+        .arg("-n")
+        .arg(binary)
+        .output()
+        .unwrap();
+    let notes = String::from_utf8_lossy(&notes.stdout).into_owned();
+    notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("no build id in {}: {notes}", binary.display()))
+        .to_owned()
+}
+
+/// The fixture being checked: its pid, comm and build id.
+struct Expected<'a> {
+    pid: u32,
+    comm: &'a str,
+    build_id: &'a str,
+}
+
+/// Checks every decoded request: the tables' zero values, every resource's host attributes,
+/// and the fixture's resources (see `check_fixture_resource`). Returns the fixture's samples,
+/// and how many of them have its c;b;a;main chain.
+fn check_requests(decoded: &serde_json::Value, want: &Expected) -> (usize, usize) {
+    let (host, kernel) = (
+        read_trimmed("/proc/sys/kernel/hostname"),
+        read_trimmed("/proc/sys/kernel/osrelease"),
+    );
+    let (mut total, mut chained) = (0, 0);
+    for req in decoded.as_array().unwrap() {
+        for (table, zero) in req["zero"].as_object().unwrap() {
+            assert_eq!(zero, true, "{table}_table[0] is not the zero value");
+        }
+        for res in req["resources"].as_array().unwrap() {
+            let a = &res["attributes"];
+            assert_eq!(a["host.name"], host.as_str());
+            assert_eq!(
+                (&a["os.type"], &a["os.version"]),
+                (&"linux".into(), &kernel.as_str().into())
+            );
+            if a["process.pid"] != i64::from(want.pid) {
+                continue;
+            }
+            let (n, c) = check_fixture_resource(res, want);
+            total += n;
+            chained += c;
+        }
+    }
+    (total, chained)
+}
+
+/// The fixture's resource: its process and Kubernetes attributes, and per sample the profile's
+/// types and period, exact times inside the window, and the c;b;a;main frames in the fixture
+/// with its build id. Returns its samples and how many of them have that chain.
+fn check_fixture_resource(res: &serde_json::Value, want: &Expected) -> (usize, usize) {
+    let a = &res["attributes"];
+    assert_eq!(a["process.executable.name"], want.comm, "{a}");
+    assert_eq!(a["container.id"], CONTAINER_ID, "{a}");
+    assert_eq!(a["k8s.pod.uid"], POD_UID, "{a}");
+    let (mut total, mut chained) = (0, 0);
+    for s in res["samples"].as_array().unwrap() {
+        let p = &s["profile"];
+        assert_eq!(p["sample_type"], serde_json::json!(["samples", "count"]));
+        assert_eq!(p["period_type"], serde_json::json!(["cpu", "nanoseconds"]));
+        assert_eq!(p["period"], 1_000_000_000 / 49);
+        assert_eq!(s["attrs"]["thread.name"], want.comm);
+        // Exact times, one per sample, inside the window (plus the drain's slack).
+        let t0 = p["time_unix_nano"].as_u64().unwrap();
+        let end = t0 + p["duration_nano"].as_u64().unwrap() + 2_000_000_000;
+        let times = s["timestamps"].as_array().unwrap();
+        assert!(!times.is_empty() && s["values"].as_array().unwrap().is_empty());
+        assert!(
+            times
+                .iter()
+                .all(|t| (t0..end).contains(&t.as_u64().unwrap())),
+            "{s}"
+        );
+        total += times.len();
+        // Leaf first: c, b, a, main, each in the fixture with its build id.
+        let frames = s["frames"].as_array().unwrap();
+        let names: Vec<&str> = frames.iter().map(|f| f["name"].as_str().unwrap()).collect();
+        let at = names.windows(4).position(|w| w == ["c", "b", "a", "main"]);
+        if let Some(at) = at {
+            chained += times.len();
+            for f in &frames[at..at + 4] {
+                assert!(f["mapping"].as_str().unwrap().ends_with(want.comm), "{f}");
+                assert_eq!(
+                    f["mapping_attrs"]["process.executable.build_id.gnu"], want.build_id,
+                    "{f}"
+                );
+                assert!(f["address"].as_u64().unwrap() > 0, "{f}");
+            }
+        }
+    }
+    (total, chained)
+}
+
 #[test]
 fn otlp_export_decodes_with_the_official_classes() {
     if !require_bpf() {
@@ -135,154 +330,25 @@ fn otlp_export_decodes_with_the_official_classes() {
         cannot_run("no cgroup2 hierarchy where a test cgroup could be made");
         return;
     };
-    let procs = cg.0[0].join("cgroup.procs");
-    let fixture = Fixture::from_child(
-        Command::new("sh")
-            .arg("-c")
-            .arg(format!("echo $$ > {} && exec \"$0\" 120", procs.display()))
-            .arg(&fx)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("starting the fixture in the test cgroup"),
-    );
+    let fixture = start_in_pod(&cg, &fx, &comm);
     let pid = fixture.pid();
-    let start = Instant::now();
-    while std::fs::read_to_string(format!("/proc/{pid}/comm")).map_or(true, |c| c.trim() != comm) {
-        assert!(start.elapsed() < TIMEOUT, "the fixture did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 
     let (port, got, slow) = receiver();
-    let data = dir.file("data");
-    let log = dir.file("agent.log");
+    let (data, log) = (dir.file("data"), dir.file("agent.log"));
     let endpoint = format!("http://127.0.0.1:{port}");
-    let mut agent = Agent::start_with(
-        &data,
-        &["--window", "2s", "-F", "49", "--otlp-endpoint", &endpoint],
-        Stdio::from(std::fs::File::create(&log).unwrap()),
-    );
-    let start = Instant::now();
-    while got.lock().unwrap().len() < 2 {
-        assert!(
-            start.elapsed() < TIMEOUT,
-            "fewer than 2 requests accepted; agent log:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    // A server slow to answer: the agent's stop waits for its answers rather than cutting the
-    // requests (once, that left a connection closed before its request line).
-    slow.store(true, Ordering::SeqCst);
-    assert!(agent.stop().success());
+    export_two_windows(&data, &log, &endpoint, &got, &slow);
     drop(fixture);
-    // At stop the agent sent what was spooled, its last window included.
-    let spool: Vec<_> = std::fs::read_dir(Path::new(&data).join("otlp"))
-        .expect("reading the OTLP spool")
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert!(spool.is_empty(), "windows left unsent at stop: {spool:?}");
-    // The refused first window was kept and retried, with the endpoint named in the log.
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(
-        text.contains(&format!(
-            "push to {endpoint}/v1development/profiles failed: the server answered `HTTP/1.1 503 Service Unavailable`; "
-        )),
-        "{text}"
-    );
+    check_spool_sent_and_refusal_logged(&data, &log, &endpoint);
 
     let requests = got.lock().unwrap().clone();
-    let mut files = Vec::new();
-    for (i, (line, kind, body)) in requests.iter().enumerate() {
-        assert_eq!(
-            line, "POST /v1development/profiles HTTP/1.1",
-            "request {i}: an empty line is a connection closed before its request"
-        );
-        assert_eq!(kind, "application/x-protobuf");
-        let f = dir.file(&format!("req{i}.pb"));
-        std::fs::write(&f, body).unwrap();
-        files.push(f);
-    }
-    let out = Command::new(&python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/support/otlp_decode.py"
-        ))
-        .args(&files)
-        .output()
-        .unwrap();
-    expect_success(&out, "decoding with the opentelemetry-proto classes");
-    let decoded: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-
-    let build_id = {
-        let notes = Command::new(readelf).arg("-n").arg(&fx).output().unwrap();
-        let notes = String::from_utf8_lossy(&notes.stdout).into_owned();
-        notes
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("Build ID: "))
-            .unwrap_or_else(|| panic!("no build id in {}: {notes}", fx.display()))
-            .to_owned()
+    let decoded = decode(&python, &dir, &requests);
+    let build_id = gnu_build_id(&readelf, &fx);
+    let want = Expected {
+        pid,
+        comm: &comm,
+        build_id: &build_id,
     };
-    let (host, kernel) = (
-        read_trimmed("/proc/sys/kernel/hostname"),
-        read_trimmed("/proc/sys/kernel/osrelease"),
-    );
-    let (mut total, mut chained) = (0, 0);
-    for req in decoded.as_array().unwrap() {
-        for (table, zero) in req["zero"].as_object().unwrap() {
-            assert_eq!(zero, true, "{table}_table[0] is not the zero value");
-        }
-        for res in req["resources"].as_array().unwrap() {
-            let a = &res["attributes"];
-            assert_eq!(a["host.name"], host.as_str());
-            assert_eq!(
-                (&a["os.type"], &a["os.version"]),
-                (&"linux".into(), &kernel.as_str().into())
-            );
-            if a["process.pid"] != i64::from(pid) {
-                continue;
-            }
-            assert_eq!(a["process.executable.name"], comm.as_str(), "{a}");
-            assert_eq!(a["container.id"], CONTAINER_ID, "{a}");
-            assert_eq!(a["k8s.pod.uid"], POD_UID, "{a}");
-            for s in res["samples"].as_array().unwrap() {
-                let p = &s["profile"];
-                assert_eq!(p["sample_type"], serde_json::json!(["samples", "count"]));
-                assert_eq!(p["period_type"], serde_json::json!(["cpu", "nanoseconds"]));
-                assert_eq!(p["period"], 1_000_000_000 / 49);
-                assert_eq!(s["attrs"]["thread.name"], comm.as_str());
-                // Exact times, one per sample, inside the window (plus the drain's slack).
-                let t0 = p["time_unix_nano"].as_u64().unwrap();
-                let end = t0 + p["duration_nano"].as_u64().unwrap() + 2_000_000_000;
-                let times = s["timestamps"].as_array().unwrap();
-                assert!(!times.is_empty() && s["values"].as_array().unwrap().is_empty());
-                assert!(
-                    times
-                        .iter()
-                        .all(|t| (t0..end).contains(&t.as_u64().unwrap())),
-                    "{s}"
-                );
-                total += times.len();
-                // Leaf first: c, b, a, main, each in the fixture with its build id.
-                let frames = s["frames"].as_array().unwrap();
-                let names: Vec<&str> = frames.iter().map(|f| f["name"].as_str().unwrap()).collect();
-                let at = names.windows(4).position(|w| w == ["c", "b", "a", "main"]);
-                if let Some(at) = at {
-                    chained += times.len();
-                    for f in &frames[at..at + 4] {
-                        assert!(f["mapping"].as_str().unwrap().ends_with(&comm), "{f}");
-                        assert_eq!(
-                            f["mapping_attrs"]["process.executable.build_id.gnu"],
-                            build_id.as_str(),
-                            "{f}"
-                        );
-                        assert!(f["address"].as_u64().unwrap() > 0, "{f}");
-                    }
-                }
-            }
-        }
-    }
+    let (total, chained) = check_requests(&decoded, &want);
     assert!(
         total >= 20,
         "only {total} samples of the fixture in {decoded}"

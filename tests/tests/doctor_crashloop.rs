@@ -3,6 +3,8 @@
 //! a memory cgroup it makes anew each time. The doctor must name the program, its status, its
 //! restart rate, the cgroup and the supervisor, and see every start the lab's log records.
 
+use std::collections::HashMap;
+use std::path::Path;
 use std::time::Duration;
 
 use profiler_tests::{
@@ -14,11 +16,7 @@ const TIMEOUT: Duration = Duration::from_secs(180);
 
 /// `profiler-lab ARGS` (the lab is test support, not a command of the profiler).
 fn run_lab(args: &[&str]) -> std::process::Output {
-    run_program(
-        std::path::Path::new(env!("CARGO_BIN_EXE_profiler-lab")),
-        args,
-        TIMEOUT,
-    )
+    run_program(Path::new(env!("CARGO_BIN_EXE_profiler-lab")), args, TIMEOUT)
 }
 const LOG: &str = "/var/tmp/profiler-crashloop/log";
 const CGROUP: &str = "/profiler-crashloop/crashy-agent.service";
@@ -58,10 +56,10 @@ fn doctor_json(stdout: &[u8]) -> Value {
 }
 
 /// The lab's log: (pid, start ns) per start, and (pid -> wait status) per exit.
-fn read_log() -> (Vec<(u32, u64)>, std::collections::HashMap<u32, u32>) {
+fn read_log() -> (Vec<(u32, u64)>, HashMap<u32, u32>) {
     let text = std::fs::read_to_string(LOG).expect("the lab's log");
     let mut starts = Vec::new();
-    let mut exits = std::collections::HashMap::new();
+    let mut exits = HashMap::new();
     for l in text.lines() {
         let f: Vec<&str> = l.split(' ').collect();
         match f.as_slice() {
@@ -75,32 +73,27 @@ fn read_log() -> (Vec<(u32, u64)>, std::collections::HashMap<u32, u32>) {
     (starts, exits)
 }
 
-#[test]
-fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
-    if !require_bpf() || !has_memory_v1() {
-        return;
-    }
-    let _lock = exclusive();
+/// Starts the lab afresh (after undoing any earlier one); the guard undoes it. Returns what
+/// the lab printed.
+fn start_lab() -> (LabGuard, String) {
     let _ = run_lab(&["crashloop", "--cleanup"]);
     let lab = run_lab(&["crashloop"]);
     let guard = LabGuard;
     expect_success(&lab, "profiler-lab crashloop");
-    let said = String::from_utf8_lossy(&lab.stdout).into_owned();
-    eprintln!("lab: {said}");
-    // "supervisor pid N restarts ..."
-    let supervisor: u64 = said
-        .split_whitespace()
+    (guard, String::from_utf8_lossy(&lab.stdout).into_owned())
+}
+
+/// The supervisor's pid, from the lab's "supervisor pid N restarts ...".
+fn supervisor_pid(said: &str) -> u64 {
+    said.split_whitespace()
         .nth(2)
         .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no supervisor pid in {said:?}"));
-    let out = run_profiler(&["doctor", "--duration", "20s", "--json"], TIMEOUT);
-    expect_success(&out, "profiler doctor");
-    let text = String::from_utf8_lossy(&out.stderr).into_owned();
-    eprintln!("{text}");
-    let v = doctor_json(&out.stdout);
-    // Read before cleanup removes it.
-    let (log_starts, log_exits) = read_log();
+        .unwrap_or_else(|| panic!("no supervisor pid in {said:?}"))
+}
 
+/// The doctor's crash loop of crashy-agent: the program, its interpreter, cgroup and status,
+/// started and its cgroup created by the supervisor.
+fn crashy_agent_loop<'a>(v: &'a Value, sh: &Path, supervisor: u64) -> &'a Value {
     let loops: Vec<&Value> = v["programs"]
         .as_array()
         .unwrap()
@@ -111,7 +104,6 @@ fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
         .iter()
         .find(|p| p["comm"] == "crashy-agent")
         .unwrap_or_else(|| panic!("crashy-agent is not a crash loop: {}", v["programs"]));
-    let sh = std::fs::canonicalize("/bin/sh").unwrap();
     assert_eq!(p["exe"], sh.to_str().unwrap(), "the script's interpreter");
     assert_eq!(p["cgroup"], CGROUP);
     assert_eq!(p["failing_status"], "code 2");
@@ -119,9 +111,12 @@ fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
     assert_eq!(p["parents"][0]["comm"], "supervisor");
     assert_eq!(p["creator"]["comm"], "supervisor", "{p}");
     assert_eq!(p["creator"]["pid"], supervisor);
+    p
+}
 
-    // Every start the lab logged inside the window, and no other: the doctor's pids are one
-    // unbroken run of the log's starts.
+/// Every start the lab logged inside the window, and no other: the doctor's pids are one
+/// unbroken run of the log's starts. Returns them and where the run begins in the log.
+fn check_starts_are_the_logs(p: &Value, log_starts: &[(u32, u64)]) -> (Vec<u32>, usize) {
     let pids: Vec<u32> = p["pids"]
         .as_array()
         .unwrap()
@@ -136,7 +131,13 @@ fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
         .unwrap_or_else(|| panic!("pid {} not in the lab's log", pids[0]));
     let logged: Vec<u32> = log_starts[first..].iter().take(n).map(|s| s.0).collect();
     assert_eq!(pids, logged, "the doctor's starts are not the lab's");
-    // Every exit the doctor counted is code 2, as the log says of each of these pids.
+    (pids, first)
+}
+
+/// Every exit the doctor counted is code 2, as the log says of each of these pids. Returns
+/// how many it counted.
+fn check_exits_are_code_2(p: &Value, pids: &[u32], log_exits: &HashMap<u32, u32>) -> u64 {
+    let n = pids.len();
     let exits = p["exits"].as_array().unwrap();
     assert_eq!(exits.len(), 1, "{exits:?}");
     assert_eq!(exits[0]["status"], "code 2");
@@ -150,7 +151,11 @@ fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
     for pid in &pids[..n - 1] {
         assert_eq!(log_exits.get(pid), Some(&(2 << 8)), "pid {pid} in the log");
     }
-    // The restart rate, against the lab's own clock over the same starts.
+    counted
+}
+
+/// The restart rate, against the lab's own clock over the same `n` starts from `first`.
+fn check_restart_rate(p: &Value, log_starts: &[(u32, u64)], first: usize, n: usize, counted: u64) {
     let span_s = (log_starts[first + n - 1].1 - log_starts[first].1) as f64 / 1e9;
     let lab_rate = (n - 1) as f64 * 60.0 / span_s;
     let rate = p["starts_per_min"].as_f64().unwrap();
@@ -159,7 +164,11 @@ fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
         (rate - lab_rate).abs() <= lab_rate * 0.10,
         "doctor says {rate:.1}/min, the lab's log {lab_rate:.1}/min"
     );
+}
 
+/// An alarm, with the crash loop among the problems, its root cause among the remedies, and
+/// its line in the text report.
+fn check_verdict_and_text(v: &Value, text: &str, sh: &Path, n: usize) {
     assert_eq!(v["verdict"], "alarm");
     assert!(
         v["problems"]
@@ -183,15 +192,44 @@ fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
         "CRASH LOOP: crashy-agent ({}) in cgroup {CGROUP} exited with code 2 and was restarted {n} times",
         sh.display()
     )));
+}
 
+/// The lab's cleanup succeeds and leaves neither its log nor its cgroup.
+fn check_cleanup(guard: LabGuard) {
     let cleanup = run_lab(&["crashloop", "--cleanup"]);
     expect_success(&cleanup, "profiler-lab crashloop --cleanup");
     std::mem::forget(guard);
-    assert!(!std::path::Path::new(LOG).exists(), "cleanup left the log");
+    assert!(!Path::new(LOG).exists(), "cleanup left the log");
     assert!(
-        !std::path::Path::new("/sys/fs/cgroup/memory/profiler-crashloop").exists(),
+        !Path::new("/sys/fs/cgroup/memory/profiler-crashloop").exists(),
         "cleanup left the lab's cgroup"
     );
+}
+
+#[test]
+fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
+    if !require_bpf() || !has_memory_v1() {
+        return;
+    }
+    let _lock = exclusive();
+    let (guard, said) = start_lab();
+    eprintln!("lab: {said}");
+    let supervisor = supervisor_pid(&said);
+    let out = run_profiler(&["doctor", "--duration", "20s", "--json"], TIMEOUT);
+    expect_success(&out, "profiler doctor");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("{text}");
+    let v = doctor_json(&out.stdout);
+    // Read before cleanup removes it.
+    let (log_starts, log_exits) = read_log();
+
+    let sh = std::fs::canonicalize("/bin/sh").unwrap();
+    let p = crashy_agent_loop(&v, &sh, supervisor);
+    let (pids, first) = check_starts_are_the_logs(p, &log_starts);
+    let counted = check_exits_are_code_2(p, &pids, &log_exits);
+    check_restart_rate(p, &log_starts, first, pids.len(), counted);
+    check_verdict_and_text(&v, &text, &sh, pids.len());
+    check_cleanup(guard);
 }
 
 #[test]
@@ -221,10 +259,7 @@ fn report_stats_of_a_capture_names_the_crash_loop() {
         return;
     }
     let _lock = exclusive();
-    let _ = run_lab(&["crashloop", "--cleanup"]);
-    let lab = run_lab(&["crashloop"]);
-    let guard = LabGuard;
-    expect_success(&lab, "profiler-lab crashloop");
+    let (guard, _) = start_lab();
     let dir = TempDir::new("crashloop");
     let capture = dir.file("loop.capture");
     let rec = run_profiler(&["record", "-d", "8s", "-o", &capture], TIMEOUT);
@@ -265,10 +300,7 @@ fn agent_metrics_count_the_loops_starts_and_failing_exits() {
         return;
     }
     let _lock = exclusive();
-    let _ = run_lab(&["crashloop", "--cleanup"]);
-    let lab = run_lab(&["crashloop"]);
-    let _guard = LabGuard;
-    expect_success(&lab, "profiler-lab crashloop");
+    let (_guard, _) = start_lab();
     let dir = TempDir::new("crashloop-agent");
     let data = dir.file("data");
     let agent = Agent::start(&data, &["--window", "5s", "-F", "19"]);

@@ -67,26 +67,23 @@ fn metric(agent: &Agent, name: &str) -> Option<f64> {
     })
 }
 
-#[test]
-fn a_churn_of_python_processes_is_named_and_then_forgotten() {
-    if !require_bpf() {
-        return;
+/// Whether the interpreter is installed (its absence fails under CI=true).
+fn python_installed() -> bool {
+    if Path::new(PYTHON).exists() {
+        return true;
     }
-    if !Path::new(PYTHON).exists() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{PYTHON} is missing and CI=true: `cargo xtask setup --tests` installs it"
-        );
-        eprintln!("skipped: {PYTHON} is not installed");
-        return;
-    }
-    let _serial = exclusive();
-    let dir = TempDir::new("python-agent-churn");
-    let data = dir.file("data");
-    let mut agent = Agent::start(&data, &["--window", "2s", "-F", "199", "--comm", COMM]);
-    // The agent reads an interpreter's symbols once (seconds for a debug build on a busy
-    // machine), at its first process: one that runs until it is named, so that the churn
-    // measures naming and forgetting, not that first read.
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{PYTHON} is missing and CI=true: `cargo xtask setup --tests` installs it"
+    );
+    eprintln!("skipped: {PYTHON} is not installed");
+    false
+}
+
+/// The agent reads an interpreter's symbols once (seconds for a debug build on a busy
+/// machine), at its first process: one that runs until it is named, so that the churn
+/// measures naming and forgetting, not that first read.
+fn warm_up(agent: &Agent, dir: &TempDir) {
     let warm = dir.file("warm.stop");
     let mut warmup = Command::new(PYTHON)
         .args(["-c", &warm_program(&warm)])
@@ -94,16 +91,22 @@ fn a_churn_of_python_processes_is_named_and_then_forgotten() {
         .spawn()
         .expect("starting python");
     let deadline = Instant::now() + Duration::from_secs(120);
-    while gauge(&agent).unwrap_or(0.0) < 1.0 {
+    while gauge(agent).unwrap_or(0.0) < 1.0 {
         assert!(
             Instant::now() < deadline,
             "the warm-up process was never named (profiler_python_processes {:?})",
-            gauge(&agent)
+            gauge(agent)
         );
         std::thread::sleep(Duration::from_millis(200));
     }
     std::fs::write(&warm, b"").expect("writing the warm-up's stop file");
     assert!(warmup.wait().expect("waiting for the warm-up").success());
+}
+
+/// Runs the `PROCESSES` short-lived processes, `LANES` at a time. Returns the gauge's highest
+/// value while they ran: some are alive (and named) at every cut. (The warm-up's name is
+/// forgotten at the first cuts after its exit.)
+fn churn(agent: &Agent) -> f64 {
     let lanes: Vec<_> = (0..LANES)
         .map(|lane| {
             std::thread::spawn(move || {
@@ -118,29 +121,33 @@ fn a_churn_of_python_processes_is_named_and_then_forgotten() {
             })
         })
         .collect();
-    // The gauge while the churn runs: some are alive (and named) at every cut.
-    // (The warm-up's name is forgotten at the first cuts after its exit.)
     let mut during = 0.0f64;
     while !lanes.iter().all(std::thread::JoinHandle::is_finished) {
         std::thread::sleep(Duration::from_millis(500));
-        during = during.max(gauge(&agent).unwrap_or(0.0));
+        during = during.max(gauge(agent).unwrap_or(0.0));
     }
     for l in lanes {
         l.join().expect("a churn lane failed");
     }
-    // Each exit is read at a drain, the next cut forgets it: wait for the gauge to settle
-    // (a deadline for a hang, not a timing assertion).
+    during
+}
+
+/// The gauge once it has settled: each exit is read at a drain, the next cut forgets it (a
+/// deadline for a hang, not a timing assertion).
+fn settled_gauge(agent: &Agent) -> Option<f64> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut after = gauge(&agent);
+    let mut after = gauge(agent);
     while after != Some(0.0) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(500));
-        after = gauge(&agent);
+        after = gauge(agent);
     }
-    // The agent drains every 2 s; each process's first samples woke it sooner (its exec as
-    // python3.11, profiler-ebpf `python_exec`). A process spins 2 ms of every 50 for 3 s at
-    // 199 Hz: nearly all are sampled within their first 2 s.
-    let wakes = metric(&agent, "profiler_python_exec_wakes_total").unwrap_or(0.0);
-    assert!(agent.stop().success(), "the agent failed");
+    after
+}
+
+/// The agent drains every 2 s; each process's first samples woke it sooner (its exec as
+/// python3.11, profiler-ebpf `python_exec`). A process spins 2 ms of every 50 for 3 s at
+/// 199 Hz: nearly all are sampled within their first 2 s.
+fn check_exec_wakes(wakes: f64) {
     eprintln!("profiler_python_exec_wakes_total: {wakes}");
     assert!(
         wakes >= (PROCESSES / 2) as f64,
@@ -148,6 +155,10 @@ fn a_churn_of_python_processes_is_named_and_then_forgotten() {
          most of the {PROCESSES} processes)",
         PROCESSES / 2
     );
+}
+
+/// The names follow the live processes: some during the churn, none once all have exited.
+fn check_names_forgotten(during: f64, after: Option<f64>) {
     eprintln!("profiler_python_processes: up to {during} during the churn, {after:?} after it");
     assert!(
         during >= 1.0 && after == Some(0.0),
@@ -155,13 +166,16 @@ fn a_churn_of_python_processes_is_named_and_then_forgotten() {
          came and went (want 1 or more) and {after:?} once all had exited (want 0: the \
          names of exited processes must be forgotten)"
     );
+}
 
+/// Every process has a sample in the store naming its `work_<i>`.
+fn check_every_process_named(dir: &TempDir, data: &str) {
     let out = dir.file("churn.folded");
     let q = run_profiler(
         &[
             "query",
             "--data-dir",
-            &data,
+            data,
             "--since",
             "10m",
             "--comm",
@@ -189,4 +203,23 @@ fn a_churn_of_python_processes_is_named_and_then_forgotten() {
         stacks.len(),
         profiler_tests::head(&text, 15)
     );
+}
+
+#[test]
+fn a_churn_of_python_processes_is_named_and_then_forgotten() {
+    if !require_bpf() || !python_installed() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("python-agent-churn");
+    let data = dir.file("data");
+    let mut agent = Agent::start(&data, &["--window", "2s", "-F", "199", "--comm", COMM]);
+    warm_up(&agent, &dir);
+    let during = churn(&agent);
+    let after = settled_gauge(&agent);
+    let wakes = metric(&agent, "profiler_python_exec_wakes_total").unwrap_or(0.0);
+    assert!(agent.stop().success(), "the agent failed");
+    check_exec_wakes(wakes);
+    check_names_forgotten(during, after);
+    check_every_process_named(&dir, &data);
 }

@@ -107,36 +107,53 @@ fn whole(frames: &[String]) -> bool {
             .is_some()
 }
 
-#[test]
-fn tables_evicted_for_another_process_come_back_whole() {
-    if !require_bpf() {
-        return;
-    }
-    // Debian's python3.11 (`cargo xtask setup --tests` installs it), not a pyenv shim.
-    let python = Path::new("/usr/bin/python3.11");
-    if !python.is_file() {
-        cannot_run("/usr/bin/python3.11 is missing (apt install python3.11)");
-        return;
-    }
-    let _serial = exclusive();
-    let dir = TempDir::new("unwind-budget");
-    let fixture = spawn_fixture_args(Path::new(FIXTURE), &["30", "qsort"]);
-    let libc = mapped(fixture.pid(), "libc.so");
+/// The samples of `capture` as `report -o NAME.perf.txt` (in `dir`) prints them.
+fn report_samples(dir: &TempDir, capture: &str, name: &str) -> Vec<Sample> {
+    let text = dir.file(name);
+    let out = report(&[capture, "-o", &text]);
+    expect_success(&out, "report -o perf.txt");
+    perf_samples(&std::fs::read_to_string(&text).expect("reading perf.txt"))
+}
+
+/// `report --stats` of `capture`.
+fn report_stats(capture: &str) -> String {
+    let stats = report(&[capture, "--stats"]);
+    expect_success(&stats, "report --stats");
+    String::from_utf8_lossy(&stats.stdout).into_owned()
+}
+
+/// The counter `name` of `report --stats` (`stderr`, the record's, for the failure message).
+fn counter(stats: &str, name: &str, stderr: &str) -> u64 {
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in report --stats:\n{stats}\n{stderr}"))
+}
+
+/// A budget, in rows, that holds python3's table, and fx-unwind's tables (its own, libc's and
+/// ld.so's), but not python3's and libc's together.
+fn budget_for(python: &Path, fixture_pid: u32) -> u64 {
+    let libc = mapped(fixture_pid, "libc.so");
     let (py_rows, libc_rows) = (rows(python), rows(Path::new(&libc)));
     let fixture_rows =
-        rows(Path::new(FIXTURE)) + libc_rows + rows(Path::new(&mapped(fixture.pid(), "ld-linux")));
-    // python3's table fits, fx-unwind's tables fit, python3's and libc's together do not.
+        rows(Path::new(FIXTURE)) + libc_rows + rows(Path::new(&mapped(fixture_pid, "ld-linux")));
     let budget_rows = py_rows + libc_rows / 2;
     assert!(
         fixture_rows < budget_rows,
         "fx-unwind needs {fixture_rows} rows"
     );
-    let budget = (budget_rows * 4).to_string();
     eprintln!(
         "rows: python3 {py_rows}, libc {libc_rows}, fx-unwind's {fixture_rows}; budget {budget_rows}"
     );
+    budget_rows
+}
 
-    let capture = dir.file("budget.capture");
+/// Records fx-unwind and python3.11 for 9 s by table with `budget_rows` of table memory, with
+/// two seconds of pure-Python work (its stacks cross python3's own code) after the first.
+/// Returns the record's stderr.
+fn record_python_beside_the_fixture(python: &Path, capture: &str, budget_rows: u64) -> String {
+    let budget = (budget_rows * 4).to_string();
     let mut rec = Running::start(&[
         "record",
         "-v",
@@ -153,11 +170,10 @@ fn tables_evicted_for_another_process_come_back_whole() {
         "--comm",
         "python3.11",
         "-o",
-        &capture,
+        capture,
     ]);
     rec.wait_for("sampling ");
     std::thread::sleep(Duration::from_secs(1));
-    // Two seconds of pure-Python work: its stacks cross python3's own code.
     let py = Command::new(python)
         .args([
             "-c",
@@ -168,33 +184,30 @@ fn tables_evicted_for_another_process_come_back_whole() {
     assert!(py.status.success(), "python3.11 failed: {py:?}");
     let (status, stderr) = rec.finish();
     assert!(status.success(), "record failed:\n{stderr}");
-    drop(fixture);
+    stderr
+}
 
-    let stats = report(&[&capture, "--stats"]);
-    expect_success(&stats, "report --stats");
-    let stats = String::from_utf8_lossy(&stats.stdout).into_owned();
-    let counter = |name: &str| -> u64 {
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in report --stats:\n{stats}\n{stderr}"))
-    };
-    let evicted = counter("unwind_evicted");
+/// The capture counts the tables evicted (one or more) and the table memory used, within the
+/// budget. Returns the evictions.
+fn check_evictions_counted(capture: &str, budget_rows: u64, stderr: &str) -> u64 {
+    let stats = report_stats(capture);
+    let evicted = counter(&stats, "unwind_evicted", stderr);
     assert!(evicted >= 1, "no table was evicted:\n{stats}\n{stderr}");
     let (bytes, capacity) = (
-        counter("unwind_table_bytes"),
-        counter("unwind_table_capacity_bytes"),
+        counter(&stats, "unwind_table_bytes", stderr),
+        counter(&stats, "unwind_table_capacity_bytes", stderr),
     );
     assert!(
         bytes > 0 && bytes <= capacity && capacity == budget_rows * 4,
         "table bytes {bytes} of {capacity}:\n{stats}"
     );
+    evicted
+}
 
-    let text = dir.file("out.perf.txt");
-    let out = report(&[&capture, "-o", &text]);
-    expect_success(&out, "report -o perf.txt");
-    let samples = perf_samples(&std::fs::read_to_string(&text).expect("reading perf.txt"));
+/// python3 was sampled (it competed for the budget); in the last 3 s of the recording, and at
+/// least two seconds after python3 exited (time for the reader to run and load libc's table
+/// again on a slow, busy machine), fx-unwind's stacks are whole: its libc table is back.
+fn check_whole_after_python_exited(samples: &[Sample], evicted: u64, stderr: &str) {
     let py_end = samples
         .iter()
         .filter(|s| s.comm.starts_with("python3"))
@@ -204,9 +217,6 @@ fn tables_evicted_for_another_process_come_back_whole() {
         py_end.is_finite(),
         "no python3.11 samples: it was never loaded, nothing competed for the budget\n{stderr}"
     );
-    // The last 3 s of the recording, and at least two seconds after python3 exited (time for
-    // the reader to run and load libc's table again on a slow, busy machine): fx-unwind's
-    // libc table is back.
     let end = samples.iter().map(|s| s.time).fold(f64::NAN, f64::max);
     let from = (py_end + 2.0).max(end - 3.0);
     let late: Vec<&Sample> = samples
@@ -237,6 +247,29 @@ fn tables_evicted_for_another_process_come_back_whole() {
         late.len(),
         broken.join("\n")
     );
+}
+
+#[test]
+fn tables_evicted_for_another_process_come_back_whole() {
+    if !require_bpf() {
+        return;
+    }
+    // Debian's python3.11 (`cargo xtask setup --tests` installs it), not a pyenv shim.
+    let python = Path::new("/usr/bin/python3.11");
+    if !python.is_file() {
+        cannot_run("/usr/bin/python3.11 is missing (apt install python3.11)");
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("unwind-budget");
+    let fixture = spawn_fixture_args(Path::new(FIXTURE), &["30", "qsort"]);
+    let budget_rows = budget_for(python, fixture.pid());
+    let capture = dir.file("budget.capture");
+    let stderr = record_python_beside_the_fixture(python, &capture, budget_rows);
+    drop(fixture);
+    let evicted = check_evictions_counted(&capture, budget_rows, &stderr);
+    let samples = report_samples(&dir, &capture, "out.perf.txt");
+    check_whole_after_python_exited(&samples, evicted, &stderr);
 }
 
 /// The compile pool: fx-big maps a library with 8 MiB of .eh_frame (seconds to compile) and
@@ -285,10 +318,7 @@ fn small_program_is_not_held_up_by_a_huge_table() {
     assert!(status.success(), "record failed:\n{stderr}");
     drop((big, small));
 
-    let text = dir.file("pool.perf.txt");
-    let out = report(&[&capture, "-o", &text]);
-    expect_success(&out, "report -o perf.txt");
-    let samples = perf_samples(&std::fs::read_to_string(&text).expect("reading perf.txt"));
+    let samples = report_samples(&dir, &capture, "pool.perf.txt");
     let not_loaded = |s: &Sample| {
         s.frames
             .last()
@@ -391,23 +421,14 @@ fn unwind_array_is_not_in_rss_beyond_its_rows() {
     assert!(status.success(), "record failed:\n{stderr}");
     drop(fixture);
 
-    let stats = report(&[&capture, "--stats"]);
-    expect_success(&stats, "report --stats");
-    let stats = String::from_utf8_lossy(&stats.stdout).into_owned();
-    let counter = |name: &str| -> u64 {
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in report --stats:\n{stats}\n{stderr}"))
-    };
+    let stats = report_stats(&capture);
     let (rows_bytes, capacity, mapped) = (
-        counter("unwind_table_bytes"),
-        counter("unwind_table_capacity_bytes"),
-        counter("unwind_table_mapped_bytes"),
+        counter(&stats, "unwind_table_bytes", &stderr),
+        counter(&stats, "unwind_table_capacity_bytes", &stderr),
+        counter(&stats, "unwind_table_mapped_bytes", &stderr),
     );
     eprintln!("peak RSS {peak} bytes; tables {rows_bytes} of {capacity} bytes, {mapped} mapped");
-    assert_eq!(counter("unwind_evicted"), 0, "{stats}");
+    assert_eq!(counter(&stats, "unwind_evicted", &stderr), 0, "{stats}");
     // Nothing was evicted, so the rows lie from row 0 on, and the chunks (1 MiB,
     // `rows_view::CHUNK_BYTES`) that hold them are all that is mapped.
     let chunk = profiler::unwind::rows_view::CHUNK_BYTES as u64;

@@ -51,6 +51,8 @@ struct Run<T> {
     extra: T,
 }
 
+/// Runs the agent and perf side by side under the load, prints the comparison and the targets,
+/// and writes target/bench/agent.json.
 pub(crate) fn agent(seconds: u64, big_binaries: bool) -> Result<()> {
     let (bin, out_dir) = prepare(Extras {
         bench: true,
@@ -59,65 +61,125 @@ pub(crate) fn agent(seconds: u64, big_binaries: bool) -> Result<()> {
     let tmp = std::env::temp_dir().join(format!("profiler-bench-agent-{}", std::process::id()));
     fs::create_dir_all(&tmp)?;
     catch_ctrl_c();
-    let stop = Arc::new(AtomicBool::new(false));
-    let spawned = Arc::new(AtomicU64::new(0));
-    let load = churn(stop.clone(), spawned.clone());
-    let formats = Arc::new(AtomicU64::new(0));
-    let big = big_binaries.then(|| rustfmt_runs(stop.clone(), formats.clone()));
-    let result = (|| -> Result<(Run<Probed>, Run<()>)> {
-        let data = tmp.join("data");
-        let api = probe::free_loopback_port()?;
-        let mut cmd = Command::new(&bin);
-        cmd.args(["agent", "-F", "19", "--window"])
-            .arg(format!("{}s", probe::WINDOW.as_secs()))
-            .arg("--listen")
-            .arg(api.to_string())
-            .arg("--data-dir")
-            .arg(&data);
-        // Both run over the same period (the issue's "side by side"): the same churn, the same
-        // other load, and half the wall time of two runs in a row.
-        let perf_data = tmp.join("perf.data");
-        let perf = thread::spawn(move || {
-            let mut cmd = Command::new("perf");
-            // --no-buildid: perf 6.1's build-id pass at exit aborted here ("buffer overflow
-            // detected" after 2,233 "assertion failed at util/build-id.c:1010") with 60 new
-            // processes a second; the agent collects build ids as it goes, perf then does not.
-            cmd.args(["record", "-F", "19", "-a", "-g", "-q", "--no-buildid", "-o"])
-                .arg(&perf_data);
-            measure(&mut cmd, seconds, &perf_data, |_| Ok(()), |_, ()| Ok(()))
-        });
-        let _stats = BpfStatsEnabled::enable()?;
-        let mut ours = measure(
-            &mut cmd,
-            seconds,
-            &data,
-            |proc| probe::Snapshot::take(proc, api),
-            |proc, start| probe::Probed::at_end(proc, api, start, seconds),
-        )?;
-        ours.extra.after_stop(&bin, &data, &tmp)?;
-        let perf = perf
-            .join()
-            .map_err(|_| anyhow::anyhow!("the perf run panicked"))??;
-        Ok((ours, perf))
-    })();
-    stop.store(true, Ordering::Relaxed);
-    let _ = load.join();
-    if let Some(big) = big {
-        let _ = big.join();
-    }
+    let load = Load::start(big_binaries);
+    let result = side_by_side(&bin, &tmp, seconds);
+    let load = load.stop();
     let _ = fs::remove_dir_all(&tmp);
     let (ours, perf) = result?;
-    let rate = spawned.load(Ordering::Relaxed) as f64 / (seconds + WARMUP.as_secs()) as f64;
-    let per_hour = |b: u64| b as f64 * 3600.0 / seconds as f64 / 1e6;
+    print_table(seconds, &load, &ours, &perf);
+    ours.extra.print();
+    print_targets(&load, &ours);
+    write_json(
+        &out_dir.join("agent.json"),
+        &report_json(seconds, &load, &ours, &perf),
+    )?;
+    Ok(())
+}
+
+/// The load both run under: short-lived processes, and with --big-binaries `cargo fmt` runs.
+struct Load {
+    stop: Arc<AtomicBool>,
+    spawned: Arc<AtomicU64>,
+    formats: Arc<AtomicU64>,
+    churn: thread::JoinHandle<()>,
+    big: Option<thread::JoinHandle<()>>,
+}
+
+/// How much load there was.
+struct LoadCount {
+    /// Short-lived processes started.
+    spawned: u64,
+    /// `cargo fmt --check` runs, with --big-binaries.
+    cargo_fmt_runs: Option<u64>,
+}
+
+impl Load {
+    fn start(big_binaries: bool) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let spawned = Arc::new(AtomicU64::new(0));
+        let churn = churn(stop.clone(), spawned.clone());
+        let formats = Arc::new(AtomicU64::new(0));
+        let big = big_binaries.then(|| rustfmt_runs(stop.clone(), formats.clone()));
+        Load {
+            stop,
+            spawned,
+            formats,
+            churn,
+            big,
+        }
+    }
+
+    /// Stops the load, waits for it and counts it.
+    fn stop(self) -> LoadCount {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.churn.join();
+        let big_binaries = self.big.is_some();
+        if let Some(big) = self.big {
+            let _ = big.join();
+        }
+        LoadCount {
+            spawned: self.spawned.load(Ordering::Relaxed),
+            cargo_fmt_runs: big_binaries.then(|| self.formats.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// The agent (probed through its API) and `perf record` over the same period (the issue's
+/// "side by side"): the same churn, the same other load, and half the wall time of two runs
+/// in a row.
+fn side_by_side(bin: &Path, tmp: &Path, seconds: u64) -> Result<(Run<Probed>, Run<()>)> {
+    let data = tmp.join("data");
+    let api = probe::free_loopback_port()?;
+    let mut cmd = Command::new(bin);
+    cmd.args(["agent", "-F", "19", "--window"])
+        .arg(format!("{}s", probe::WINDOW.as_secs()))
+        .arg("--listen")
+        .arg(api.to_string())
+        .arg("--data-dir")
+        .arg(&data);
+    let perf_data = tmp.join("perf.data");
+    let perf = thread::spawn(move || {
+        let mut cmd = Command::new("perf");
+        // --no-buildid: perf 6.1's build-id pass at exit aborted here ("buffer overflow
+        // detected" after 2,233 "assertion failed at util/build-id.c:1010") with 60 new
+        // processes a second; the agent collects build ids as it goes, perf then does not.
+        cmd.args(["record", "-F", "19", "-a", "-g", "-q", "--no-buildid", "-o"])
+            .arg(&perf_data);
+        measure(&mut cmd, seconds, &perf_data, |_| Ok(()), |_, ()| Ok(()))
+    });
+    let _stats = BpfStatsEnabled::enable()?;
+    let mut ours = measure(
+        &mut cmd,
+        seconds,
+        &data,
+        |proc| probe::Snapshot::take(proc, api),
+        |proc, start| probe::Probed::at_end(proc, api, start, seconds),
+    )?;
+    ours.extra.after_stop(bin, &data, tmp)?;
+    let perf = perf
+        .join()
+        .map_err(|_| anyhow::anyhow!("the perf run panicked"))??;
+    Ok((ours, perf))
+}
+
+/// New processes per second over the whole run, warm-up included.
+fn spawn_rate(load: &LoadCount, seconds: u64) -> f64 {
+    load.spawned as f64 / (seconds + WARMUP.as_secs()) as f64
+}
+
+/// Bytes written over `seconds`, as MB per hour.
+fn mb_per_hour(bytes: u64, seconds: u64) -> f64 {
+    bytes as f64 * 3600.0 / seconds as f64 / 1e6
+}
+
+/// The run's header and the agent beside perf: CPU, output per hour, RSS.
+fn print_table(seconds: u64, load: &LoadCount, ours: &Run<Probed>, perf: &Run<()>) {
+    let rate = spawn_rate(load, seconds);
     let (first, last) = trend(&ours.rss);
     let (min, max) = (min_mb(&ours.rss), max_mb(&ours.rss));
-    let also = if big_binaries {
-        format!(
-            ", and {} runs of `cargo fmt --check` (librustc_driver)",
-            formats.load(Ordering::Relaxed)
-        )
-    } else {
-        String::new()
+    let also = match load.cargo_fmt_runs {
+        Some(runs) => format!(", and {runs} runs of `cargo fmt --check` (librustc_driver)"),
+        None => String::new(),
     };
     println!(
         "agent benchmark: {seconds} s after a {} s warm-up, agent and perf at the same time, {rate:.0} new processes/s{also}",
@@ -135,8 +197,8 @@ pub(crate) fn agent(seconds: u64, big_binaries: bool) -> Result<()> {
     println!(
         "{:<28} {:>12.1} {:>12.1}   agent: data dir at the end (one-time files included); perf: perf.data",
         "output files (MB per hour)",
-        per_hour(ours.bytes),
-        per_hour(perf.bytes)
+        mb_per_hour(ours.bytes, seconds),
+        mb_per_hour(perf.bytes, seconds)
     );
     println!(
         "{:<28} {:>12.1} {:>12.1}   VmRSS every {} s after warm-up",
@@ -157,9 +219,13 @@ pub(crate) fn agent(seconds: u64, big_binaries: bool) -> Result<()> {
         "RSS first/last third (MB)", first, ""
     );
     println!("{:<28} {:>12.1} {:>12}", "", last, "");
-    ours.extra.print();
+}
+
+/// Issue 12's targets, met or missed (they hold for the churn alone).
+fn print_targets(load: &LoadCount, ours: &Run<Probed>) {
     let verdict = |met: bool| if met { "met" } else { "missed" };
-    if big_binaries {
+    let (min, max) = (min_mb(&ours.rss), max_mb(&ours.rss));
+    if load.cargo_fmt_runs.is_some() {
         println!("targets (issue 12) are for the churn alone: run without --big-binaries");
     } else {
         println!(
@@ -172,16 +238,26 @@ pub(crate) fn agent(seconds: u64, big_binaries: bool) -> Result<()> {
             verdict(ours.extra.query_s() < 1.0)
         );
     }
-    let json = json!({
+}
+
+/// target/bench/agent.json: the figures of the table, rounded.
+fn report_json(
+    seconds: u64,
+    load: &LoadCount,
+    ours: &Run<Probed>,
+    perf: &Run<()>,
+) -> serde_json::Value {
+    let (first, last) = trend(&ours.rss);
+    json!({
         "seconds": seconds,
-        "spawn_rate": round(rate, 1),
-        "cargo_fmt_runs": big_binaries.then(|| formats.load(Ordering::Relaxed)),
+        "spawn_rate": round(spawn_rate(load, seconds), 1),
+        "cargo_fmt_runs": load.cargo_fmt_runs,
         "agent": {
             "cpu_percent": round(ours.cpu_percent, 4),
             "cpu_percent_second_half": round(ours.cpu_percent_second_half, 4),
-            "output_mb_per_hour": round(per_hour(ours.bytes), 3),
-            "rss_max_mb": round(max, 2),
-            "rss_min_mb": round(min, 2),
+            "output_mb_per_hour": round(mb_per_hour(ours.bytes, seconds), 3),
+            "rss_max_mb": round(max_mb(&ours.rss), 2),
+            "rss_min_mb": round(min_mb(&ours.rss), 2),
             "rss_peak_mb": round(ours.peak_rss as f64 / 1e6, 2),
             "rss_first_third_mb": round(first, 2),
             "rss_last_third_mb": round(last, 2),
@@ -189,13 +265,11 @@ pub(crate) fn agent(seconds: u64, big_binaries: bool) -> Result<()> {
         },
         "perf": {
             "cpu_percent": round(perf.cpu_percent, 4),
-            "mb_per_hour": round(per_hour(perf.bytes), 3),
+            "mb_per_hour": round(mb_per_hour(perf.bytes, seconds), 3),
             "rss_max_mb": round(max_mb(&perf.rss), 2),
             "rss_peak_mb": round(perf.peak_rss as f64 / 1e6, 2),
         },
-    });
-    write_json(&out_dir.join("agent.json"), &json)?;
-    Ok(())
+    })
 }
 
 /// Starts `cmd`, lets it warm up, measures its CPU and RSS for `seconds`, stops it with SIGINT

@@ -11,9 +11,22 @@ use crate::cgroups::MemorySubtree;
 
 const MIB: f64 = (1 << 20) as f64;
 
-/// The human report.
+/// The human report: the verdict, the findings section by section, the remedies.
 pub(crate) fn text(f: &Findings, v: &Verdict) -> String {
     let mut o = String::new();
+    verdict_text(&mut o, v);
+    dying_text(&mut o, f);
+    churn_text(&mut o, f);
+    lifecycle_text(&mut o, f);
+    kernel_log_text(&mut o, f);
+    cpu_text(&mut o, f);
+    memcg_text(&mut o, f);
+    remedies_text(&mut o, v);
+    o
+}
+
+/// `verdict:`, its problems and the holder.
+fn verdict_text(o: &mut String, v: &Verdict) {
     let _ = writeln!(o, "verdict: {}", v.level.name());
     for p in &v.problems {
         let _ = writeln!(o, "  problem: {p}");
@@ -21,6 +34,10 @@ pub(crate) fn text(f: &Findings, v: &Verdict) -> String {
     if let Some(h) = &v.holder {
         let _ = writeln!(o, "  the dying memory cgroups hang under: {h}");
     }
+}
+
+/// `dying cgroups (end of window):` per v1 controller, on cgroup2, and their corroboration.
+fn dying_text(o: &mut String, f: &Findings) {
     let _ = writeln!(o, "\ndying cgroups (end of window):");
     for c in &f.cgroups.controllers {
         let _ = writeln!(
@@ -76,6 +93,10 @@ pub(crate) fn text(f: &Findings, v: &Verdict) -> String {
             h.unexplained() as f64 / MIB
         );
     }
+}
+
+/// `cgroup churn`: the ten processes that made or removed the most cgroups.
+fn churn_text(o: &mut String, f: &Findings) {
     let _ = writeln!(o, "\ncgroup churn ({:.1} s):", f.duration_s);
     if let Some(e) = &f.churn_error {
         let _ = writeln!(o, "  not traced: {e}");
@@ -99,6 +120,10 @@ pub(crate) fn text(f: &Findings, v: &Verdict) -> String {
                 .join(", ")
         );
     }
+}
+
+/// `process lifecycle`: one line per program, crash loops flagged.
+fn lifecycle_text(o: &mut String, f: &Findings) {
     let _ = writeln!(o, "\nprocess lifecycle ({:.1} s):", f.duration_s);
     if let Some(e) = &f.attach_error {
         let _ = writeln!(o, "  processes not linked to cgroups: {e}");
@@ -113,6 +138,10 @@ pub(crate) fn text(f: &Findings, v: &Verdict) -> String {
             let _ = writeln!(o, "  {}", p.summary());
         }
     }
+}
+
+/// `kernel log (starvation symptoms)`, each after the saturated run before it.
+fn kernel_log_text(o: &mut String, f: &Findings) {
     let _ = writeln!(o, "\nkernel log (starvation symptoms):");
     if let Some(e) = &f.kernel_log_error {
         let _ = writeln!(o, "  not read: {e}");
@@ -122,6 +151,10 @@ pub(crate) fn text(f: &Findings, v: &Verdict) -> String {
     for line in &f.timeline {
         let _ = writeln!(o, "  {line}");
     }
+}
+
+/// `CPU`: how busy each CPU was, saturated ones flagged.
+fn cpu_text(o: &mut String, f: &Findings) {
     let _ = writeln!(o, "\nCPU ({} samples at {} Hz):", f.samples, f.frequency_hz);
     for (cpu, busy) in &f.cpus {
         let flag = if *busy >= CPU_SATURATED {
@@ -131,6 +164,10 @@ pub(crate) fn text(f: &Findings, v: &Verdict) -> String {
         };
         let _ = writeln!(o, "  cpu{cpu}: {busy:.0}% busy{flag}");
     }
+}
+
+/// `CPU in memory-cgroup kernel code`, per process, and which of the catalogue this kernel has.
+fn memcg_text(o: &mut String, f: &Findings) {
     let _ = writeln!(o, "\nCPU in memory-cgroup kernel code, per process:");
     if f.memcg.is_empty() {
         let _ = writeln!(o, "  none");
@@ -162,13 +199,16 @@ pub(crate) fn text(f: &Findings, v: &Verdict) -> String {
         f.memcg_present.join(" ")
     );
     let _ = writeln!(o, "  not on this kernel: {}", f.memcg_absent.join(" "));
+}
+
+/// `remedies:`, if there are any.
+fn remedies_text(o: &mut String, v: &Verdict) {
     if !v.remedies.is_empty() {
         let _ = writeln!(o, "\nremedies:");
         for r in &v.remedies {
             let _ = writeln!(o, "  {r}");
         }
     }
-    o
 }
 
 /// `N dying memcgs under PATH (X MiB page cache)`.

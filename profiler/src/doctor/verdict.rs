@@ -198,131 +198,190 @@ fn v2_reclaim(h: &MemorySubtree) -> String {
     }
 }
 
-/// Judges the findings.
+/// Judges the findings: each rule below adds its problems and remedies and raises the level.
 pub(crate) fn judge(f: &Findings) -> Verdict {
-    let mut level = Level::Healthy;
-    let mut problems = Vec::new();
-    let mut remedies = Vec::new();
-    let mut chosen = None;
-    let worst = f.cgroups.controllers.iter().max_by_key(|c| c.dying);
+    let mut v = Verdict {
+        level: Level::Healthy,
+        problems: Vec::new(),
+        remedies: Vec::new(),
+        holder: None,
+    };
     // A v2-only host has no v1 controller to count: its dying memcgs come per subtree.
-    let v2 = f.cgroups.v2_memory.as_ref();
-    let dying = worst.map_or(0, |c| c.dying).max(v2.map_or(0, |m| m.dying));
-    let hot = f.hot_memcg();
+    let dying = f
+        .cgroups
+        .controllers
+        .iter()
+        .map(|c| c.dying)
+        .max()
+        .unwrap_or(0)
+        .max(f.cgroups.v2_memory.as_ref().map_or(0, |m| m.dying));
     let churners = f.churners();
+    v.judge_v1_dying(f, &churners);
+    v.judge_v2_dying(f);
+    v.judge_hot_pollers(f, dying);
+    v.judge_churners(f, &churners, dying);
+    v.judge_kernel_log(f);
+    let loops = v.judge_crash_loops(f);
+    if dying >= DYING_WARN && churners.is_empty() && loops == 0 {
+        v.remedies.push(
+            "no process made cgroups in this window: the creator may be periodic (a \
+             crash-looping unit); run a longer window, e.g. --duration 60s"
+                .to_owned(),
+        );
+    }
+    v
+}
 
-    if let Some(c) = worst.filter(|c| c.dying >= DYING_WARN) {
-        level = level.max(if c.dying >= DYING_ALARM {
-            Level::Alarm
-        } else {
-            Level::Warning
-        });
-        problems.push(format!(
+/// The level `dying` cgroups of one controller make on their own.
+fn dying_level(dying: u64) -> Level {
+    if dying >= DYING_ALARM {
+        Level::Alarm
+    } else {
+        Level::Warning
+    }
+}
+
+impl Verdict {
+    fn raise(&mut self, level: Level) {
+        self.level = self.level.max(level);
+    }
+
+    /// The v1 controller with the most dying cgroups; for memory, the holder's force_empty
+    /// and the host-wide drop_caches.
+    fn judge_v1_dying(&mut self, f: &Findings, churners: &[&crate::bpf::churn::ChurnCount]) {
+        let worst = f.cgroups.controllers.iter().max_by_key(|c| c.dying);
+        let Some(c) = worst.filter(|c| c.dying >= DYING_WARN) else {
+            return;
+        };
+        self.raise(dying_level(c.dying));
+        self.problems.push(format!(
             "{} dying {} cgroups ({} counted, {} live)",
             c.dying, c.controller, c.num_cgroups, c.live
         ));
         if c.controller == "memory" || f.cgroups.dying("memory").unwrap_or(0) >= DYING_WARN {
-            if let Some(h) = holder(f, &churners) {
-                chosen = Some(h.path.display().to_string());
-                remedies.push(format!(
+            if let Some(h) = holder(f, churners) {
+                self.holder = Some(h.path.display().to_string());
+                self.remedies.push(format!(
                     "echo 0 > {}/memory.force_empty   # reclaims the {:.1} MiB of page cache \
                      that keeps the dying memcgs below it alive",
                     h.path.display(),
                     h.unexplained() as f64 / f64::from(1 << 20)
                 ));
             }
-            remedies.push(drop_caches());
+            self.remedies.push(drop_caches());
         }
     }
-    if let Some(m) = v2.filter(|m| m.dying >= DYING_WARN) {
-        level = level.max(if m.dying >= DYING_ALARM {
-            Level::Alarm
-        } else {
-            Level::Warning
-        });
-        problems.push(v2_problem(m));
+
+    /// Dying memcgs on cgroup2; the holder's memory.reclaim and drop_caches (once).
+    fn judge_v2_dying(&mut self, f: &Findings) {
+        let Some(m) = f
+            .cgroups
+            .v2_memory
+            .as_ref()
+            .filter(|m| m.dying >= DYING_WARN)
+        else {
+            return;
+        };
+        self.raise(dying_level(m.dying));
+        self.problems.push(v2_problem(m));
         if let Some(h) = &m.holder {
-            chosen = Some(h.path.display().to_string());
-            remedies.push(v2_reclaim(h));
+            self.holder = Some(h.path.display().to_string());
+            self.remedies.push(v2_reclaim(h));
         }
-        if !remedies.iter().any(|r| r.starts_with(DROP_CACHES)) {
-            remedies.push(drop_caches());
+        if !self.remedies.iter().any(|r| r.starts_with(DROP_CACHES)) {
+            self.remedies.push(drop_caches());
         }
     }
-    for s in &hot {
-        level = level.max(if dying >= DYING_WARN {
-            Level::Alarm
-        } else {
-            Level::Warning
-        });
-        problems.push(format!(
-            "{} (pid {}) spends {:.0}% of its CPU in memory-cgroup kernel code ({})",
-            s.comm,
-            s.pid,
-            s.percent(),
-            s.top_function()
-        ));
-        remedies.push(format!(
-            "poll memory statistics less often in {} (kubelet: --housekeeping-interval)",
-            s.comm
-        ));
-    }
-    for c in &churners {
-        level = level.max(Level::Warning);
-        problems.push(format!(
-            "{} (pid {}) creates {:.1} cgroups/s",
-            c.comm,
-            c.pid,
-            f.churn_rate(c)
-        ));
-        if dying >= DYING_WARN {
-            remedies.push(format!(
-                "stop or fix {} (pid {}): it makes and removes cgroups under {}, and each one \
-                 removed with page cache charged stays dying",
-                c.comm,
-                c.pid,
-                c.parents.first().map_or("?", |p| p.0.as_str())
+
+    /// Processes hot in memcg code: an alarm beside dying cgroups, else a warning.
+    fn judge_hot_pollers(&mut self, f: &Findings, dying: u64) {
+        for s in f.hot_memcg() {
+            self.raise(if dying >= DYING_WARN {
+                Level::Alarm
+            } else {
+                Level::Warning
+            });
+            self.problems.push(format!(
+                "{} (pid {}) spends {:.0}% of its CPU in memory-cgroup kernel code ({})",
+                s.comm,
+                s.pid,
+                s.percent(),
+                s.top_function()
+            ));
+            self.remedies.push(format!(
+                "poll memory statistics less often in {} (kubelet: --housekeeping-interval)",
+                s.comm
             ));
         }
     }
-    for line in &f.timeline {
-        level = level.max(Level::Warning);
-        problems.push(format!("the kernel logged: {line}"));
+
+    /// Processes making cgroups fast; named as the cause when cgroups are dying.
+    fn judge_churners(
+        &mut self,
+        f: &Findings,
+        churners: &[&crate::bpf::churn::ChurnCount],
+        dying: u64,
+    ) {
+        for c in churners {
+            self.raise(Level::Warning);
+            self.problems.push(format!(
+                "{} (pid {}) creates {:.1} cgroups/s",
+                c.comm,
+                c.pid,
+                f.churn_rate(c)
+            ));
+            if dying >= DYING_WARN {
+                self.remedies.push(format!(
+                    "stop or fix {} (pid {}): it makes and removes cgroups under {}, and each one \
+                     removed with page cache charged stays dying",
+                    c.comm,
+                    c.pid,
+                    c.parents.first().map_or("?", |p| p.0.as_str())
+                ));
+            }
+        }
     }
-    let loops: Vec<_> = f.programs.iter().filter(|p| p.crash_loop).collect();
-    for p in &loops {
-        level = Level::Alarm;
-        problems.push(format!("crash loop: {}", crash_loop_line(p, f)));
-        let manager = creator(p, &f.churn)
-            .map(|c| format!("{} (pid {})", c.comm, c.pid))
-            .or_else(|| p.parents.first().map(|s| format!("{} (pid {})", s.1, s.0)))
-            .unwrap_or_else(|| "its service manager".to_owned());
-        let unit = p.cgroup.rsplit('/').next().unwrap_or("");
-        let stop = if unit.ends_with(".service") {
-            format!("`systemctl stop {unit}` or ")
-        } else {
-            String::new()
-        };
-        remedies.push(format!(
-            "root cause: {} keeps failing ({}); {manager} only restarts it, making {} anew each              time. Fix its failure, or {stop}stop it in {manager}",
-            p.name(),
-            p.failing_status().unwrap_or("a failure"),
-            p.cgroup
-        ));
+
+    /// Each starvation symptom the kernel logged is a warning.
+    fn judge_kernel_log(&mut self, f: &Findings) {
+        for line in &f.timeline {
+            self.raise(Level::Warning);
+            self.problems.push(format!("the kernel logged: {line}"));
+        }
     }
-    if dying >= DYING_WARN && churners.is_empty() && loops.is_empty() {
-        remedies.push(
-            "no process made cgroups in this window: the creator may be periodic (a \
-             crash-looping unit); run a longer window, e.g. --duration 60s"
-                .to_owned(),
-        );
+
+    /// Crash loops are alarms, with the program as root cause and its manager as creator.
+    /// Returns how many there are.
+    fn judge_crash_loops(&mut self, f: &Findings) -> usize {
+        let loops: Vec<_> = f.programs.iter().filter(|p| p.crash_loop).collect();
+        for p in &loops {
+            self.raise(Level::Alarm);
+            self.problems
+                .push(format!("crash loop: {}", crash_loop_line(p, f)));
+            self.remedies.push(crash_loop_remedy(p, f));
+        }
+        loops.len()
     }
-    Verdict {
-        level,
-        problems,
-        remedies,
-        holder: chosen,
-    }
+}
+
+/// `root cause: PROGRAM keeps failing ...`: fix the program, or stop it in its manager.
+fn crash_loop_remedy(p: &crate::profile::lifecycle::Program, f: &Findings) -> String {
+    let manager = creator(p, &f.churn)
+        .map(|c| format!("{} (pid {})", c.comm, c.pid))
+        .or_else(|| p.parents.first().map(|s| format!("{} (pid {})", s.1, s.0)))
+        .unwrap_or_else(|| "its service manager".to_owned());
+    let unit = p.cgroup.rsplit('/').next().unwrap_or("");
+    let stop = if unit.ends_with(".service") {
+        format!("`systemctl stop {unit}` or ")
+    } else {
+        String::new()
+    };
+    format!(
+        "root cause: {} keeps failing ({}); {manager} only restarts it, making {} anew each time. Fix its failure, or {stop}stop it in {manager}",
+        p.name(),
+        p.failing_status().unwrap_or("a failure"),
+        p.cgroup
+    )
 }
 
 #[cfg(test)]

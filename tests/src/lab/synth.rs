@@ -103,7 +103,27 @@ pub fn synth(spec: SynthSpec, out: &Path) -> anyhow::Result<SynthReport> {
         "cpus, hz and seconds must be positive"
     );
     let mut rng = Rng(spec.seed | 1);
-    let mut b = Interner::new(Meta {
+    let mut b = Interner::new(meta(spec));
+    let pool = frame_pool(&mut b);
+    let idle_task = idle_task(&mut b, &pool, spec.cpus);
+    let procs = processes(&mut b, &mut rng, &pool);
+    let stack_count: usize = procs.iter().map(|p| p.stacks.len()).sum();
+    let total = u64::from(spec.seconds) * u64::from(spec.hz) * u64::from(spec.cpus);
+    b.meta_mut().counters.recorded = total;
+    let idle = sample(&mut b, &mut rng, spec, &procs, &idle_task);
+    let profile = b.finish();
+    profile::write_file(&profile, out).with_context(|| format!("writing {}", out.display()))?;
+    Ok(SynthReport {
+        samples: total,
+        idle,
+        stacks: stack_count + 1,
+        processes: procs.len(),
+    })
+}
+
+/// The capture's header: a fixed start, the spec's length, rate and CPUs.
+fn meta(spec: SynthSpec) -> Meta {
+    Meta {
         start_unix_ns: 1_796_083_200_000_000_000, // 2026-12-01T00:00:00Z
         start_mono_ns: 1_000_000_000_000,
         duration_ns: u64::from(spec.seconds) * 1_000_000_000,
@@ -115,9 +135,19 @@ pub fn synth(spec: SynthSpec, out: &Path) -> anyhow::Result<SynthReport> {
         counters: Counters::default(),
         untimed: Vec::new(),
         named_counters: Vec::new(),
-    });
+    }
+}
 
-    // The frame pool: kernel frames over user frames of a few dozen binaries.
+/// The frames stacks are built from.
+struct FramePool {
+    vmlinux: u32,
+    kbin: u32,
+    kernel: Vec<u32>,
+    user: Vec<u32>,
+}
+
+/// The frame pool: kernel frames over user frames of a few dozen binaries.
+fn frame_pool(b: &mut Interner) -> FramePool {
     let vmlinux = b.string("vmlinux");
     let kbin = b.binary(Binary {
         path: "[kernel.kallsyms]".into(),
@@ -163,8 +193,22 @@ pub fn synth(spec: SynthSpec, out: &Path) -> anyhow::Result<SynthReport> {
             })
         })
         .collect();
+    FramePool {
+        vmlinux,
+        kbin,
+        kernel,
+        user,
+    }
+}
 
-    // Idle: pid 0 on every CPU, one stack of kernel frames.
+/// What an idle CPU runs: pid 0 with its own comm per CPU.
+struct IdleTask {
+    stack: u32,
+    comms: Vec<u32>,
+}
+
+/// Idle: pid 0 on every CPU, one stack of kernel frames.
+fn idle_task(b: &mut Interner, pool: &FramePool, cpus: u32) -> IdleTask {
     let idle_names = ["secondary_startup_64", "cpu_startup_entry", "do_idle"];
     let mut idle_frames: Vec<u32> = idle_names
         .iter()
@@ -172,19 +216,23 @@ pub fn synth(spec: SynthSpec, out: &Path) -> anyhow::Result<SynthReport> {
             let name = b.string(n);
             b.frame(Frame {
                 name,
-                module: vmlinux,
+                module: pool.vmlinux,
                 kind: FrameKind::Kernel,
                 addr: 0,
-                binary: kbin,
+                binary: pool.kbin,
             })
         })
         .collect();
-    idle_frames.extend(&kernel[..7]);
-    let idle_stack = b.stack(idle_frames);
-    let idle_comms: Vec<u32> = (0..spec.cpus)
+    idle_frames.extend(&pool.kernel[..7]);
+    let stack = b.stack(idle_frames);
+    let comms: Vec<u32> = (0..cpus)
         .map(|c| b.string(&format!("swapper/{c}")))
         .collect();
+    IdleTask { stack, comms }
+}
 
+/// The cgroups and the processes in them, each with its own stacks.
+fn processes(b: &mut Interner, rng: &mut Rng, pool: &FramePool) -> Vec<Proc> {
     for g in 0..CGROUPS {
         b.cgroup(Cgroup {
             id: 10_000 + g,
@@ -220,31 +268,8 @@ pub fn synth(spec: SynthSpec, out: &Path) -> anyhow::Result<SynthReport> {
             cgroup: format!("/kubepods/burstable/pod{:04}/container", cgroup - 10_000),
             ..Process::default()
         });
-        // Each process runs code of a few binaries: a root path shared by its stacks, then
-        // branches; some stacks end in the kernel (syscalls), depth 10-40 in all.
-        let n = rng.range(5, STACKS_MAX) as usize;
-        let root_len = rng.range(3, 8) as usize;
-        let root: Vec<u32> = (0..root_len)
-            .map(|_| user[rng.below(USER_FRAMES as u64) as usize])
-            .collect();
-        let stacks = (0..n)
-            .map(|_| {
-                let depth = rng.range(10, 40) as usize;
-                let kdepth = if rng.below(3) == 0 {
-                    rng.range(3, 12).min(depth as u64 - root_len as u64) as usize
-                } else {
-                    0
-                };
-                let mut frames = root.clone();
-                while frames.len() < depth - kdepth {
-                    frames.push(user[rng.below(USER_FRAMES as u64) as usize]);
-                }
-                while frames.len() < depth {
-                    frames.push(kernel[rng.below(KERNEL_FRAMES as u64) as usize]);
-                }
-                b.stack(frames)
-            })
-            .collect();
+        let stacks = process_stacks(b, rng, pool);
+        let n = stacks.len();
         procs.push(Proc {
             pid,
             comm,
@@ -254,13 +279,48 @@ pub fn synth(spec: SynthSpec, out: &Path) -> anyhow::Result<SynthReport> {
             stack_cum: zipf(n),
         });
     }
+    procs
+}
+
+/// One process's stacks: it runs code of a few binaries, a root path shared by its stacks,
+/// then branches; some stacks end in the kernel (syscalls), depth 10-40 in all.
+fn process_stacks(b: &mut Interner, rng: &mut Rng, pool: &FramePool) -> Vec<u32> {
+    let n = rng.range(5, STACKS_MAX) as usize;
+    let root_len = rng.range(3, 8) as usize;
+    let root: Vec<u32> = (0..root_len)
+        .map(|_| pool.user[rng.below(USER_FRAMES as u64) as usize])
+        .collect();
+    (0..n)
+        .map(|_| {
+            let depth = rng.range(10, 40) as usize;
+            let kdepth = if rng.below(3) == 0 {
+                rng.range(3, 12).min(depth as u64 - root_len as u64) as usize
+            } else {
+                0
+            };
+            let mut frames = root.clone();
+            while frames.len() < depth - kdepth {
+                frames.push(pool.user[rng.below(USER_FRAMES as u64) as usize]);
+            }
+            while frames.len() < depth {
+                frames.push(pool.kernel[rng.below(KERNEL_FRAMES as u64) as usize]);
+            }
+            b.stack(frames)
+        })
+        .collect()
+}
+
+/// One sample per CPU per tick, in time order. Returns how many were idle.
+fn sample(
+    b: &mut Interner,
+    rng: &mut Rng,
+    spec: SynthSpec,
+    procs: &[Proc],
+    idle_task: &IdleTask,
+) -> u64 {
     // A few processes get most of the CPU (Zipf over a shuffled order).
     let proc_cum = zipf(PROCESSES);
-    let stack_count: usize = procs.iter().map(|p| p.stacks.len()).sum();
-
     let ticks = u64::from(spec.seconds) * u64::from(spec.hz);
-    let total = ticks * u64::from(spec.cpus);
-    b.meta_mut().counters.recorded = total;
     let period_ns = 1_000_000_000 / u64::from(spec.hz);
     let cpus = spec.cpus as usize;
     // What each CPU ran at the previous tick; a saturation episode per CPU (end tick, process).
@@ -280,7 +340,7 @@ pub fn synth(spec: SynthSpec, out: &Path) -> anyhow::Result<SynthReport> {
             // Now and then a CPU is pinned at 100% by one process for 5-60 s.
             if pin.0 <= tick && rng.below(u64::from(spec.hz) * 600) == 0 {
                 let len = rng.range(5, 60) * u64::from(spec.hz);
-                *pin = (tick + len, pick(&mut rng, &proc_cum));
+                *pin = (tick + len, pick(rng, &proc_cum));
             }
             let busy = pin.0 > tick || burst || rng.unit() < load;
             let jitter = rng.below(period_ns / 50);
@@ -294,8 +354,8 @@ pub fn synth(spec: SynthSpec, out: &Path) -> anyhow::Result<SynthReport> {
                     pid: 0,
                     tid: 0,
                     cgroup_id: 1,
-                    comm: idle_comms[cpu],
-                    stack: idle_stack,
+                    comm: idle_task.comms[cpu],
+                    stack: idle_task.stack,
                 });
                 continue;
             }
@@ -304,12 +364,12 @@ pub fn synth(spec: SynthSpec, out: &Path) -> anyhow::Result<SynthReport> {
             } else {
                 match *cur {
                     Some(p) if rng.below(1000) >= SWITCH_PER_MILLE => p,
-                    _ => pick(&mut rng, &proc_cum),
+                    _ => pick(rng, &proc_cum),
                 }
             };
             *cur = Some(p);
             let pr = &procs[p];
-            let stack = pr.stacks[pick(&mut rng, &pr.stack_cum)];
+            let stack = pr.stacks[pick(rng, &pr.stack_cum)];
             b.sample(Sample {
                 offset_ns,
                 cpu: cpu as u32,
@@ -321,12 +381,5 @@ pub fn synth(spec: SynthSpec, out: &Path) -> anyhow::Result<SynthReport> {
             });
         }
     }
-    let profile = b.finish();
-    profile::write_file(&profile, out).with_context(|| format!("writing {}", out.display()))?;
-    Ok(SynthReport {
-        samples: total,
-        idle,
-        stacks: stack_count + 1,
-        processes: procs.len(),
-    })
+    idle
 }
