@@ -183,16 +183,25 @@ impl Session {
         };
         // Process records first, so none a sample depends on can be missed.
         let kernel_records = open_kernel_records(config.kernel_record_bytes, notice);
-        let (mut sampler, ring) = Sampler::start(&SamplerConfig {
-            event: config.event,
-            frequency_hz: config.frequency_hz.into(),
-            pids: &config.pids,
-            cgroups: &kernel_cgroups,
-            unwind: config.unwind,
-            unwind_memory: config.unwind_memory,
-            python_fsbase_offset: python.map(|p| p.fsbase_offset),
-            wake_for_processes: config.wake_for_processes,
-        })?;
+        // The loader is made before the program is attached (`Sampler::start`), so the
+        // processes asked for by pid are walked by table from their first sample.
+        let mut unwind = None;
+        let (mut sampler, ring) = Sampler::start(
+            &SamplerConfig {
+                event: config.event,
+                frequency_hz: config.frequency_hz.into(),
+                pids: &config.pids,
+                cgroups: &kernel_cgroups,
+                unwind: config.unwind,
+                unwind_memory: config.unwind_memory,
+                python_fsbase_offset: python.map(|p| p.fsbase_offset),
+                wake_for_processes: config.wake_for_processes,
+            },
+            &mut |maps| {
+                unwind = Some(unwind_loader(maps, config)?);
+                Ok(())
+            },
+        )?;
         for line in sampler.lost() {
             notice(Notice::Warning(line.clone()));
         }
@@ -203,11 +212,8 @@ impl Session {
         let mut collection = Collection::new(CommFilter(config.comms.clone()))
             .with_cgroup_filter(CgroupFilter::new(user_cgroups))
             .with_events(events);
-        let loader = match sampler.unwind.take() {
-            Some(maps) => Some(Arc::new(BackgroundLoader::spawn(
-                unwind_loader(maps, config)?,
-                config.unwind_tables,
-            )?)),
+        let loader = match unwind {
+            Some(l) => Some(Arc::new(BackgroundLoader::spawn(l, config.unwind_tables)?)),
             None => None,
         };
         if let Some(loader) = &loader {
@@ -457,13 +463,8 @@ impl Session {
 
 /// The table walk's loader over the sampler's unwind maps, with its disk cache and the
 /// processes asked for by pid already loaded, so their first samples are walked by table too.
-fn unwind_loader(maps: UnwindMaps, config: &SessionConfig) -> Result<Loader, RecordError> {
-    let mut loader = Loader::new(config.unwind, maps.rows, maps.words, maps.rules, maps.procs)
-        .map_err(|e| {
-            RecordError::Io(std::io::Error::other(format!(
-                "cannot map the unwind tables' memory: {e}"
-            )))
-        })?;
+fn unwind_loader(maps: UnwindMaps, config: &SessionConfig) -> std::io::Result<Loader> {
+    let mut loader = Loader::new(config.unwind, maps.rows, maps.words, maps.rules, maps.procs)?;
     if let Some(dir) = &config.unwind_cache {
         match crate::unwind::cache::TableCache::open(dir, crate::unwind::cache::DEFAULT_MAX_BYTES) {
             Ok(cache) => loader.set_cache(cache),

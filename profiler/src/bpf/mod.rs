@@ -67,6 +67,8 @@ pub(crate) enum BpfError {
     Map(#[from] aya::maps::MapError),
     #[error("the eBPF object has no {0}")]
     Missing(&'static str),
+    #[error("cannot set up the unwind tables")]
+    UnwindMaps(#[source] std::io::Error),
     #[error("cannot list online CPUs ({0})")]
     Cpus(&'static str, #[source] std::io::Error),
     #[error(
@@ -300,9 +302,6 @@ pub(crate) struct Sampler {
     counters: PerCpuArray<MapData, u64>,
     /// CPUs the program is attached on.
     pub cpus: Vec<u32>,
-    /// The table walk's maps, until the session takes them for its loader (None when the
-    /// loaded variant walks frame pointers).
-    pub unwind: Option<UnwindMaps>,
     /// The Python processes map, until the collector takes it (`take_python_map`).
     python_map: Option<HashMap<MapData, u32, py::PyProc>>,
     python_counters: Option<PerCpuArray<MapData, u64>>,
@@ -357,7 +356,14 @@ impl Sampler {
     /// Loads and attaches the most capable sampler variant the kernel accepts, from what
     /// `config` asks down to frame pointers only (`variant`). Needs CAP_BPF + CAP_PERFMON (or
     /// root). Returns the sampler and the ring buffer its samples stream through.
-    pub(crate) fn start(config: &SamplerConfig<'_>) -> Result<(Self, RingBuf<MapData>), BpfError> {
+    ///
+    /// When the loaded variant walks tables, `on_unwind_maps` gets their maps before the
+    /// program is attached: what it loads (the processes asked for by pid) is walked by table
+    /// from the first sample.
+    pub(crate) fn start(
+        config: &SamplerConfig<'_>,
+        on_unwind_maps: &mut dyn FnMut(UnwindMaps) -> std::io::Result<()>,
+    ) -> Result<(Self, RingBuf<MapData>), BpfError> {
         if config.event == Event::Cycles && !Path::new("/sys/bus/event_source/devices/cpu").exists()
         {
             return Err(BpfError::NoPmu);
@@ -412,6 +418,10 @@ impl Sampler {
                 Err(e) => return Err(e),
             }
             let lost = variant::lost_lines(asked, variant, &refusals);
+            if variant.tables {
+                on_unwind_maps(take_unwind_maps(&mut ebpf, &settings)?)
+                    .map_err(BpfError::UnwindMaps)?;
+            }
             return Self::attach(ebpf, config, &settings, cpus, variant, refusals, lost);
         }
         // Nothing loads: the last (simplest) variant's refusal is the error.
@@ -432,11 +442,6 @@ impl Sampler {
         refusals: Vec<Refusal>,
         lost: Vec<String>,
     ) -> Result<(Self, RingBuf<MapData>), BpfError> {
-        let unwind = if variant.tables {
-            Some(take_unwind_maps(&mut ebpf, settings)?)
-        } else {
-            None
-        };
         let (perf_config, policy) = match config.event {
             // A fixed period in ns gives evenly spaced samples on the timer.
             Event::CpuClock => (
@@ -507,7 +512,6 @@ impl Sampler {
                 ebpf: Some(ebpf),
                 counters,
                 cpus,
-                unwind,
                 python_map,
                 python_counters,
                 exits,
