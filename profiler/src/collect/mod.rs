@@ -389,6 +389,25 @@ impl Collection {
         }
     }
 
+    /// Tells the unwind loader's hook of a sample of a process it has not seen, or whose walk
+    /// left its loaded mappings (`stale`), with the user addresses the walk reached.
+    fn tell_sampled(&mut self, h: &SampleHeader, uframes: &[u8], stale: bool) {
+        if let Some(hook) = self.new_process_hook.as_mut()
+            && h.pid != 0
+            && (stale || !self.processes.knows(h.pid))
+        {
+            hook(crate::unwind::ProcessEvent::Sampled {
+                pid: h.pid,
+                stale,
+                gone: self.exits.get(&h.pid).is_some_and(|&t| t >= h.time_ns),
+                reached: callsites(uframes).into_vec(),
+                // Now, not at the sample: the entry is for samples to come, and one from before
+                // an exec read now would replace the mappings `tell_mappings` just gave.
+                mappings: self.processes.unwind_mappings(h.pid, u64::MAX),
+            });
+        }
+    }
+
     /// One record: a `SampleHeader`, then the kernel and user addresses (profiler-common).
     fn add(&mut self, record: &[u8]) {
         let Some(head_bytes) = record.get(..HEADER_BYTES) else {
@@ -414,21 +433,11 @@ impl Collection {
         let cut = (h.flags & flags::UNWIND_REASON_MASK) >> flags::UNWIND_REASON_SHIFT;
         // A walk that left the loaded mappings: read too early (before ld.so mapped the
         // libraries), or a library dlopened since. The hook reads them again (not too often).
-        let stale = cut == reason::NO_MAPPING;
-        if let Some(hook) = self.new_process_hook.as_mut()
-            && h.pid != 0
-            && (stale || !self.processes.knows(h.pid))
-        {
-            hook(crate::unwind::ProcessEvent::Sampled {
-                pid: h.pid,
-                stale,
-                gone: self.exits.get(&h.pid).is_some_and(|&t| t >= h.time_ns),
-                reached: callsites(&frames[klen * 8..(klen + ulen) * 8]).into_vec(),
-                // Now, not at the sample: the entry is for samples to come, and one from before
-                // an exec read now would replace the mappings `tell_mappings` just gave.
-                mappings: self.processes.unwind_mappings(h.pid, u64::MAX),
-            });
-        }
+        self.tell_sampled(
+            &h,
+            &frames[klen * 8..(klen + ulen) * 8],
+            cut == reason::NO_MAPPING,
+        );
         // Taken before the process's tables were in the kernel: walk the copy of its stack
         // (now, or once its tables are compiled: the record waits, `add_deferred`).
         let mut walked = None;
