@@ -12,9 +12,8 @@ use tokio::io::{Interest, unix::AsyncFd};
 use crate::{
     bpf::{Event, KernelCounters, Sampler, SamplerConfig, UnwindMaps},
     cgroups::CgroupTarget,
-    collect::{
-        CgroupFilter, Collected, Collection, CommFilter, KernelRecords, ProcessEvents, TableBounds,
-    },
+    collect::{CgroupFilter, Collected, Collection, CommFilter},
+    process::{KernelRecords, ProcessEvents, TableBounds},
     profile::{Counters, Meta, Profile},
     record::RecordError,
     symbolize::{self, KernelSymbols, NameCache, UserSymbolizer},
@@ -217,7 +216,8 @@ impl Session {
             None => None,
         };
         if let Some(loader) = &loader {
-            collection = collection.on_new_process(loader.hook());
+            let to_loader = Arc::clone(loader);
+            collection = collection.on_new_process(Box::new(move |event| to_loader.submit(event)));
             let cache = loader.cache();
             collection = collection.with_copy_unwinder(crate::unwind::CopyUnwinder::new(
                 config.unwind,

@@ -13,10 +13,9 @@ use std::io::Write as _;
 
 use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 use profiler::{
-    cgroups,
     profile::{self, BUDGET_FLOOR, MAX_EXPANSION},
     untrusted::{
-        AgentConfig, FileConfig, KernelSymbols, collect,
+        AgentConfig, FileConfig, KernelSymbols, cgroups, collect,
         output::{self, diff},
     },
 };
@@ -414,7 +413,7 @@ fn unwind_tables_from_eh_frame() {
         (offset as usize, size as usize)
     };
     let seed = elf[offset..offset + size].to_vec();
-    let reference = profiler::unwind::table::compile(&elf).expect("the seed compiles");
+    let reference = profiler::untrusted::unwind::compile(&elf).expect("the seed compiles");
     assert!(
         reference.rows.len() > 50,
         "too few rows to mutate: {}",
@@ -426,13 +425,13 @@ fn unwind_tables_from_eh_frame() {
         let n = bytes.len().min(size);
         patched[offset..offset + size].fill(0);
         patched[offset..offset + n].copy_from_slice(&bytes[..n]);
-        if let Ok(table) = profiler::unwind::table::compile(&patched) {
+        if let Ok(table) = profiler::untrusted::unwind::compile(&patched) {
             for pc in [0, 0x1000, 0x4000, u64::MAX] {
                 let _ = table.lookup(pc);
             }
         }
-        let _ = profiler::unwind::table::compile(&bytes);
-        let _ = profiler::unwind::table::mapping_bias(bytes, 0x5555_0000_0000, 0);
+        let _ = profiler::untrusted::unwind::compile(&bytes);
+        let _ = profiler::untrusted::unwind::mapping_bias(bytes, 0x5555_0000_0000, 0);
         // Rows and spans grow with CFI instructions, so with the bytes; gimli's context is fixed.
         linear(bytes, 64, 256 << 10)
     });
@@ -444,7 +443,8 @@ fn unwind_tables_from_eh_frame() {
 /// would do), so the row checks behind the checksum get them too.
 #[test]
 fn unwind_table_cache_files() {
-    use profiler::unwind::{cache, table};
+    use profiler::untrusted::unwind as table;
+    use profiler::untrusted::unwind as cache;
     let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("Debian's libc");
     let mut small = table::compile(&libc).expect("libc compiles");
     small.rows.truncate(300);

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use profiler::profile::{Frame, Interner, Meta, Sample};
-use profiler::store::Store;
+use profiler::testkit::Store;
 use profiler_tests::{
     Agent, Fixture, TempDir, exclusive, expect_success, free_port, profiler_bin, require_bpf,
     run_profiler, spawn_fixture, wait_timeout,

@@ -295,7 +295,7 @@ fn go_thread_stacks_end_at_their_entry() {
     let (text, stacks) = read_folded(Path::new(&out));
     let entry = |x: &String| {
         let name = x.strip_suffix(".abi0").unwrap_or(x);
-        profiler::unwind::table::GO_STACK_BASES.contains(&name)
+        profiler::testkit::unwind::GO_STACK_BASES.contains(&name)
     };
     let total = samples(&stacks, |f| f[0] == "fx-go");
     let on_threads = samples(&stacks, |f| f[0] == "fx-go" && f.iter().any(entry));

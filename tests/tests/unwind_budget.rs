@@ -22,11 +22,11 @@ const FX_BIG: &str = env!("FIXTURE_FX_BIG");
 /// compiles for the binary at `path` takes in the kernel.
 fn rows(path: &Path) -> u64 {
     let data = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let table = profiler::unwind::table::compile(&data)
+    let table = profiler::testkit::unwind::compile(&data)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut rules = profiler::unwind::kernel_rows::Rules::default();
+    let mut rules = profiler::testkit::unwind::Rules::default();
     let kernel =
-        profiler::unwind::kernel_rows::KernelTable::new(&table.rows, &table.padding, &mut rules)
+        profiler::testkit::unwind::KernelTable::new(&table.rows, &table.padding, &mut rules)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     u64::from(kernel.len())
 }
@@ -431,7 +431,7 @@ fn unwind_array_is_not_in_rss_beyond_its_rows() {
     assert_eq!(counter(&stats, "unwind_evicted", &stderr), 0, "{stats}");
     // Nothing was evicted, so the rows lie from row 0 on, and the chunks (1 MiB,
     // `rows_view::CHUNK_BYTES`) that hold them are all that is mapped.
-    let chunk = profiler::unwind::rows_view::CHUNK_BYTES as u64;
+    let chunk = profiler::testkit::unwind::CHUNK_BYTES as u64;
     assert!(
         mapped >= rows_bytes && mapped <= rows_bytes.next_multiple_of(chunk),
         "{mapped} bytes mapped for {rows_bytes} bytes of rows\n{stats}"

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use profiler::unwind::{cache::TableCache, pool::Compiled};
+use profiler::testkit::unwind::{Compiled, TableCache};
 use profiler_tests::{
     InstalledDebugFile, TempDir, build_id, exclusive, expect_success, has_chain, head, read_folded,
     record, require_bpf, samples, spawn_fixture_args,

@@ -399,12 +399,12 @@ fn symbol(path: &str, name: &str) -> u64 {
 /// does (CFA from RSP), and so does fx-debug-frame's own.
 #[test]
 fn debug_frame_covers_what_eh_frame_leaves_out() {
-    use profiler::unwind::table::compile_with_debug;
+    use profiler::testkit::unwind::compile_with_debug;
     use profiler_common::unwind::kind;
     let b = symbol(FX_DFRAME_STRIP_DEBUG, "b");
     let stripped = std::fs::read(FX_DFRAME_STRIP).unwrap();
     let debug = std::fs::read(FX_DFRAME_STRIP_DEBUG).unwrap();
-    let kind_at = |table: &profiler::unwind::table::Table| table.lookup(b).map(|r| r.kind);
+    let kind_at = |table: &profiler::testkit::unwind::Table| table.lookup(b).map(|r| r.kind);
     let alone = compile_with_debug(&stripped, |_| None::<&[u8]>).unwrap();
     assert!(
         matches!(kind_at(&alone), None | Some(kind::NONE)),
@@ -414,7 +414,7 @@ fn debug_frame_covers_what_eh_frame_leaves_out() {
     let with_debug = compile_with_debug(&stripped, |_| Some(&debug[..])).unwrap();
     assert_eq!(kind_at(&with_debug), Some(kind::CFA_RSP), "{with_debug:?}");
     let own = std::fs::read(FX_DEBUG_FRAME).unwrap();
-    let own_table = profiler::unwind::table::compile(&own).unwrap();
+    let own_table = profiler::testkit::unwind::compile(&own).unwrap();
     assert_eq!(
         own_table
             .lookup(symbol(FX_DEBUG_FRAME, "b"))

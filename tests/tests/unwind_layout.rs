@@ -6,10 +6,7 @@
 //! except in the gaps that are only padding, which the kernel's form leaves out (there it
 //! gives the rule of the code before). No root needed: nothing is loaded into the kernel.
 
-use profiler::unwind::{
-    kernel_rows::{KernelTable, Rules, lookup},
-    table::{Table, compile},
-};
+use profiler::testkit::unwind::{KernelTable, Rules, Table, compile, lookup};
 use profiler_common::unwind::{UnwindRow, UnwindRule, kind};
 
 const FIXTURE: &str = env!("FIXTURE_FX_UNWIND");

@@ -26,7 +26,7 @@ impl KernelFeatures {
             ring_buffer: is_map_supported(MapType::RingBuf).unwrap_or(false),
             bpf_loop: is_helper_supported(ProgramType::PerfEvent, BpfHelper::BPF_FUNC_loop)
                 .unwrap_or(false),
-            procmap_query: crate::collect::procmap_query_supported(),
+            procmap_query: crate::process::procmap_query_supported(),
         }
     }
 

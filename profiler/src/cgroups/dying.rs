@@ -14,7 +14,7 @@ use super::{
 
 /// Dying cgroups of one v1 controller.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ControllerDying {
+pub(crate) struct ControllerDying {
     pub controller: String,
     /// Where its hierarchy is mounted ("" when not on v1).
     pub mount: PathBuf,
@@ -28,7 +28,7 @@ pub struct ControllerDying {
 
 /// A cgroup2 subtree and its dying descendants.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct V2Subtree {
+pub(crate) struct V2Subtree {
     pub path: PathBuf,
     pub nr_dying_descendants: u64,
 }
@@ -36,7 +36,7 @@ pub struct V2Subtree {
 /// A v1 memory cgroup whose cached bytes its live children do not account for: the dying
 /// children that still hold page cache are charged here (hierarchically).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CacheHolder {
+pub(crate) struct CacheHolder {
     pub path: PathBuf,
     /// `total_cache` of this cgroup, bytes.
     pub total_cache: u64,
@@ -49,12 +49,12 @@ pub struct CacheHolder {
 
 impl CacheHolder {
     /// More than half of its cache is unexplained by itself and its live children.
-    pub fn mostly_dying(&self) -> bool {
+    pub(crate) fn mostly_dying(&self) -> bool {
         self.unexplained() * 2 > self.total_cache
     }
 
     /// Bytes attributable to dying descendants: total minus own minus live children.
-    pub fn unexplained(&self) -> u64 {
+    pub(crate) fn unexplained(&self) -> u64 {
         self.total_cache
             .saturating_sub(self.children_cache)
             .saturating_sub(self.own_cache)
@@ -63,7 +63,7 @@ impl CacheHolder {
 
 /// Everything known about dying cgroups at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// v1 controllers with a hierarchy, and their dying counts.
     pub controllers: Vec<ControllerDying>,
     /// cgroup2 mount and its root's `nr_dying_descendants`, if mounted.
@@ -83,7 +83,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Dying count of `controller`, if it has a v1 hierarchy.
-    pub fn dying(&self, controller: &str) -> Option<u64> {
+    pub(crate) fn dying(&self, controller: &str) -> Option<u64> {
         self.controllers
             .iter()
             .find(|c| c.controller == controller)
@@ -93,7 +93,7 @@ impl Snapshot {
 
 /// Reads the current figures. Missing files give empty parts, never an error: the doctor
 /// reports what it could see.
-pub fn snapshot() -> Snapshot {
+pub(crate) fn snapshot() -> Snapshot {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let mounts = hierarchies();
     let (controllers, v2) = dying_in(&mounts);
@@ -115,7 +115,7 @@ pub fn snapshot() -> Snapshot {
 
 /// Just the dying counts: per v1 controller, and the cgroup2 root's. The cheap part of
 /// `snapshot` (no slab figures, no memory.stat walk) that the agent reads every window.
-pub fn dying_counts() -> Vec<(String, u64)> {
+pub(crate) fn dying_counts() -> Vec<(String, u64)> {
     let (controllers, v2) = dying_in(&hierarchies());
     controllers
         .into_iter()
@@ -183,7 +183,7 @@ fn v2_top_subtrees(root: &Path) -> Vec<V2Subtree> {
 
 /// v1 memory cgroups under `root` (root included) ranked by cache their live children don't
 /// explain; only those with at least 1 MiB unexplained.
-pub fn cache_holders(root: &Path, max: usize) -> Vec<CacheHolder> {
+pub(crate) fn cache_holders(root: &Path, max: usize) -> Vec<CacheHolder> {
     let mut out = Vec::new();
     collect_holders(root, &mut out);
     out.retain(|h| h.unexplained() >= 1 << 20);

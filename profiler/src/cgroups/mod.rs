@@ -11,20 +11,20 @@ mod target;
 mod tree;
 mod v2memory;
 
-pub use dying::{
-    CacheHolder, ControllerDying, Snapshot, V2Subtree, cache_holders, dying_counts, num_cgroups,
-    snapshot,
-};
-pub use mounts::{
-    Hierarchy, cgroup2_mount, hierarchies, memory_mount, mount_of, parse_mountinfo, v2_mount,
-};
-pub use parse::{ControllerLine, meminfo_kb, parse_proc_cgroups, slab_active_objects, stat_value};
-pub use proc::{
-    ProcLine, ProcessCgroups, parse_proc_cgroup, proc_cgroup_lines, read_process_cgroups,
-};
-pub use target::{CgroupTarget, NoSuchCgroup, resolve_target};
-pub use tree::{cgroup2_paths, count_dirs, is_at_or_below, subdirs, walk};
-pub use v2memory::{MemorySubtree, V2Memory, dying_memcgs, v2_memory};
+#[cfg(test)]
+pub(crate) use dying::ControllerDying;
+pub use dying::num_cgroups;
+pub(crate) use dying::{CacheHolder, Snapshot, dying_counts, snapshot};
+pub(crate) use mounts::Hierarchy;
+pub(crate) use mounts::{cgroup2_mount, hierarchies};
+pub use mounts::{memory_mount, mount_of, parse_mountinfo, v2_mount};
+pub(crate) use parse::ControllerLine;
+pub use parse::{meminfo_kb, parse_proc_cgroups, slab_active_objects, stat_value};
+pub use proc::parse_proc_cgroup;
+pub(crate) use proc::{proc_cgroup_lines, read_process_cgroups};
+pub(crate) use target::{CgroupTarget, resolve_target};
+pub(crate) use tree::{cgroup2_paths, count_dirs, is_at_or_below, subdirs};
+pub(crate) use v2memory::{MemorySubtree, V2Memory, v2_memory};
 
 /// Text shaped like the real files, shared by the tests of the parsers and their users.
 #[cfg(test)]

@@ -19,7 +19,7 @@ pub struct Hierarchy {
 impl Hierarchy {
     /// The names /proc/PID/cgroup gives this hierarchy's line: its controllers, then
     /// `name=X` (cgroup2's line has none: `0::PATH`).
-    pub fn proc_names(&self) -> impl Iterator<Item = String> + '_ {
+    pub(crate) fn proc_names(&self) -> impl Iterator<Item = String> + '_ {
         self.controllers
             .iter()
             .cloned()
@@ -27,7 +27,7 @@ impl Hierarchy {
     }
 
     /// `cgroup2`, or `the cgroup v1 memory hierarchy`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         if self.v2 {
             "cgroup2".to_owned()
         } else {
@@ -39,7 +39,7 @@ impl Hierarchy {
     }
 
     /// The directory of `path` (relative to the hierarchy's root: `/` or `/a/b`).
-    pub fn dir(&self, path: &str) -> PathBuf {
+    pub(crate) fn dir(&self, path: &str) -> PathBuf {
         self.mount.join(path.trim_start_matches('/'))
     }
 }
@@ -112,7 +112,7 @@ fn unescape_mount_path(p: &str) -> String {
 }
 
 /// The hierarchies mounted here (empty if mountinfo cannot be read).
-pub fn hierarchies() -> Vec<Hierarchy> {
+pub(crate) fn hierarchies() -> Vec<Hierarchy> {
     std::fs::read_to_string("/proc/self/mountinfo")
         .map(|t| parse_mountinfo(&t))
         .unwrap_or_default()
@@ -138,7 +138,7 @@ pub fn memory_mount() -> Option<PathBuf> {
 }
 
 /// This host's cgroup2 mount point.
-pub fn cgroup2_mount() -> Option<PathBuf> {
+pub(crate) fn cgroup2_mount() -> Option<PathBuf> {
     v2_mount(&hierarchies()).map(Path::to_owned)
 }
 

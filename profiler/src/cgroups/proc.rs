@@ -3,7 +3,7 @@
 
 /// One line of /proc/PID/cgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProcLine<'a> {
+pub(crate) struct ProcLine<'a> {
     /// Hierarchy id (0 for cgroup2).
     pub id: &'a str,
     /// Comma-separated controllers and `name=X`; empty for cgroup2.
@@ -14,18 +14,18 @@ pub struct ProcLine<'a> {
 
 impl ProcLine<'_> {
     /// The cgroup2 line.
-    pub fn is_v2(&self) -> bool {
+    pub(crate) fn is_v2(&self) -> bool {
         self.id == "0" && self.controllers.is_empty()
     }
 
     /// Whether the line names `name` among its controllers (or `name=X`).
-    pub fn names(&self, name: &str) -> bool {
+    pub(crate) fn names(&self, name: &str) -> bool {
         self.controllers.split(',').any(|c| c == name)
     }
 }
 
 /// The well-formed lines of /proc/PID/cgroup text.
-pub fn proc_cgroup_lines(text: &str) -> impl Iterator<Item = ProcLine<'_>> {
+pub(crate) fn proc_cgroup_lines(text: &str) -> impl Iterator<Item = ProcLine<'_>> {
     text.lines().filter_map(|line| {
         let mut it = line.splitn(3, ':');
         Some(ProcLine {
@@ -62,7 +62,7 @@ pub fn parse_proc_cgroup(text: &str) -> ProcessCgroups {
 }
 
 /// Process `pid`'s cgroups (all empty if it is gone).
-pub fn read_process_cgroups(pid: u32) -> ProcessCgroups {
+pub(crate) fn read_process_cgroups(pid: u32) -> ProcessCgroups {
     std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .map(|t| parse_proc_cgroup(&t))
         .unwrap_or_default()

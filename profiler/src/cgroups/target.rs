@@ -6,7 +6,7 @@ use super::{Hierarchy, is_at_or_below, proc_cgroup_lines};
 
 /// One `--cgroup PATH`, found in a hierarchy: tasks in `path` or below it are wanted.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CgroupTarget {
+pub(crate) struct CgroupTarget {
     /// The path as given.
     pub given: String,
     pub hierarchy: Hierarchy,
@@ -16,22 +16,22 @@ pub struct CgroupTarget {
 
 impl CgroupTarget {
     /// A cgroup2 target can be filtered in the kernel (bpf_current_task_under_cgroup).
-    pub fn is_v2(&self) -> bool {
+    pub(crate) fn is_v2(&self) -> bool {
         self.hierarchy.v2
     }
 
     /// The cgroup's directory.
-    pub fn dir(&self) -> PathBuf {
+    pub(crate) fn dir(&self) -> PathBuf {
         self.hierarchy.dir(&self.path)
     }
 
     /// `cgroup2` or `the cgroup v1 memory hierarchy`.
-    pub fn hierarchy_name(&self) -> String {
+    pub(crate) fn hierarchy_name(&self) -> String {
         self.hierarchy.describe()
     }
 
     /// Whether a process whose /proc/PID/cgroup reads `proc_cgroup` is in this cgroup or below.
-    pub fn contains(&self, proc_cgroup: &str) -> bool {
+    pub(crate) fn contains(&self, proc_cgroup: &str) -> bool {
         proc_cgroup_lines(proc_cgroup).any(|l| {
             let same_hierarchy = if self.is_v2() {
                 l.is_v2()
@@ -48,7 +48,7 @@ impl CgroupTarget {
 #[error(
     "no cgroup named {given} under {mounts}; list them with `systemd-cgls` or `find /sys/fs/cgroup -mindepth 1 -type d`"
 )]
-pub struct NoSuchCgroup {
+pub(crate) struct NoSuchCgroup {
     pub given: String,
     pub mounts: String,
 }
@@ -56,7 +56,7 @@ pub struct NoSuchCgroup {
 /// Finds `given` (a path relative to a hierarchy, or a full path under a mount point) among
 /// `hierarchies`. A relative path found in cgroup2 is taken there (the kernel can filter it);
 /// otherwise in every v1 hierarchy that has it.
-pub fn resolve_target(
+pub(crate) fn resolve_target(
     given: &str,
     hierarchies: &[Hierarchy],
 ) -> Result<Vec<CgroupTarget>, NoSuchCgroup> {
@@ -127,7 +127,7 @@ fn mount_list(hierarchies: &[Hierarchy]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cgroups::{fixtures::HYBRID, parse_mountinfo};
+    use crate::cgroups::{fixtures::HYBRID, mounts::parse_mountinfo};
 
     #[test]
     fn target_contains_its_hierarchy_descendants_only() {

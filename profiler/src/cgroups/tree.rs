@@ -9,7 +9,7 @@ use std::{
 
 /// `path` is `root` or a descendant of it, by whole components (`/lab` is not below
 /// `/la`); every path is below the root (`/` or "").
-pub fn is_at_or_below(path: &str, root: &str) -> bool {
+pub(crate) fn is_at_or_below(path: &str, root: &str) -> bool {
     let root = root.trim_end_matches('/');
     root.is_empty()
         || path == root
@@ -20,7 +20,7 @@ pub fn is_at_or_below(path: &str, root: &str) -> bool {
 
 /// The child cgroups of `dir`: its subdirectories (symlinks not followed, so a loop cannot
 /// make a walk endless).
-pub fn subdirs(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn subdirs(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -33,7 +33,7 @@ pub fn subdirs(dir: &Path) -> Vec<PathBuf> {
 
 /// Visits `root` and every cgroup below it, parents before children, until `visit` returns
 /// false.
-pub fn walk(root: &Path, mut visit: impl FnMut(&Path) -> bool) {
+pub(crate) fn walk(root: &Path, mut visit: impl FnMut(&Path) -> bool) {
     let mut todo = vec![root.to_owned()];
     while let Some(dir) = todo.pop() {
         if !visit(&dir) {
@@ -44,7 +44,7 @@ pub fn walk(root: &Path, mut visit: impl FnMut(&Path) -> bool) {
 }
 
 /// Directories in the tree at `root`, `root` included: the live cgroups of a hierarchy.
-pub fn count_dirs(root: &Path) -> u64 {
+pub(crate) fn count_dirs(root: &Path) -> u64 {
     let mut n = 0;
     walk(root, |_| {
         n += 1;
@@ -56,7 +56,7 @@ pub fn count_dirs(root: &Path) -> u64 {
 /// Paths (within the hierarchy) of the cgroup v2 ids in `wanted`, found by walking the
 /// cgroup2 tree: a cgroup's id is its directory's inode number. Ids of cgroups already
 /// removed stay unknown.
-pub fn cgroup2_paths(wanted: &[u64]) -> HashMap<u64, String> {
+pub(crate) fn cgroup2_paths(wanted: &[u64]) -> HashMap<u64, String> {
     let mut found = HashMap::new();
     let Some(mount) = super::cgroup2_mount() else {
         return found;

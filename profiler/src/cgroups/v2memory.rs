@@ -14,7 +14,7 @@ use super::{stat_value, subdirs};
 
 /// Dying memcgs of one cgroup2 subtree.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MemorySubtree {
+pub(crate) struct MemorySubtree {
     pub path: PathBuf,
     /// Dying memcgs at and below it.
     pub dying: u64,
@@ -25,7 +25,7 @@ pub struct MemorySubtree {
 
 /// cgroup2's dying memcgs, with memory enabled below the root.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct V2Memory {
+pub(crate) struct V2Memory {
     /// The cgroup2 mount point.
     pub mount: PathBuf,
     /// Dying memcgs on the whole host.
@@ -41,7 +41,7 @@ pub struct V2Memory {
 
 /// Dying memcgs at and below `dir`, and the key they were read from; None when its
 /// children have no memory controller (or it is unreadable).
-pub fn dying_memcgs(dir: &Path) -> Option<(u64, &'static str)> {
+pub(crate) fn dying_memcgs(dir: &Path) -> Option<(u64, &'static str)> {
     let stat = std::fs::read_to_string(dir.join("cgroup.stat")).ok()?;
     if let Some(n) = stat_value(&stat, "nr_dying_subsys_memory") {
         return Some((n, "nr_dying_subsys_memory"));
@@ -95,7 +95,7 @@ fn holder(root: &Path, total: u64) -> Option<MemorySubtree> {
 
 /// The figures under the cgroup2 mount `root`; None when memory is not enabled below it
 /// (a host whose memory controller is bound to v1).
-pub fn v2_memory(root: &Path) -> Option<V2Memory> {
+pub(crate) fn v2_memory(root: &Path) -> Option<V2Memory> {
     let (dying, source) = dying_memcgs(root)?;
     let subtrees: Vec<MemorySubtree> = ranked_children(root)
         .into_iter()

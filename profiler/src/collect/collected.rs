@@ -2,15 +2,12 @@
 //! facts, Python names and cgroup paths that name them, as plain data with no live state (no
 //! ring, no filters, no hooks). Symbolizing consumes it (`symbolize::build_profile`) on any
 //! thread while the live `Collection` goes on collecting.
-use std::{
-    collections::{BTreeMap, HashMap},
-    sync::Arc,
-};
+use std::collections::HashMap;
 
 use profiler_common::python::PyFrame;
 
-use super::{RawSample, SpaceId, StackTable, UserFile, UserLoc};
-use crate::profile::{Lifetime, Process};
+use super::{RawSample, StackTable};
+use crate::process::{ProcessFacts, SpaceId};
 
 /// One span of the recording (a window, or a whole recording), collected.
 #[derive(Default)]
@@ -29,21 +26,6 @@ pub(crate) struct Collected {
     /// Paths of the cgroup v2 ids the samples carry ("" if the cgroup was gone).
     pub cgroup_paths: HashMap<u64, String>,
     pub counts: Counts,
-}
-
-/// What this span's user addresses need of the process table: shared files, the location of
-/// each address, JIT names, and the processes and lifetimes to show.
-#[derive(Default)]
-pub(crate) struct ProcessFacts {
-    pub processes: BTreeMap<u32, Process>,
-    /// Indexed by `UserLoc::File::file`; shared with the live table.
-    pub files: Vec<Arc<UserFile>>,
-    pub locs: HashMap<(SpaceId, u64), UserLoc>,
-    /// Indexed by `UserLoc::Named`.
-    pub jit_names: crate::util::Dense<String>,
-    /// Fork, exec and exit of the processes the comm filter keeps, times as offsets from
-    /// the span's start.
-    pub lifetimes: Vec<Lifetime>,
 }
 
 /// What was dropped or cut short while collecting a span.

@@ -1,21 +1,12 @@
-//! Second stage: drain the sampler's ring buffer as samples arrive (tokio), intern their raw
-//! stacks, and note what must be read while a process still lives: its exe, and where each
-//! user address falls in its mappings (`process`, from the kernel's own records:
-//! `kernel_records`). Symbolization comes after, from this.
+//! Second stage: drain the sampler's ring buffer as samples arrive (tokio) and intern their
+//! raw stacks, handing the process facts that come with them (the kernel's records, exit
+//! statuses, the addresses samples reach) to `process` while the processes still live.
+//! Symbolization comes after, from what a cut hands on (`Collected`).
 mod cgroup_paths;
 mod collected;
 mod copies;
-mod events;
-mod files;
 mod filters;
 mod frames;
-mod jit;
-mod kernel_records;
-mod lifetimes;
-mod mappings;
-mod perfmap;
-mod process;
-pub(crate) mod untrusted;
 
 use std::{collections::HashMap, future::Future, time::Duration};
 
@@ -25,17 +16,14 @@ use profiler_common::{
 };
 use tokio::io::unix::AsyncFd;
 
-pub(crate) use collected::{Collected, Counts, ProcessFacts};
-pub(crate) use events::ProcessEvents;
-use events::{mapped_and_exited, sampled_pids};
-pub(crate) use files::UserFile;
+pub(crate) use collected::{Collected, Counts};
 pub(crate) use filters::{CgroupFilter, CommFilter};
 pub(crate) use frames::truncation_name;
 use frames::{callsites, callsites_of, py_frames, with_truncation_marker};
-pub(crate) use kernel_records::{KernelRecord, KernelRecords};
-pub use perfmap::{PerfMap, ns_pid};
-pub(crate) use process::{
-    ProcessTable, SpaceId, TableBounds, UserLoc, procmap_query_supported, space_id, space_pid,
+
+use crate::process::{
+    KernelRecord, NewProcessHook, ProcessEvent, ProcessEvents, ProcessTable, SpaceId, TableBounds,
+    mapped_and_exited, sampled_pids,
 };
 
 /// A sample as received, with its stacks interned but not yet symbolized.
@@ -111,9 +99,6 @@ pub(crate) struct Collection {
     /// first `run_until`.
     records_full: Option<AsyncFd<std::os::fd::OwnedFd>>,
 }
-
-/// See `Collection::on_new_process`.
-pub(crate) type NewProcessHook = Box<dyn FnMut(crate::unwind::ProcessEvent) + Send>;
 
 impl Collection {
     pub(crate) fn new(filter: CommFilter) -> Self {
@@ -253,7 +238,7 @@ impl Collection {
     /// Forgets exited processes (and the Python names of generations that exec'd or
     /// exited); starts the table afresh when it outgrows `bounds` (then returns true: names
     /// cached by file id must go too). Call after a cut: the window took what it needs.
-    pub(crate) fn prune(&mut self, bounds: process::TableBounds) -> bool {
+    pub(crate) fn prune(&mut self, bounds: TableBounds) -> bool {
         // One listing of /proc, not a stat of /proc/PID for each pid in the tables: under
         // churn those are mostly processes gone since the last window (600 a window at 60 new
         // processes a second), each stat of a missing path a failed lookup. The tables are
@@ -328,7 +313,7 @@ impl Collection {
         // After the samples: a process's last samples come before its exit record.
         if let Some(hook) = self.new_process_hook.as_mut() {
             for &pid in self.exits.keys() {
-                hook(crate::unwind::ProcessEvent::Exited { pid });
+                hook(ProcessEvent::Exited { pid });
             }
         }
         (self.batch, self.batch_ends) = (batch, ends);
@@ -385,7 +370,7 @@ impl Collection {
         self.exits.retain(|pid, _| !unseen.contains(pid));
         for pid in mapped {
             let mappings = self.processes.unwind_mappings(pid, u64::MAX);
-            hook(crate::unwind::ProcessEvent::Mapped { pid, mappings });
+            hook(ProcessEvent::Mapped { pid, mappings });
         }
     }
 
@@ -396,9 +381,8 @@ impl Collection {
             && h.pid != 0
             && (stale || !self.processes.knows(h.pid))
         {
-            hook(crate::unwind::ProcessEvent::Sampled {
+            hook(ProcessEvent::Sampled {
                 pid: h.pid,
-                stale,
                 gone: self.exits.get(&h.pid).is_some_and(|&t| t >= h.time_ns),
                 reached: callsites(uframes).into_vec(),
                 // Now, not at the sample: the entry is for samples to come, and one from before
@@ -601,5 +585,4 @@ impl Collection {
 }
 
 #[cfg(test)]
-#[path = "collection_tests.rs"]
 mod tests;

@@ -385,5 +385,4 @@ fn crash_loop_remedy(p: &crate::profile::lifecycle::Program, f: &Findings) -> St
 }
 
 #[cfg(test)]
-#[path = "verdict_tests.rs"]
 mod tests;

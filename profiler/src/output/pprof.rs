@@ -184,5 +184,4 @@ fn samples(p: &Profile) -> Vec<PprofSample> {
 }
 
 #[cfg(test)]
-#[path = "pprof_tests.rs"]
 mod tests;

@@ -639,5 +639,4 @@ fn read_named_counters(r: &mut Reader<'_>) -> io::Result<Vec<(String, u64)>> {
 }
 
 #[cfg(test)]
-#[path = "capture_tests.rs"]
 mod tests;

@@ -287,5 +287,4 @@ pub fn programs<S: std::hash::BuildHasher>(
 }
 
 #[cfg(test)]
-#[path = "lifecycle_tests.rs"]
 mod tests;

@@ -377,5 +377,4 @@ impl Profile {
 }
 
 #[cfg(test)]
-#[path = "timeline_tests.rs"]
 pub(crate) mod tests;

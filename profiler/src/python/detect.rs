@@ -10,7 +10,7 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 use profiler_common::python::{CODE_SPAN, PyProc, entry};
 
 use super::mem::Mem;
-use crate::collect::untrusted::Root;
+use crate::process::untrusted::Root;
 
 /// Largest interpreter binary read (a libpython with DWARF is ~30 MB).
 const MAX_ELF_BYTES: u64 = 512 << 20;

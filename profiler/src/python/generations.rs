@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use profiler_common::python::{ENTRY_BIT, PyFrame};
 
 use super::{Code, PyName};
-use crate::collect::{SpaceId, space_pid};
+use crate::process::{SpaceId, space_pid};
 
 /// A Python frame's name key: (process generation, code address, instruction with its
 /// checksum). The generation keeps an exec or a reused pid from being named with the
@@ -153,7 +153,7 @@ pub(super) fn usable(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collect::space_id;
+    use crate::process::space_id;
 
     fn frame(code: u64, instr: u64) -> PyFrame {
         PyFrame { code, instr }

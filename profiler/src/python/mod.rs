@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::python::{CHECK_SHIFT, INSTR_MASK, PyFrame, PyProc, STR_HASH, check_of};
 
-use crate::collect::{SpaceId, space_id, space_pid};
+use crate::process::{SpaceId, space_id, space_pid};
 pub(crate) use detect::{CodeLayout, Lines, interpreter_named};
 pub(crate) use generations::PyKey;
 use generations::{Generations, Use};

@@ -15,7 +15,7 @@ use std::{
 
 use rusqlite::{Connection, OpenFlags, params};
 
-pub use read::{MAX_SAMPLES, Query, ReadLimits};
+pub(crate) use read::{Query, ReadLimits};
 
 use crate::profile::Profile;
 use intern::FrameKey;
@@ -23,7 +23,7 @@ use intern::FrameKey;
 type RowKey = (u32, u32, u32, u32, u64);
 
 /// The database file's name inside the data dir.
-pub const DB_FILE: &str = "profiles.db";
+pub(crate) const DB_FILE: &str = "profiles.db";
 
 /// Windows deleted by age between two collections of unused stacks and names.
 const GC_EVERY: u64 = 360;

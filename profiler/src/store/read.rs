@@ -12,7 +12,7 @@ use crate::profile::{
 };
 
 /// Samples one query may rebuild at most (about 40 bytes each in memory).
-pub const MAX_SAMPLES: u64 = 20_000_000;
+pub(crate) const MAX_SAMPLES: u64 = 20_000_000;
 
 /// What one read may rebuild at most: its memory is bounded by these, whatever the range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

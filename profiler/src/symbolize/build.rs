@@ -8,7 +8,8 @@ use super::{
     unknown_name, user::symbolize_user,
 };
 use crate::{
-    collect::{Collected, UserLoc},
+    collect::Collected,
+    process::UserLoc,
     profile::{Binary, Cgroup, Frame, FrameKind, Interner, Meta, Profile, Sample},
     python::merge::is_eval_loop,
 };

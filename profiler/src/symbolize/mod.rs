@@ -12,7 +12,7 @@ mod user;
 use std::collections::HashMap;
 
 pub(crate) use build::build_profile;
-pub(crate) use debuginfo::{file_build_id, find_debug_file};
+
 pub(crate) use kernel::KernelSym;
 pub use kernel::KernelSymbols;
 pub(crate) use user::UserSymbolizer;

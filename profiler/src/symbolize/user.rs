@@ -9,7 +9,7 @@ use blazesym::symbolize::{
 };
 
 use super::{NameCache, Names, Unknown, debuginfo};
-use crate::collect::{ProcessFacts, UserFile, UserLoc};
+use crate::process::{ProcessFacts, UserFile, UserLoc};
 
 /// Marks a frame that exists only in DWARF (`--inline`): the code was inlined into its caller.
 pub(super) const INLINED_SUFFIX: &str = " (inlined)";
@@ -172,7 +172,7 @@ fn debug_file_names(
     if missing.is_empty() {
         return;
     }
-    let Some(debug) = debuginfo::find_debug_file(path, &f.path, f.build_id.as_deref()) else {
+    let Some(debug) = crate::process::find_debug_file(path, &f.path, f.build_id.as_deref()) else {
         return;
     };
     let wanted: Vec<u64> = missing.iter().map(|&i| offsets[i]).collect();
@@ -213,9 +213,9 @@ mod tests {
     fn debug_files_are_kept_across_windows() {
         let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
         let data = std::fs::read(libc).unwrap();
-        let id = debuginfo::file_build_id(&File::open(libc).unwrap());
+        let id = crate::process::file_build_id(&File::open(libc).unwrap());
         let open = || {
-            debuginfo::find_debug_file(libc, libc, id.as_deref())
+            crate::process::find_debug_file(libc, libc, id.as_deref())
                 .expect("libc's debug file (cargo xtask setup installs it)")
         };
         let user = UserSymbolizer::default();

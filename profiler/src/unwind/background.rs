@@ -13,8 +13,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::process::{MappingSpec, ProcessEvent};
+
 use super::{
-    Loader, LoaderStats, MappingSpec, ProcessEvent, TablePolicy,
+    Loader, LoaderStats, TablePolicy,
     loader::BinaryKey,
     pool::{self, CompilePool, Compiled, Submitted},
     proc_mappings,
@@ -28,7 +30,7 @@ enum Job {
     Stop,
 }
 
-pub struct BackgroundLoader {
+pub(crate) struct BackgroundLoader {
     tx: Option<mpsc::Sender<Job>>,
     loader: Arc<Mutex<Loader>>,
     /// A copy of the loader's stats, readable while the thread holds the loader.
@@ -201,7 +203,7 @@ fn request(
 
 impl BackgroundLoader {
     /// Starts the loader thread and `pool::DEFAULT_THREADS` compile threads.
-    pub fn spawn(mut loader: Loader, policy: TablePolicy) -> std::io::Result<Self> {
+    pub(crate) fn spawn(mut loader: Loader, policy: TablePolicy) -> std::io::Result<Self> {
         let reached = (policy == TablePolicy::Reached).then(Arc::default);
         if let Some(r) = &reached {
             loader.set_reached(Arc::clone(r));
@@ -246,11 +248,10 @@ impl BackgroundLoader {
     /// exec of a known program is walked by table from its first samples; a process that
     /// was sampled gets its new libraries' tables built too. A process already gone is
     /// skipped (its samples stay walked by frame pointer).
-    pub fn submit(&self, event: ProcessEvent) {
+    pub(crate) fn submit(&self, event: ProcessEvent) {
         match event {
             ProcessEvent::Sampled {
                 pid,
-                stale: _,
                 gone: true,
                 mappings: Some(mappings),
                 reached,
@@ -264,7 +265,6 @@ impl BackgroundLoader {
             }
             ProcessEvent::Sampled {
                 pid,
-                stale: _,
                 gone: _,
                 mappings,
                 reached,
@@ -375,19 +375,13 @@ impl BackgroundLoader {
         }
     }
 
-    /// The collector's hook (`Collection::on_new_process`).
-    pub fn hook(self: &Arc<Self>) -> crate::collect::NewProcessHook {
-        let me = Arc::clone(self);
-        Box::new(move |event| me.submit(event))
-    }
-
     /// The loader's disk cache of tables, for the collector's walks of stack copies.
-    pub fn cache(&self) -> Option<super::cache::TableCache> {
+    pub(crate) fn cache(&self) -> Option<super::cache::TableCache> {
         self.loader.lock().ok()?.cache().cloned()
     }
 
     /// What was loaded so far.
-    pub fn stats(&self) -> LoaderStats {
+    pub(crate) fn stats(&self) -> LoaderStats {
         self.stats.lock().map(|s| *s).unwrap_or_default()
     }
 }

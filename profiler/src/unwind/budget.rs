@@ -6,14 +6,14 @@ use std::collections::BTreeMap;
 
 /// Free ranges of a fixed array of rows.
 #[derive(Debug)]
-pub struct RowSpace {
+pub(crate) struct RowSpace {
     capacity: u32,
     /// start -> length, not overlapping, never adjacent (merged when freed).
     free: BTreeMap<u32, u32>,
 }
 
 impl RowSpace {
-    pub fn new(capacity: u32) -> Self {
+    pub(crate) fn new(capacity: u32) -> Self {
         let mut free = BTreeMap::new();
         if capacity > 0 {
             free.insert(0, capacity);
@@ -22,16 +22,16 @@ impl RowSpace {
     }
 
     /// Rows in use.
-    pub fn used(&self) -> u32 {
+    pub(crate) fn used(&self) -> u32 {
         self.capacity - self.free.values().sum::<u32>()
     }
 
-    pub fn capacity(&self) -> u32 {
+    pub(crate) fn capacity(&self) -> u32 {
         self.capacity
     }
 
     /// The start of `len` free rows, now taken; None when no free range is that long.
-    pub fn alloc(&mut self, len: u32) -> Option<u32> {
+    pub(crate) fn alloc(&mut self, len: u32) -> Option<u32> {
         if len == 0 {
             return None;
         }
@@ -44,7 +44,7 @@ impl RowSpace {
     }
 
     /// Gives back rows `start..start + len` (taken by `alloc`).
-    pub fn release(&mut self, start: u32, len: u32) {
+    pub(crate) fn release(&mut self, start: u32, len: u32) {
         if len == 0 {
             return;
         }

@@ -37,7 +37,7 @@ const KINDS: [u8; 7] = [
     kind::SIGNAL,
 ];
 /// Default bound of the directory: a few hundred binaries' tables.
-pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+pub(crate) const DEFAULT_MAX_BYTES: u64 = 256 << 20;
 
 /// Room a table write leaves free on the cache's disk: this, or a quarter of a smaller disk.
 const KEEP_FREE: u64 = 1 << 30;
@@ -169,7 +169,7 @@ pub fn decode(bytes: &[u8], compiler: &[u8; 20]) -> Result<Table, CacheError> {
 /// The bytes are hashed a few MB at a time, each let go of once hashed (`Image::done_with`),
 /// and once per file identity while the profiler runs: librustc_driver, 150 MB, has no build
 /// id, and every new rustc process that maps it asks for its table.
-pub fn key(image: &impl super::table::Image) -> String {
+pub(crate) fn key(image: &impl super::table::Image) -> String {
     use object::Object as _;
     let build_id = object::File::parse(&**image)
         .ok()
@@ -394,7 +394,7 @@ fn own_build_id() -> [u8; 20] {
     let Ok(exe) = File::open("/proc/self/exe") else {
         return out;
     };
-    match crate::symbolize::file_build_id(&exe) {
+    match crate::process::file_build_id(&exe) {
         Some(id) => {
             let n = id.len().min(20);
             out[..n].copy_from_slice(&id[..n]);

@@ -11,17 +11,19 @@ use std::{
 
 use profiler_common::unwind::{COPY_HEADER_BYTES, MAX_FRAMES, StackCopy, UnwindRow, kind, reason};
 
+use crate::process::MappingSpec;
+
 use super::{
     TablePolicy, UnwindMode,
     cache::TableCache,
-    files::{BinaryKey, MappingSpec, memmap},
+    files::{BinaryKey, memmap},
     pool::Compiled,
     table,
 };
 
 /// A record's stack copy: the registers and the bytes from `regs.sp` up.
 #[derive(Clone, Copy, Debug)]
-pub struct Copy<'a> {
+pub(crate) struct Copy<'a> {
     pub regs: StackCopy,
     pub stack: &'a [u8],
 }
@@ -29,7 +31,7 @@ pub struct Copy<'a> {
 impl<'a> Copy<'a> {
     /// Reads the copy at the end of a record (what follows its last frame); None when it is
     /// cut short (never trusted: the length is checked against what is there).
-    pub fn parse(trailer: &'a [u8]) -> Option<Self> {
+    pub(crate) fn parse(trailer: &'a [u8]) -> Option<Self> {
         let word = |i: usize| {
             let b = trailer.get(i * 8..i * 8 + 8)?;
             Some(u64::from_ne_bytes(b.try_into().ok()?))
@@ -56,7 +58,7 @@ impl<'a> Copy<'a> {
 /// One binary as the walk sees it: by frame pointer (with its STOP rows, Go's thread
 /// entries) or by its rows.
 #[derive(Debug, Default)]
-pub struct Rows {
+pub(crate) struct Rows {
     pub by_frame_pointer: bool,
     pub rows: Vec<UnwindRow>,
 }
@@ -71,7 +73,7 @@ impl Rows {
 
 /// One executable mapping of the process: [start, end), bias (address - file vaddr).
 #[derive(Clone, Debug)]
-pub struct Mapped {
+pub(crate) struct Mapped {
     pub start: u64,
     pub end: u64,
     pub bias: u64,
@@ -82,7 +84,7 @@ pub struct Mapped {
 /// addresses as the kernel walk writes them) and why it stopped (`reason::NONE` at the entry).
 /// Every rule is the kernel walk's; a read outside the copy is a read fault, as a read of
 /// unmapped memory is there.
-pub fn walk(maps: &[Mapped], copy: &Copy<'_>) -> (Vec<u64>, u32) {
+pub(crate) fn walk(maps: &[Mapped], copy: &Copy<'_>) -> (Vec<u64>, u32) {
     let (mut ip, mut sp, mut bp) = (copy.regs.ip, copy.regs.sp, copy.regs.bp);
     let mut frames = Vec::new();
     let mut exact = false;
@@ -209,7 +211,7 @@ type Deferred = (Vec<u8>, Arc<Vec<MappingSpec>>, Option<BinaryKey>);
 type Tables = Arc<Mutex<HashMap<BinaryKey, Option<Arc<Rows>>>>>;
 
 /// What to do with a record that carries a stack copy (`CopyUnwinder::offer`).
-pub enum Offer {
+pub(crate) enum Offer {
     /// Walked: the frames and why the walk stopped.
     Walked(Vec<u64>, u32),
     /// Kept until the tables it needs are compiled (`CopyUnwinder::take_ready`).
@@ -221,7 +223,7 @@ pub enum Offer {
 /// pool (which builds the same ones for the kernel: a copy is only made until that is done,
 /// for a process's first samples), so the reader that drains the ring buffer never waits
 /// for a compile: a record whose tables are not ready yet is kept and added when they are.
-pub struct CopyUnwinder {
+pub(crate) struct CopyUnwinder {
     tables: Tables,
     /// Binaries sent to the compile thread.
     asked: std::collections::HashSet<BinaryKey>,
@@ -251,7 +253,7 @@ pub struct CopyUnwinder {
 }
 
 impl CopyUnwinder {
-    pub fn new(
+    pub(crate) fn new(
         mode: UnwindMode,
         policy: TablePolicy,
         cache: Option<TableCache>,
@@ -302,7 +304,7 @@ impl CopyUnwinder {
     /// else keeps the record for later (and has the missing tables compiled). `mappings`
     /// are the kernel records' when they hold its whole space; None reads /proc's
     /// (`PROC_MAPS_FOR`).
-    pub fn offer(
+    pub(crate) fn offer(
         &mut self,
         record: &[u8],
         copy_at: usize,
@@ -413,7 +415,7 @@ impl CopyUnwinder {
     /// first, with the mappings they were kept with, to be offered again (`retake` first):
     /// they are walked then, kept again only when not `force` and the walk reaches another
     /// binary without its table (`TablePolicy::Reached`: one more binary a turn).
-    pub fn take_ready(&mut self, force: bool) -> Vec<(Vec<u8>, Arc<Vec<MappingSpec>>)> {
+    pub(crate) fn take_ready(&mut self, force: bool) -> Vec<(Vec<u8>, Arc<Vec<MappingSpec>>)> {
         self.sweep(Instant::now());
         let mut out = Vec::new();
         let mut keep = VecDeque::new();
@@ -469,18 +471,18 @@ impl CopyUnwinder {
     }
 
     /// The next record offered is one `take_ready` handed back, kept with `mappings`.
-    pub fn retake(&mut self, mappings: Arc<Vec<MappingSpec>>) {
+    pub(crate) fn retake(&mut self, mappings: Arc<Vec<MappingSpec>>) {
         self.retaken = Some(mappings);
     }
 
     /// Ends a `take_ready` hand-out.
-    pub fn done_forcing(&mut self) {
+    pub(crate) fn done_forcing(&mut self) {
         self.forcing = false;
         self.retaken = None;
     }
 
     /// Whether records wait for tables still being compiled.
-    pub fn waiting(&self) -> bool {
+    pub(crate) fn waiting(&self) -> bool {
         let Ok(tables) = self.tables.lock() else {
             return false;
         };
@@ -494,7 +496,7 @@ impl CopyUnwinder {
     }
 
     /// Walks `copy` over the process's `mappings` with the tables there are.
-    pub fn unwind(&mut self, mappings: &[MappingSpec], copy: &Copy<'_>) -> (Vec<u64>, u32) {
+    pub(crate) fn unwind(&mut self, mappings: &[MappingSpec], copy: &Copy<'_>) -> (Vec<u64>, u32) {
         let maps: Vec<Mapped> = mappings.iter().filter_map(|m| self.mapped(m)).collect();
         walk(&maps, copy)
     }
@@ -552,5 +554,4 @@ fn rows_of(mode: UnwindMode, m: &MappingSpec, cache: Option<&TableCache>) -> Opt
 }
 
 #[cfg(test)]
-#[path = "copied_tests.rs"]
 mod tests;

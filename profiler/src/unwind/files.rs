@@ -1,58 +1,10 @@
 //! The files the unwinder reads: a process's executable mappings as the collector reports
 //! them (`MappingSpec`: where, which file, its identity) and read-only views of their bytes
 //! for the table compiler. Used by the `loader` and the compile `pool`.
-use std::{fs::File, os::unix::fs::MetadataExt as _, path::PathBuf, sync::Arc};
-
-/// One executable file mapping of a process.
-#[derive(Clone, Debug)]
-pub struct MappingSpec {
-    pub start: u64,
-    pub end: u64,
-    /// Offset in the file of `start`.
-    pub file_offset: u64,
-    /// A path that reads the file now (e.g. through /proc/PID/root), for logs and when
-    /// `file` is None.
-    pub path: PathBuf,
-    /// The mapped file itself, opened by the collector when the kernel reported the mapping
-    /// (so it reads after the process exited, or in another mount namespace).
-    pub file: Option<Arc<File>>,
-    /// (device, inode) of `file` when the collector knows it already; else `key` reads it.
-    pub key: Option<(u64, u64)>,
-}
-
-impl PartialEq for MappingSpec {
-    fn eq(&self, o: &Self) -> bool {
-        (self.start, self.end, self.file_offset, &self.path)
-            == (o.start, o.end, o.file_offset, &o.path)
-    }
-}
-impl Eq for MappingSpec {}
-
-impl MappingSpec {
-    pub(super) fn open(&self) -> Option<File> {
-        match &self.file {
-            Some(f) => f.try_clone().ok(),
-            None => File::open(&self.path).ok(),
-        }
-    }
-
-    /// (device, inode) of the file, without opening it when it is open already, and without
-    /// a syscall when the collector read it when it opened the file (a process's mappings
-    /// are looked up at each load: an fstat each was 4% of the agent's CPU under churn).
-    pub(super) fn key(&self) -> Option<(u64, u64)> {
-        if let Some(k) = self.key {
-            return Some(k);
-        }
-        let meta = match &self.file {
-            Some(f) => f.metadata().ok()?,
-            None => std::fs::metadata(&self.path).ok()?,
-        };
-        Some((meta.dev(), meta.ino()))
-    }
-}
+use std::os::unix::fs::MetadataExt as _;
 
 /// A binary's identity: (device, inode).
-pub type BinaryKey = (u64, u64);
+pub(crate) type BinaryKey = (u64, u64);
 
 /// A read-only view of a file's bytes.
 pub(super) struct Mmap {
@@ -125,31 +77,8 @@ pub(super) unsafe fn memmap(file: &std::fs::File) -> Option<Mmap> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::fs::File;
 
-    /// The identity the collector read when it opened the file is used as it is: no stat
-    /// (here the path does not even exist).
-    #[test]
-    fn a_known_identity_needs_no_stat() {
-        let m = |key| MappingSpec {
-            start: 0x1000,
-            end: 0x2000,
-            file_offset: 0,
-            path: "/nonexistent/profiler-test/lib.so".into(),
-            file: None,
-            key,
-        };
-        assert_eq!(m(Some((7, 42))).key(), Some((7, 42)));
-        assert_eq!(
-            m(None).key(),
-            None,
-            "unknown: read from the path, which is missing"
-        );
-    }
-}
-
-#[cfg(test)]
-mod resident_tests {
     use super::*;
 
     /// kB resident of this process's mapping that starts at `at` (/proc/self/smaps).

@@ -215,5 +215,4 @@ pub fn lookup(
 }
 
 #[cfg(test)]
-#[path = "kernel_rows_tests.rs"]
 mod tests;

@@ -18,6 +18,8 @@ use profiler_common::unwind::{
     MAX_MAPPINGS, ProcMappings, UnwindMapping, UnwindRow, UnwindRule, mapping,
 };
 
+use crate::process::MappingSpec;
+
 use super::{
     LoaderStats, UnwindMode,
     budget::RowSpace,
@@ -28,10 +30,9 @@ use super::{
     table,
 };
 
-pub use super::files::{BinaryKey, MappingSpec};
+pub(crate) use super::files::BinaryKey;
 
 /// Eviction: room for a table in UNWIND_ROWS (`make_room`).
-#[path = "loader_evict.rs"]
 mod evict;
 
 /// Tables compiled and not yet taken by a process, at most (see `pool::Ready`).
@@ -67,7 +68,7 @@ impl Binary {
     }
 }
 
-pub struct Loader {
+pub(crate) struct Loader {
     mode: UnwindMode,
     /// The part of UNWIND_ROWS mapped here; declared before `_rows_map` so it is unmapped
     /// before the map's fd closes.
@@ -101,7 +102,7 @@ const RETRY_OVER_BUDGET: std::time::Duration = std::time::Duration::from_secs(1)
 
 impl Loader {
     /// Takes the three maps of the loaded sampler; `capacity` is UNWIND_ROWS's entry count.
-    pub fn new(
+    pub(crate) fn new(
         mode: UnwindMode,
         rows: Map,
         capacity: u32,
@@ -139,17 +140,17 @@ impl Loader {
     }
 
     /// Reads tables from `cache` before compiling them, and keeps those it compiles there.
-    pub fn set_cache(&mut self, cache: super::cache::TableCache) {
+    pub(crate) fn set_cache(&mut self, cache: super::cache::TableCache) {
         self.cache = Some(cache);
     }
 
     /// The disk cache, for compilers running beside the loader (`pool`).
-    pub fn cache(&self) -> Option<&super::cache::TableCache> {
+    pub(crate) fn cache(&self) -> Option<&super::cache::TableCache> {
         self.cache.as_ref()
     }
 
     /// Loads only the binaries in `reached` (and those compiled already): `TablePolicy::Reached`.
-    pub fn set_reached(&mut self, reached: Arc<Mutex<HashSet<BinaryKey>>>) {
+    pub(crate) fn set_reached(&mut self, reached: Arc<Mutex<HashSet<BinaryKey>>>) {
         self.reached = Some(reached);
     }
 
@@ -167,20 +168,24 @@ impl Loader {
 
     /// Hands over a table compiled elsewhere (`pool`): the next process that maps binary
     /// `key` loads it without compiling.
-    pub fn add_compiled(&mut self, key: BinaryKey, compiled: Compiled) {
+    pub(crate) fn add_compiled(&mut self, key: BinaryKey, compiled: Compiled) {
         self.ready.insert(key, compiled);
     }
 
     /// Loads the executable mappings of `pid` (and the tables of binaries not loaded yet)
     /// into the kernel. From then on its samples are walked by table.
-    pub fn load_process(&mut self, pid: u32, mappings: &[MappingSpec]) -> std::io::Result<()> {
+    pub(crate) fn load_process(
+        &mut self,
+        pid: u32,
+        mappings: &[MappingSpec],
+    ) -> std::io::Result<()> {
         self.load_process_pending(pid, mappings, &HashSet::new())
     }
 
     /// `load_process`, with the binaries in `pending` (their tables are being compiled)
     /// marked `mapping::PENDING`: the process's other binaries are walked by table at once,
     /// a walk that reaches a pending one stops as not loaded (and its stack is copied).
-    pub fn load_process_pending(
+    pub(crate) fn load_process_pending(
         &mut self,
         pid: u32,
         mappings: &[MappingSpec],
@@ -247,7 +252,7 @@ impl Loader {
     }
 
     /// `pid` exited: its kernel entry goes, and its binaries lose a user.
-    pub fn forget_process(&mut self, pid: u32) {
+    pub(crate) fn forget_process(&mut self, pid: u32) {
         let old = self.loaded.remove(&pid);
         if old.is_some() {
             let _ = self.procs.remove(&pid);
@@ -262,21 +267,16 @@ impl Loader {
         self.drop_users(old);
     }
 
-    /// Whether `pid`'s mappings are in the kernel.
-    pub fn is_loaded(&self, pid: u32) -> bool {
-        self.loaded.contains_key(&pid)
-    }
-
     /// Whether every binary of `mappings` has been compiled already (loading them is then
     /// a few syscalls, no table to build).
-    pub fn knows_all(&self, mappings: &[MappingSpec]) -> bool {
+    pub(crate) fn knows_all(&self, mappings: &[MappingSpec]) -> bool {
         self.missing(mappings).next().is_none()
     }
 
     /// The mappings of `mappings` whose binary's table would be compiled by loading them
     /// (neither loaded nor handed over by `add_compiled`, nor left unreached), with the
     /// binary's key.
-    pub fn missing<'a>(
+    pub(crate) fn missing<'a>(
         &'a self,
         mappings: &'a [MappingSpec],
     ) -> impl Iterator<Item = (BinaryKey, &'a MappingSpec)> + 'a {

@@ -2,53 +2,25 @@
 //! binary's .eh_frame into rows (on the `pool`'s threads), `loader` puts the rows (in the
 //! kernel's 4-byte form, `kernel_rows`) and each process's mappings into the kernel maps that the sampler's table walk (profiler-ebpf
 //! `unwind`) reads.
-pub mod background;
-pub mod budget;
-pub mod cache;
-pub mod copied;
-pub mod files;
-pub mod kernel_rows;
-pub mod loader;
-pub mod pool;
-pub mod procmaps;
-pub mod report;
-pub mod rows_view;
-pub mod table;
-pub mod vdso;
+pub(crate) mod background;
+pub(crate) mod budget;
+pub(crate) mod cache;
+pub(crate) mod copied;
+pub(crate) mod files;
+pub(crate) mod kernel_rows;
+pub(crate) mod loader;
+pub(crate) mod pool;
+pub(crate) mod procmaps;
+pub(crate) mod report;
+pub(crate) mod rows_view;
+pub(crate) mod table;
+pub(crate) mod vdso;
 
-pub use background::BackgroundLoader;
-pub use copied::CopyUnwinder;
-pub use loader::{Loader, MappingSpec};
-pub use procmaps::proc_mappings;
-pub use report::LoaderStats;
-
-/// What the collector tells the loader about a process (`collect::NewProcessHook`).
-#[derive(Debug)]
-pub enum ProcessEvent {
-    /// A sample of `pid`: its first, or one whose walk left the loaded mappings (`stale`).
-    /// `mappings` are the kernel's (MMAP2 records) when they hold the process's whole
-    /// address space; None: a process from before the recording, read from /proc.
-    Sampled {
-        pid: u32,
-        stale: bool,
-        /// The process had exited by the time its sample was read: nothing is loaded for
-        /// it, but its binaries' tables are built (its stack copies are walked with them).
-        gone: bool,
-        mappings: Option<Vec<MappingSpec>>,
-        /// The user addresses the sample's walk reached, leaf first (`TablePolicy::Reached`
-        /// compiles the tables of their binaries only).
-        reached: Vec<u64>,
-    },
-    /// The kernel reported new executable mappings of `pid` (an exec, ld.so, a dlopen);
-    /// `mappings` is its whole space now, None for a process from before the recording
-    /// (read from /proc if it was sampled). Loaded at once when that costs no table build.
-    Mapped {
-        pid: u32,
-        mappings: Option<Vec<MappingSpec>>,
-    },
-    /// `pid` exited: its kernel entry goes, and its binaries may be evicted.
-    Exited { pid: u32 },
-}
+pub(crate) use background::BackgroundLoader;
+pub(crate) use copied::CopyUnwinder;
+pub(crate) use loader::Loader;
+pub(crate) use procmaps::proc_mappings;
+pub(crate) use report::LoaderStats;
 
 /// Which binaries of a sampled process get their unwind tables (`--unwind-tables`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -13,18 +13,20 @@ use std::{
     sync::{Arc, Condvar, Mutex},
 };
 
+use crate::process::MappingSpec;
+
 use super::{
     cache::TableCache,
-    files::{BinaryKey, MappingSpec, memmap},
+    files::{BinaryKey, memmap},
     table::TableError,
 };
 
 /// Threads by default: one for each lane.
-pub const DEFAULT_THREADS: usize = 2;
+pub(crate) const DEFAULT_THREADS: usize = 2;
 
 /// Files below this size go to the small lane (libc is 2 MiB, python3.11 7 MiB, rustc's
 /// librustc_driver 150 MiB).
-pub const SMALL_BYTES: u64 = 8 << 20;
+pub(crate) const SMALL_BYTES: u64 = 8 << 20;
 
 /// Binaries queued in each lane at most: beyond, `submit` refuses and the loader asks again
 /// when the next table is done (the process waits, walked by frame pointer).
@@ -32,7 +34,7 @@ const MAX_QUEUED: usize = 512;
 
 /// What `CompilePool::submit` did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Submitted {
+pub(crate) enum Submitted {
     /// Queued now or before: its result comes to `done`.
     Queued,
     /// Its lane is full: ask again later.
@@ -42,7 +44,7 @@ pub enum Submitted {
 }
 
 /// Called on a compile thread with each binary's result.
-pub type Done = Box<dyn Fn(BinaryKey, Compiled) + Send + Sync>;
+pub(crate) type Done = Box<dyn Fn(BinaryKey, Compiled) + Send + Sync>;
 
 struct Task {
     key: BinaryKey,
@@ -65,13 +67,17 @@ struct Shared {
     wake: Condvar,
 }
 
-pub struct CompilePool {
+pub(crate) struct CompilePool {
     shared: Arc<Shared>,
 }
 
 impl CompilePool {
     /// Starts `threads` compile threads (at least one), reading and writing `cache`.
-    pub fn spawn(threads: usize, cache: Option<TableCache>, done: Done) -> std::io::Result<Self> {
+    pub(crate) fn spawn(
+        threads: usize,
+        cache: Option<TableCache>,
+        done: Done,
+    ) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             lanes: Mutex::new(Lanes::default()),
             wake: Condvar::new(),
@@ -94,7 +100,7 @@ impl CompilePool {
     }
 
     /// Queues the table of `m`'s binary `key` unless it is queued already.
-    pub fn submit(&self, key: BinaryKey, m: &MappingSpec) -> Submitted {
+    pub(crate) fn submit(&self, key: BinaryKey, m: &MappingSpec) -> Submitted {
         let Ok(mut lanes) = self.shared.lanes.lock() else {
             return Submitted::Full;
         };
@@ -125,7 +131,7 @@ impl CompilePool {
 
     /// The loader took binary `key`'s result: asked for again (an evicted table, say), it
     /// is compiled again.
-    pub fn finished(&self, key: BinaryKey) {
+    pub(crate) fn finished(&self, key: BinaryKey) {
         if let Ok(mut lanes) = self.shared.lanes.lock() {
             lanes.busy.remove(&key);
         }
@@ -194,7 +200,7 @@ impl Compiled {
             let elf = object::File::parse(data).ok()?;
             elf.build_id().ok().flatten().map(<[u8]>::to_vec)
         };
-        let debug_file = |id: Option<&[u8]>| crate::symbolize::find_debug_file(path, path, id);
+        let debug_file = |id: Option<&[u8]>| crate::process::find_debug_file(path, path, id);
         // A table compiled while the debug file it wanted was missing is kept under its own
         // key, and used only while that file is still missing: installed since (by build id
         // or .gnu_debuglink), the table is compiled again with it.
@@ -275,7 +281,7 @@ fn compile(task: &Task, cache: Option<&TableCache>) -> Compiled {
 /// this held the tables of every binary ever seen. Beyond `max_rows` rows (the row array's
 /// capacity: more could never be loaded at once) or `max_tables` tables, the oldest go; a
 /// process that still wants one has it compiled again.
-pub struct Ready {
+pub(crate) struct Ready {
     tables: HashMap<BinaryKey, Compiled>,
     /// Keys oldest first; may hold keys taken since (skipped when met).
     order: VecDeque<BinaryKey>,
@@ -285,7 +291,7 @@ pub struct Ready {
 }
 
 impl Ready {
-    pub fn new(max_rows: u64, max_tables: usize) -> Self {
+    pub(crate) fn new(max_rows: u64, max_tables: usize) -> Self {
         Self {
             tables: HashMap::new(),
             order: VecDeque::new(),
@@ -299,7 +305,7 @@ impl Ready {
         c.table.as_ref().map_or(0, |t| t.rows.len() as u64)
     }
 
-    pub fn insert(&mut self, key: BinaryKey, compiled: Compiled) {
+    pub(crate) fn insert(&mut self, key: BinaryKey, compiled: Compiled) {
         self.rows += Self::rows_of(&compiled);
         if let Some(old) = self.tables.insert(key, compiled) {
             self.rows -= Self::rows_of(&old);
@@ -319,18 +325,19 @@ impl Ready {
         }
     }
 
-    pub fn take(&mut self, key: BinaryKey) -> Option<Compiled> {
+    pub(crate) fn take(&mut self, key: BinaryKey) -> Option<Compiled> {
         let c = self.tables.remove(&key)?;
         self.rows -= Self::rows_of(&c);
         Some(c)
     }
 
-    pub fn contains(&self, key: BinaryKey) -> bool {
+    pub(crate) fn contains(&self, key: BinaryKey) -> bool {
         self.tables.contains_key(&key)
     }
 
-    /// Rows held, for tests and stats.
-    pub fn rows(&self) -> u64 {
+    /// Rows held.
+    #[cfg(test)]
+    pub(crate) fn rows(&self) -> u64 {
         self.rows
     }
 }

@@ -3,11 +3,11 @@
 //! `--pid` targets loaded before sampling starts.
 use std::path::PathBuf;
 
-use super::MappingSpec;
+use crate::process::MappingSpec;
 
 /// The executable file mappings of a live process, from /proc/PID/maps, with paths that
 /// read the files through /proc/PID/root (its own mount namespace).
-pub fn proc_mappings(pid: u32) -> std::io::Result<Vec<MappingSpec>> {
+pub(crate) fn proc_mappings(pid: u32) -> std::io::Result<Vec<MappingSpec>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     let mut maps = parse_maps(&text, &format!("/proc/{pid}/root"));
     maps.extend(super::vdso::mapping(&text));

@@ -8,7 +8,7 @@ use profiler_common::unwind::{ByReason, reason};
 
 /// What the loader did, for `--stats`, /metrics and the bench.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LoaderStats {
+pub(crate) struct LoaderStats {
     /// Processes loaded (each once while it lives; a pid reused after an exit counts again).
     pub processes: u64,
     pub binaries_table: u64,
@@ -41,12 +41,12 @@ pub struct LoaderStats {
 impl LoaderStats {
     /// Kernel memory the tables take now, bytes: their slices of UNWIND_ROWS (rows and page
     /// indexes) and the rules in UNWIND_RULES, each 4 bytes.
-    pub fn table_bytes(&self) -> u64 {
+    pub(crate) fn table_bytes(&self) -> u64 {
         (self.slots_now + self.rules) * 4
     }
 
     /// The bytes UNWIND_ROWS holds (`--unwind-memory`).
-    pub fn capacity_bytes(&self) -> u64 {
+    pub(crate) fn capacity_bytes(&self) -> u64 {
         self.slots_capacity * 4
     }
 }
@@ -54,7 +54,7 @@ impl LoaderStats {
 /// The capture's named counters (`Meta::named_counters`). The per-reason counts of cut
 /// stacks are not among them: the capture's stacks carry them (their `[truncated: reason]`
 /// root frames), so `report --stats` counts them for any time slice.
-pub fn named_counters(s: &LoaderStats) -> Vec<(String, u64)> {
+pub(crate) fn named_counters(s: &LoaderStats) -> Vec<(String, u64)> {
     [
         ("unwind_table_bytes", s.table_bytes()),
         ("unwind_table_capacity_bytes", s.capacity_bytes()),
@@ -76,7 +76,7 @@ pub fn named_counters(s: &LoaderStats) -> Vec<(String, u64)> {
 }
 
 /// The `reason` label of a truncation code: its name with underscores (`not_loaded`).
-pub fn reason_label(code: usize) -> String {
+pub(crate) fn reason_label(code: usize) -> String {
     reason::NAMES
         .get(code)
         .copied()
@@ -86,7 +86,7 @@ pub fn reason_label(code: usize) -> String {
 
 /// The stack copies' figures since the start (docs/unwinding.md, Stack copies).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CopyFigures {
+pub(crate) struct CopyFigures {
     /// Samples the sampler sent with a copy of their user stack (`counter::STACK_COPIES`),
     /// of every process: the comm filter comes after.
     pub sent: u64,
@@ -100,7 +100,7 @@ pub struct CopyFigures {
 /// Prometheus text exposition (0.0.4) of the table walk: kernel memory of the tables now,
 /// the budget, evictions, binaries by walk, `truncated` (cumulative samples cut short,
 /// by `unwind::reason` code; index 0 unused) and the stack copies.
-pub fn metrics_text(s: &LoaderStats, truncated: &ByReason, copies: &CopyFigures) -> String {
+pub(crate) fn metrics_text(s: &LoaderStats, truncated: &ByReason, copies: &CopyFigures) -> String {
     let mut o = String::new();
     let mut metric = |name: &str, help: &str, kind: &str, series: &[(String, u64)]| {
         let _ = writeln!(o, "# HELP {name} {help}");

@@ -13,7 +13,7 @@ use std::os::fd::RawFd;
 /// mappings for a 64 MiB array (64) and little RSS beyond the rows in use.
 pub const CHUNK_BYTES: usize = 1 << 20;
 
-pub struct RowsView {
+pub(crate) struct RowsView {
     base: *mut u32,
     /// Reserved bytes: the array's length rounded up to a page, as the kernel checks it.
     len: usize,
@@ -37,7 +37,7 @@ impl Drop for RowsView {
 impl RowsView {
     /// Reserves the address range of an array of `capacity` entries (u32: kernel rows and
     /// page indexes, `kernel_rows`), mapping none of it.
-    pub fn new(fd: RawFd, capacity: u32) -> std::io::Result<Self> {
+    pub(crate) fn new(fd: RawFd, capacity: u32) -> std::io::Result<Self> {
         let page = crate::util::page_size();
         let len = (capacity as usize * size_of::<u32>()).next_multiple_of(page);
         // SAFETY: a fresh anonymous reservation: no access, no memory, no swap reserved.
@@ -64,7 +64,7 @@ impl RowsView {
 
     /// Entries `start..start + len` (inside the array), mapped writable: the chunks holding
     /// them are mapped first if they are not yet.
-    pub fn rows_mut(&mut self, start: u32, len: u32) -> std::io::Result<&mut [u32]> {
+    pub(crate) fn rows_mut(&mut self, start: u32, len: u32) -> std::io::Result<&mut [u32]> {
         let from = start as usize * size_of::<u32>();
         let to = from + len as usize * size_of::<u32>();
         if to > self.len {
@@ -84,7 +84,7 @@ impl RowsView {
     }
 
     /// Bytes of the array mapped into this process (what its RSS carries for the rows).
-    pub fn mapped_bytes(&self) -> u64 {
+    pub(crate) fn mapped_bytes(&self) -> u64 {
         let chunks = self.mapped.iter().filter(|m| **m).count();
         let last_short = if self.mapped.last() == Some(&true) {
             self.mapped.len() * CHUNK_BYTES - self.len

@@ -330,7 +330,7 @@ pub const GO_STACK_BASES: &[&str] = &[
 /// For a Go binary (one with `.gopclntab`, walked by frame pointer), rows that are STOP
 /// over its `GO_STACK_BASES` and NONE elsewhere (the kernel walk follows frame pointers
 /// there); empty for any other binary.
-pub fn go_stops(data: &[u8]) -> Vec<UnwindRow> {
+pub(crate) fn go_stops(data: &[u8]) -> Vec<UnwindRow> {
     use object::ObjectSymbol as _;
     let Ok(file) = object::File::parse(data) else {
         return Vec::new();
@@ -543,13 +543,12 @@ fn plt_threshold<R: gimli::Reader>(mut expr: R) -> Option<u16> {
 }
 
 #[cfg(test)]
-#[path = "table_tests.rs"]
 mod tests;
 
 /// Whether `code` is only alignment padding: `int3` or x86 `nop` forms (`90`, `66 90`,
 /// `0f 1f /0` with its ModRM, SIB and displacement, behind `66` and segment prefixes), as
 /// assemblers and linkers fill the space between functions.
-pub fn is_padding(code: &[u8]) -> bool {
+pub(crate) fn is_padding(code: &[u8]) -> bool {
     let mut i = 0;
     while i < code.len() {
         let start = i;

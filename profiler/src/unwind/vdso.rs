@@ -6,11 +6,11 @@
 //! (`/proc/self/fd/N`, one device and inode, so its table is compiled once for all).
 use std::{io::Write as _, os::fd::AsRawFd as _, path::PathBuf, sync::OnceLock};
 
-use super::MappingSpec;
+use crate::process::MappingSpec;
 
 /// The process's `[vdso]` mapping from its /proc/PID/maps text, pointing at the memfd copy
 /// of the image. None when there is no vDSO or it could not be copied.
-pub fn mapping(maps: &str) -> Option<MappingSpec> {
+pub(crate) fn mapping(maps: &str) -> Option<MappingSpec> {
     let line = maps.lines().find(|l| l.ends_with(" [vdso]"))?;
     let (start, end) = line.split_whitespace().next()?.split_once('-')?;
     Some(MappingSpec {

@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use profiler::cgroups;
+use profiler::testkit::cgroups;
 
 /// `name` under the v1 memory mount: the parent cgroup of a lab.
 fn memory_parent(name: &str) -> anyhow::Result<PathBuf> {

@@ -31,25 +31,25 @@ impl ProcessEvents {
     }
 
     /// The kernel's records of the last `read_into`, in time order.
-    pub(super) fn records(&self) -> &[KernelRecord] {
+    pub(crate) fn records(&self) -> &[KernelRecord] {
         &self.records
     }
 
     /// The processes of the last `read_into` that were born and exited within its records
     /// with no sample: nothing but their lifetimes is kept of them.
-    pub(super) fn unseen(&self) -> &FxSet<u32> {
+    pub(crate) fn unseen(&self) -> &FxSet<u32> {
         &self.unseen
     }
 
     /// A descriptor readable when the kernel's record rings fill (`KernelRecords::half_full`);
     /// None without them.
-    pub(super) fn half_full(&self) -> Option<std::os::fd::OwnedFd> {
+    pub(crate) fn half_full(&self) -> Option<std::os::fd::OwnedFd> {
         self.kernel.as_ref()?.half_full().ok()
     }
 
     /// Applies everything waiting to `table`; `sampled` holds the pids of the samples read
     /// with these records, from the ring as it was at `samples_read_ns` (CLOCK_MONOTONIC).
-    pub(super) fn read_into(
+    pub(crate) fn read_into(
         &mut self,
         table: &mut ProcessTable,
         sampled: &FxSet<u32>,
@@ -80,7 +80,7 @@ impl ProcessEvents {
 /// `KernelRecords::read` sorts them), sorted; into `exited`, every pid that exited, with the
 /// time of its last exit. A pid that exits and is reused by a new process within `records`
 /// counts as mapped when the new one maps files.
-pub(super) fn mapped_and_exited(
+pub(crate) fn mapped_and_exited(
     records: &[KernelRecord],
     exited: &mut FxMap<u32, u64>,
 ) -> Vec<u32> {
@@ -114,7 +114,7 @@ pub(super) fn mapped_and_exited(
 /// no sample in `sampled` and no child forked: under churn (60 new processes a second, most
 /// living a few milliseconds between two drains a second apart) these are most processes, and their mappings, copied from the parent at the fork and
 /// replaced at the exec, can serve no sample: only their lifetimes are kept.
-pub(super) fn unseen_lives(
+pub(crate) fn unseen_lives(
     records: &[KernelRecord],
     sampled: &FxSet<u32>,
     samples_read_ns: u64,
@@ -149,7 +149,7 @@ pub(super) fn unseen_lives(
 }
 
 /// The pids of the sample records `batch[..ends]`.
-pub(super) fn sampled_pids(batch: &[u8], ends: &[usize]) -> FxSet<u32> {
+pub(crate) fn sampled_pids(batch: &[u8], ends: &[usize]) -> FxSet<u32> {
     let at = std::mem::offset_of!(profiler_common::SampleHeader, pid);
     let mut start = 0;
     let mut pids = FxSet::default();

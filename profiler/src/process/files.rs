@@ -120,7 +120,7 @@ impl FileIds {
         let inode = handle.metadata().ok().map(|m| (m.dev(), m.ino()));
         let build_id = match identity {
             FileIdentity::BuildId(b) => Some(b.as_slice().to_vec()),
-            FileIdentity::Inode(..) => crate::symbolize::file_build_id(&handle),
+            FileIdentity::Inode(..) => crate::process::file_build_id(&handle),
         };
         let id = match (
             inode.and_then(|k| self.by_inode.get(&k).copied()),
@@ -207,7 +207,7 @@ fn same_file(f: &File, identity: &FileIdentity) -> bool {
             .metadata()
             .is_ok_and(|m| m.dev() == *dev && m.ino() == *ino),
         FileIdentity::BuildId(b) => {
-            crate::symbolize::file_build_id(f).as_deref() == Some(b.as_slice())
+            crate::process::file_build_id(f).as_deref() == Some(b.as_slice())
         }
     }
 }
@@ -318,7 +318,7 @@ mod tests {
         assert_eq!(id, Some(0));
         // The same file found by path later has the same id.
         assert_eq!(ids.by_path(&mut files, me, &exe, None), id);
-        let bogus = FileIdentity::BuildId(crate::collect::kernel_records::BuildId::new(&[1, 2, 3]));
+        let bogus = FileIdentity::BuildId(crate::process::kernel_records::BuildId::new(&[1, 2, 3]));
         assert_eq!(ids.by_identity(&mut files, me, (0, 0), &exe, &bogus), None);
     }
 }

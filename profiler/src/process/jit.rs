@@ -3,7 +3,7 @@
 //! file (`perfmap` bounds and checks it).
 use super::{
     PerfMap, SpaceId, UserLoc, perfmap,
-    process::{ProcessTable, space_pid},
+    table::{ProcessTable, space_pid},
 };
 
 impl ProcessTable {

@@ -1,8 +1,9 @@
 //! Unit tests of the live collector: what the unwind-table loader is told.
 use std::sync::{Arc, Mutex};
 
-use super::{process::tests::map_record, *};
-use crate::unwind::ProcessEvent;
+use super::*;
+use crate::process::ProcessEvent;
+use crate::process::{map_record, unseen_lives};
 
 /// A sample record as the sampler writes it: the header, then `user` addresses.
 fn sample(pid: u32, time_ns: u64, user: &[u64]) -> Vec<u8> {
@@ -127,7 +128,7 @@ fn unseen_lives_are_born_and_gone_unsampled() {
     ];
     let sampled = crate::util::FxSet::from_iter([21]);
     let mut unseen = crate::util::FxSet::default();
-    events::unseen_lives(&records, &sampled, 19, &mut unseen);
+    unseen_lives(&records, &sampled, 19, &mut unseen);
     let mut unseen: Vec<u32> = unseen.into_iter().collect();
     unseen.sort_unstable();
     assert_eq!(unseen, [20, 23]);

@@ -7,6 +7,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::Path,
+    sync::Arc,
 };
 
 use blazesym::{
@@ -22,7 +23,7 @@ use super::{
     perfmap,
 };
 use crate::{
-    profile::Process,
+    profile::{Lifetime, Process},
     util::{FxMap, FxSet},
 };
 
@@ -63,7 +64,7 @@ pub(crate) struct ProcessTable {
     /// Fork, exec and exit of every process, from the kernel.
     pub(super) lifetimes: LifetimeLog,
     /// Kernel records dropped because a ring was full: mappings may be missing.
-    pub(super) lost_records: u64,
+    pub(crate) lost_records: u64,
     /// Every (space, address) seen, resolved or not yet.
     pub(super) locs: HashMap<(SpaceId, u64), UserLoc>,
     /// Addresses seen since the last `resolve_pending`, per space.
@@ -81,14 +82,26 @@ pub(crate) struct ProcessTable {
     pub(super) parent_comms: FxMap<u32, String>,
 }
 
+/// What this span's user addresses need of the process table: shared files, the location of
+/// each address, JIT names, and the processes and lifetimes to show.
+#[derive(Default)]
+pub(crate) struct ProcessFacts {
+    pub processes: BTreeMap<u32, Process>,
+    /// Indexed by `UserLoc::File::file`; shared with the live table.
+    pub files: Vec<Arc<UserFile>>,
+    pub locs: HashMap<(SpaceId, u64), UserLoc>,
+    /// Indexed by `UserLoc::Named`.
+    pub jit_names: crate::util::Dense<String>,
+    /// Fork, exec and exit of the processes the comm filter keeps, times as offsets from
+    /// the span's start.
+    pub lifetimes: Vec<Lifetime>,
+}
+
 impl ProcessTable {
     /// What symbolizing a window needs of this table: the processes, the files (shared),
     /// the JIT names, and the locations of the window's addresses only.
-    pub(crate) fn window_facts(
-        &self,
-        addrs: impl Iterator<Item = (SpaceId, u64)>,
-    ) -> super::ProcessFacts {
-        super::ProcessFacts {
+    pub(crate) fn window_facts(&self, addrs: impl Iterator<Item = (SpaceId, u64)>) -> ProcessFacts {
+        ProcessFacts {
             processes: self.processes.clone(),
             files: self.files.clone(),
             locs: addrs
@@ -371,7 +384,7 @@ impl ProcessTable {
         &self,
         pid: u32,
         time_ns: u64,
-    ) -> Option<Vec<crate::unwind::MappingSpec>> {
+    ) -> Option<Vec<crate::process::MappingSpec>> {
         let (_, space) = self.mappings.space_at(pid, time_ns)?;
         if !space.complete {
             return None;
@@ -381,7 +394,7 @@ impl ProcessTable {
             .iter()
             .map(|m| {
                 let file = &self.files[m.file as usize];
-                Some(crate::unwind::MappingSpec {
+                Some(crate::process::MappingSpec {
                     start: m.start,
                     end: m.end,
                     file_offset: m.file_offset,
@@ -596,5 +609,4 @@ fn read_process(pid: u32) -> Process {
 }
 
 #[cfg(test)]
-#[path = "process_tests.rs"]
-pub(super) mod tests;
+pub(crate) mod tests;
