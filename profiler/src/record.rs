@@ -7,9 +7,8 @@ use std::{future::Future, time::Duration};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::{
-    bpf::BpfError,
     profile::{Counters, Profile},
-    session::{Notice, Session, SessionConfig, SessionReport},
+    session::{Notice, Session, SessionConfig, SessionError, SessionReport},
     symbolize::{KernelSymbols, NameCache, UserSymbolizer},
     util,
 };
@@ -23,16 +22,6 @@ pub(crate) struct RecordConfig {
     pub duration: Duration,
     /// Expand inlined functions from DWARF into frames of their own (`--inline`).
     pub inline: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum RecordError {
-    #[error("cannot start sampling")]
-    Sampler(#[from] BpfError),
-    #[error("reading samples failed")]
-    Io(#[from] std::io::Error),
-    #[error("cannot read /proc/kallsyms")]
-    Kallsyms(#[source] std::io::Error),
 }
 
 /// What a recording tells its front end as it goes; the CLI prints it (`cli::record`).
@@ -78,7 +67,7 @@ pub(crate) struct RecordReport {
 pub(crate) fn record_blocking(
     config: &RecordConfig,
     progress: &mut dyn FnMut(Progress<'_>),
-) -> Result<Profile, RecordError> {
+) -> Result<Profile, SessionError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -94,7 +83,7 @@ pub(crate) async fn record(
     config: &RecordConfig,
     stop: impl Future<Output = Stop>,
     progress: &mut dyn FnMut(Progress<'_>),
-) -> Result<Profile, RecordError> {
+) -> Result<Profile, SessionError> {
     let mut session = Session::start(&config.session, &mut |n| progress(Progress::Notice(n)))?;
     let secs = config.duration.as_secs_f64();
     progress(Progress::Sampling {
@@ -119,7 +108,7 @@ pub(crate) async fn record(
     progress(Progress::Stopped(stopped));
     let (window, session_report) = session.finish().await?;
     let symbolize_start = std::time::Instant::now();
-    let kernel = KernelSymbols::load().map_err(RecordError::Kallsyms)?;
+    let kernel = KernelSymbols::load().map_err(SessionError::Kallsyms)?;
     let report = RecordReport {
         counters: window.meta.counters,
         duration_ns: window.meta.duration_ns,

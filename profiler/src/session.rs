@@ -15,11 +15,21 @@ use crate::{
     collect::{CgroupFilter, Collected, Collection, CommFilter},
     process::{KernelRecords, ProcessEvents, TableBounds},
     profile::{Counters, Meta, Profile},
-    record::RecordError,
     symbolize::{self, KernelSymbols, NameCache, UserSymbolizer},
     unwind::{BackgroundLoader, Loader, LoaderStats, UnwindMode},
     util::{self, unix_now_ns},
 };
+
+/// Why the live pipeline could not start or go on.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SessionError {
+    #[error("cannot start sampling")]
+    Sampler(#[from] crate::bpf::BpfError),
+    #[error("reading samples failed")]
+    Io(#[from] std::io::Error),
+    #[error("cannot read /proc/kallsyms")]
+    Kallsyms(#[source] std::io::Error),
+}
 
 /// What to sample and how.
 #[derive(Clone, Debug)]
@@ -151,7 +161,7 @@ impl Session {
     pub(crate) fn start(
         config: &SessionConfig,
         notice: &mut dyn FnMut(Notice),
-    ) -> Result<Self, RecordError> {
+    ) -> Result<Self, SessionError> {
         let in_kernel = config.cgroups.iter().all(CgroupTarget::is_v2)
             && config.cgroups.len() <= profiler_common::MAX_CGROUP_FILTER as usize;
         let (kernel_cgroups, user_cgroups) = if in_kernel {
@@ -191,7 +201,7 @@ impl Session {
                 frequency_hz: config.frequency_hz.into(),
                 pids: &config.pids,
                 cgroups: &kernel_cgroups,
-                unwind: config.unwind,
+                table_walk: config.unwind != UnwindMode::Fp,
                 unwind_memory: config.unwind_memory,
                 python_fsbase_offset: python.map(|p| p.fsbase_offset),
                 wake_for_processes: config.wake_for_processes,
@@ -207,7 +217,7 @@ impl Session {
         let events = ProcessEvents::new(kernel_records, sampler.take_exits());
         // SAFETY: the RingBuf owns its map fd and keeps it open until the AsyncFd drops it.
         let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
-            .map_err(|e| RecordError::Io(std::io::Error::other(e.to_string())))?;
+            .map_err(|e| SessionError::Io(std::io::Error::other(e.to_string())))?;
         let mut collection = Collection::new(CommFilter(config.comms.clone()))
             .with_cgroup_filter(CgroupFilter::new(user_cgroups))
             .with_events(events);
@@ -293,7 +303,7 @@ impl Session {
         stop: impl Future<Output = ()>,
         tick: Duration,
         on_tick: impl FnMut(&Collection),
-    ) -> Result<(), RecordError> {
+    ) -> Result<(), SessionError> {
         self.collection
             .run_until(&mut self.ring, stop, tick, on_tick)
             .await?;
@@ -324,7 +334,7 @@ impl Session {
     /// since the last cut, ready to symbolize anywhere. Process facts of live processes stay
     /// for the next window; those of exited processes go (Python names of ended generations
     /// too), so memory follows the number of live processes, not the pid churn.
-    pub(crate) async fn cut(&mut self) -> Result<Window, RecordError> {
+    pub(crate) async fn cut(&mut self) -> Result<Window, SessionError> {
         let drained = self.settle().await?;
         let (meta, _) = self.meta(drained)?;
         let collected = self.collection.cut(meta.start_mono_ns);
@@ -341,7 +351,7 @@ impl Session {
 
     /// The samples since `since_mono_ns` as a window of their own, leaving the current
     /// window as it is: a profile of part of it, from the running sampler.
-    pub(crate) async fn copy_since(&mut self, since_mono_ns: u64) -> Result<Window, RecordError> {
+    pub(crate) async fn copy_since(&mut self, since_mono_ns: u64) -> Result<Window, SessionError> {
         // Up to the last drain, as a cut (see `meta`).
         let drained = self.settle().await?;
         let collected = self.collection.copy_since(since_mono_ns);
@@ -371,7 +381,7 @@ impl Session {
 
     /// Detaches the sampler and returns everything since the last cut (for `record`, the
     /// whole recording), with how the unwinder and the Python walk did.
-    pub(crate) async fn finish(mut self) -> Result<(Window, SessionReport), RecordError> {
+    pub(crate) async fn finish(mut self) -> Result<(Window, SessionReport), SessionError> {
         self.sampler.detach();
         let drained = self.settle().await?;
         let (meta, _) = self.meta(drained)?;
@@ -406,7 +416,7 @@ impl Session {
     /// Reads what is left in the ring and resolves every address and cgroup seen so far;
     /// returns when the ring was last read (monotonic ns): the samples collected are those
     /// taken before it, and any taken since are still in the ring.
-    async fn settle(&mut self) -> Result<u64, RecordError> {
+    async fn settle(&mut self) -> Result<u64, SessionError> {
         self.collection.drain(self.ring.get_mut());
         let drained = self.collection.drained_at_ns();
         // Samples whose stack copies wait for tables: their compiles are given a while,
@@ -431,7 +441,7 @@ impl Session {
     /// meanwhile, drained into the next window, had times before its start (stored at its
     /// start, several at one time, issue 11) and lost their symbols (their process gone by
     /// then). A sample still in flight at the read lies at most its program's run before it.
-    fn meta(&mut self, end_mono_ns: u64) -> Result<(Meta, KernelCounters), RecordError> {
+    fn meta(&mut self, end_mono_ns: u64) -> Result<(Meta, KernelCounters), SessionError> {
         let k = self.sampler.counters()?;
         let prev = std::mem::replace(&mut self.last_counters, k);
         let c = self.collection.counts();

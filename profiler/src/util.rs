@@ -252,7 +252,7 @@ mod tests {
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         };
         assert_eq!(chain(&e), "/x.capture: entity not found");
-        let outer = crate::record::RecordError::Kallsyms(std::io::Error::other("denied"));
+        let outer = crate::session::SessionError::Kallsyms(std::io::Error::other("denied"));
         assert_eq!(chain(&outer), "cannot read /proc/kallsyms: denied");
     }
 

@@ -7,7 +7,7 @@ use std::{
 };
 
 use crate::{
-    doctor::memcg,
+    profile::memcg,
     profile::{Counters, Profile, lifecycle},
 };
 use profiler_common::unwind::ByReason;

@@ -20,8 +20,8 @@ use metrics::Metrics;
 
 use crate::{
     bpf::Event,
-    record::RecordError,
     session::SessionConfig,
+    session::SessionError,
     store::{Store, StoreError},
     symbolize::KernelSymbols,
 };
@@ -40,7 +40,7 @@ pub(crate) enum AgentError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Record(#[from] RecordError),
+    Record(#[from] SessionError),
     #[error("cannot use the push spool in the data dir")]
     Spool(#[source] std::io::Error),
     #[error("{flag}")]
@@ -200,7 +200,7 @@ fn open(config: &AgentConfig) -> Result<(Endpoints, StageInputs), AgentError> {
     let pushers = open_pushers(config)?;
     let store_delay = test_delay(pipeline::STORE_DELAY_ENV)?;
     let settle_delay = test_delay(sampler::SETTLE_DELAY_ENV)?;
-    let kernel = KernelSymbols::load().map_err(RecordError::Kallsyms)?;
+    let kernel = KernelSymbols::load().map_err(SessionError::Kallsyms)?;
     if kernel.hidden() {
         log::warn!(
             "kernel addresses are hidden by kernel.kptr_restrict; kernel frames show as [kernel]"
@@ -315,7 +315,7 @@ impl Stages {
             Ok(Err(e)) => return Err(e.into()),
             Err(_) => {
                 return Err(
-                    RecordError::Io(std::io::Error::other("the sampler thread died")).into(),
+                    SessionError::Io(std::io::Error::other("the sampler thread died")).into(),
                 );
             }
         };

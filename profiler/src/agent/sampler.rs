@@ -18,7 +18,7 @@ use super::{
     pipeline::{Jobs, Reply, TapError},
 };
 use crate::{
-    record::RecordError,
+    session::SessionError,
     session::{Notice, Session, SessionConfig, Window},
     util,
 };
@@ -76,14 +76,14 @@ impl Stage {
     /// Starts the session (reporting how that went on `started`, with the CPUs sampled),
     /// then samples until `stop`; the last window is cut and queued (waiting, then: no more
     /// samples are coming) before the thread ends.
-    pub(crate) fn run(mut self, started: mpsc::Sender<Result<usize, RecordError>>) {
+    pub(crate) fn run(mut self, started: mpsc::Sender<Result<usize, SessionError>>) {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
         {
             Ok(r) => r,
             Err(e) => {
-                let _ = started.send(Err(RecordError::Io(e)));
+                let _ = started.send(Err(SessionError::Io(e)));
                 return;
             }
         };
@@ -106,7 +106,7 @@ impl Stage {
         });
     }
 
-    async fn sample(&mut self, session: &mut Session) -> Result<(), RecordError> {
+    async fn sample(&mut self, session: &mut Session) -> Result<(), SessionError> {
         let mut window_end = Instant::now() + self.window;
         let mut taps: Vec<Tap> = Vec::new();
         let mut taps_open = true;

@@ -23,7 +23,6 @@ use profiler_common::{
     MAX_CGROUP_FILTER, WAKEUP_FRACTION, counter, python as py, ring_buffer_bytes, unwind,
 };
 
-use crate::unwind::UnwindMode;
 use variant::{Refusal, Variant};
 
 /// The sampler object, built by build.rs from profiler-ebpf.
@@ -341,8 +340,9 @@ pub(crate) struct SamplerConfig<'a> {
     /// Sample only tasks in these cgroup2 directories or below (full paths under the cgroup2
     /// mount, at most `MAX_CGROUP_FILTER`); empty = all.
     pub cgroups: &'a [PathBuf],
-    /// How user stacks are walked; anything but `Fp` loads the table walk's maps.
-    pub unwind: UnwindMode,
+    /// Walk user stacks by unwind table where the kernel allows it (a variant with the
+    /// table walk and its maps); false: frame pointers only.
+    pub table_walk: bool,
     /// Bytes of kernel memory for unwind rows (`--unwind-memory`).
     pub unwind_memory: u64,
     /// Walk Python frames in registered processes: the offset of `thread.fsbase` in
@@ -387,7 +387,7 @@ impl Sampler {
             .collect::<Result<Vec<_>, _>>()?;
         let cpus = aya::util::online_cpus().map_err(|(what, e)| BpfError::Cpus(what, e))?;
         let asked = Variant {
-            tables: config.unwind != UnwindMode::Fp,
+            tables: config.table_walk,
             python: config.python_fsbase_offset.is_some(),
         };
         let mut refusals = Vec::new();

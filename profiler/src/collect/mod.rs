@@ -343,7 +343,7 @@ impl Collection {
                 // ld.so or dlopen maps after the first sample): detect it now.
                 KernelRecord::Map {
                     pid, time_ns, path, ..
-                } if crate::python::interpreter_named(path) => {
+                } if crate::process::interpreter_named(path) => {
                     tracker.mapped_interpreter(self.processes.space_at(*pid, *time_ns));
                     continue;
                 }

@@ -5,7 +5,7 @@
 //! left by a crash-looping creator, make every read slow.
 mod json;
 pub(crate) mod kmsg;
-pub(crate) mod memcg;
+use crate::profile::memcg;
 mod report;
 pub(crate) mod verdict;
 
@@ -20,8 +20,9 @@ use crate::{
     },
     cgroups::{self, Snapshot},
     profile::lifecycle::{self, Program},
-    record::{KERNEL_RECORD_BYTES, Progress, RecordConfig, RecordError, record_blocking},
+    record::{KERNEL_RECORD_BYTES, Progress, RecordConfig, record_blocking},
     session::SessionConfig,
+    session::SessionError,
 };
 
 /// What to look at.
@@ -82,7 +83,7 @@ pub(crate) const PROGRAMS_SHOWN: usize = 10;
 pub(crate) fn examine(
     config: &DoctorConfig,
     progress: &mut dyn FnMut(Progress<'_>),
-) -> Result<Findings, RecordError> {
+) -> Result<Findings, SessionError> {
     // Churn is counted in the kernel while the profile records; a failure to attach is
     // reported in the findings rather than stopping the rest.
     let tracer = ChurnTracer::start();
@@ -122,7 +123,7 @@ pub(crate) fn examine(
         Err(e) => (Vec::new(), Some(crate::util::chain(e))),
     };
     drop(tracer);
-    let kallsyms = std::fs::read_to_string("/proc/kallsyms").map_err(RecordError::Kallsyms)?;
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").map_err(SessionError::Kallsyms)?;
     let memcg_present = memcg::present_in_kallsyms(&kallsyms);
     let memcg_absent = memcg::CATALOGUE
         .iter()

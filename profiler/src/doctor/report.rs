@@ -178,7 +178,7 @@ fn memcg_text(o: &mut String, f: &Findings) {
             .iter()
             .skip(1)
             .take(3)
-            .map(|(n, c)| format!("{n} {:.0}%", super::memcg::pct(*c, s.samples)))
+            .map(|(n, c)| format!("{n} {:.0}%", crate::profile::memcg::pct(*c, s.samples)))
             .collect();
         let _ = writeln!(
             o,

@@ -1,7 +1,8 @@
 //! From findings to a verdict: thresholds (documented in docs/doctor.md), the problems with
 //! their evidence, and remedies that name the cgroup, the creator and the command.
-use super::{Findings, memcg::MemcgShare};
+use super::Findings;
 use crate::cgroups::{MemorySubtree, V2Memory};
+use crate::profile::memcg::MemcgShare;
 
 /// Dying cgroups of one controller worth a warning: more than a host's own trickle.
 pub(crate) const DYING_WARN: u64 = 100;

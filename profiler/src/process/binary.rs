@@ -147,6 +147,14 @@ fn debug_file(root: &Root, build_id: &[u8]) -> Option<File> {
         .find_map(|dir| root.open(&Path::new(dir).join(&rel)).ok())
 }
 
+/// Whether a mapped file's name may be a CPython interpreter: `python*` or `libpython*.so*`.
+/// A process none of whose executable mappings is so named is not read as Python
+/// (`python::Tracker::saw` with `maybe_python` false).
+pub(crate) fn interpreter_named(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    (base.starts_with("libpython") && base.contains(".so")) || base.starts_with("python")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

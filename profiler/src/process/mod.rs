@@ -17,7 +17,7 @@ mod perfmap;
 mod table;
 pub(crate) mod untrusted;
 
-pub(crate) use binary::{file_build_id, find_debug_file};
+pub(crate) use binary::{file_build_id, find_debug_file, interpreter_named};
 #[cfg(test)]
 pub(crate) use events::unseen_lives;
 pub(crate) use events::{ProcessEvents, mapped_and_exited, sampled_pids};

@@ -236,7 +236,7 @@ impl ProcessTable {
                 self.files
                     .get(m.file as usize)
                     .and_then(|f| f.path.to_str())
-                    .is_none_or(crate::python::interpreter_named)
+                    .is_none_or(crate::process::interpreter_named)
             }),
             _ => true,
         }

@@ -5,6 +5,7 @@ mod capture;
 mod leb128;
 pub mod lifecycle;
 mod lifetimes;
+pub(crate) mod memcg;
 mod model;
 mod timeline;
 

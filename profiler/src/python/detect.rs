@@ -10,7 +10,7 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 use profiler_common::python::{CODE_SPAN, PyProc, entry};
 
 use super::mem::Mem;
-use crate::process::untrusted::Root;
+use crate::process::{interpreter_named, untrusted::Root};
 
 /// Largest interpreter binary read (a libpython with DWARF is ~30 MB).
 const MAX_ELF_BYTES: u64 = 512 << 20;
@@ -102,14 +102,6 @@ pub(super) struct ElfFacts {
 struct Candidate {
     path: String,
     start: u64,
-}
-
-/// Whether a mapped file's name may be a CPython interpreter: `python*` or `libpython*.so*`.
-/// A process none of whose executable mappings is so named is not detected (and reads
-/// nothing): `Tracker::saw` with `maybe_python` false.
-pub(crate) fn interpreter_named(path: &str) -> bool {
-    let base = path.rsplit('/').next().unwrap_or(path);
-    (base.starts_with("libpython") && base.contains(".so")) || base.starts_with("python")
 }
 
 /// Finds the interpreter in `/proc/PID/maps`: a libpython wins over the exe (the exe then

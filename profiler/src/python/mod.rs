@@ -19,7 +19,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::python::{CHECK_SHIFT, INSTR_MASK, PyFrame, PyProc, STR_HASH, check_of};
 
 use crate::process::{SpaceId, space_id, space_pid};
-pub(crate) use detect::{CodeLayout, Lines, interpreter_named};
+pub(crate) use detect::{CodeLayout, Lines};
 pub(crate) use generations::PyKey;
 use generations::{Generations, Use};
 use mem::Mem;
@@ -149,7 +149,7 @@ impl Tracker {
 
     /// Notes a sample of process generation `space` and its Python frames (innermost first).
     /// `maybe_python` false: the kernel's records hold all of its mappings and none is an
-    /// interpreter (`detect::interpreter_named`), so a new generation is not detected (no
+    /// interpreter (`process::interpreter_named`), so a new generation is not detected (no
     /// /proc read for a `/bin/true`) unless it maps one later (`mapped_interpreter`).
     /// (Asked only of a new generation.)
     pub(crate) fn saw(
