@@ -9,7 +9,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use crate::{
     profile::{Counters, Profile},
     session::{Notice, Session, SessionConfig, SessionError, SessionReport},
-    symbolize::{KernelSymbols, NameCache, UserSymbolizer},
+    symbolize::{KernelSymbols, Symbolizer},
     util,
 };
 
@@ -118,11 +118,11 @@ pub(crate) async fn record(
     progress(Progress::Collected(&report));
     let samples = window.collected.samples.len();
     let inline = config.inline;
-    let profile = tokio::task::spawn_blocking(move || {
-        window.symbolize(&kernel, &UserSymbolizer::new(inline), &mut NameCache::new())
-    })
-    .await
-    .map_err(std::io::Error::other)?;
+    // Made on the thread that uses it: blazesym's symbolizer stays on one thread.
+    let profile =
+        tokio::task::spawn_blocking(move || window.symbolize(&mut Symbolizer::new(kernel, inline)))
+            .await
+            .map_err(std::io::Error::other)?;
     progress(Progress::Symbolized {
         samples,
         secs: symbolize_start.elapsed().as_secs_f64(),

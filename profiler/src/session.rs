@@ -15,7 +15,7 @@ use crate::{
     collect::{CgroupFilter, Collected, Collection, CommFilter},
     process::{KernelRecords, ProcessEvents, TableBounds},
     profile::{Counters, Meta, Profile},
-    symbolize::{self, KernelSymbols, NameCache, UserSymbolizer},
+    symbolize::Symbolizer,
     unwind::{BackgroundLoader, Loader, LoaderStats, UnwindMode},
     util::{self, unix_now_ns},
 };
@@ -83,20 +83,15 @@ pub(crate) enum Notice {
 pub(crate) struct Window {
     pub collected: Collected,
     pub meta: Meta,
-    /// Changes when the session's process table starts afresh: a `NameCache` kept across
-    /// windows must then be cleared (its keys are the table's file ids).
+    /// Changes when the session's process table starts afresh: names a `Symbolizer` kept
+    /// across windows must then go (their keys are the table's file ids).
     pub table_generation: u64,
 }
 
 impl Window {
     /// Names every frame: the profile of this window.
-    pub(crate) fn symbolize(
-        self,
-        kernel: &KernelSymbols,
-        user: &UserSymbolizer,
-        names: &mut NameCache,
-    ) -> Profile {
-        symbolize::build_profile(self.collected, self.meta, kernel, user, names)
+    pub(crate) fn symbolize(self, symbolizer: &mut Symbolizer) -> Profile {
+        symbolizer.profile(self.collected, self.meta, self.table_generation)
     }
 }
 

@@ -18,7 +18,7 @@ use crate::{
     profile::{Frame, Interner, Profile, Sample},
     session::Window,
     store::Store,
-    symbolize::{KernelSymbols, NameCache, UserSymbolizer},
+    symbolize::{KernelSymbols, Symbolizer},
 };
 
 /// Windows waiting for the symbolizer, at most; a window is a few KiB at 19 Hz.
@@ -29,8 +29,6 @@ pub(super) const TAP_QUEUE: usize = 2 * super::sampler::MAX_TAPS;
 pub(super) const STORE_QUEUE: usize = 4;
 /// Symbolized windows waiting for the pusher, at most.
 pub(super) const PUSH_QUEUE: usize = 4;
-/// User frame names cached across windows at most; then the cache starts afresh.
-const MAX_NAMES: usize = 1_000_000;
 /// How long the symbolizer keeps the binaries it parsed. Each new symbolizer parses and
 /// indexes again every binary with new addresses: under churn the busy ones (the spawning
 /// interpreter, libc) were a fifth of this thread's CPU. Five minutes would cut that, but a
@@ -138,29 +136,11 @@ pub(super) fn symbolize(
     push: Option<tmpsc::Sender<Arc<Profile>>>,
     shared: Arc<Shared>,
 ) {
-    let mut names = NameCache::new();
-    let mut generation = 0;
+    let mut symbolizer = Symbolizer::new(kernel, false).renewing_after(SYMBOLIZER_KEEP);
     let mut dying_read: Option<Instant> = None;
-    let mut user: Option<(UserSymbolizer, Instant)> = None;
     let mut symbolize = |window: Window| {
-        if window.table_generation != generation || names.len() > MAX_NAMES {
-            // File ids start afresh (or the cache is too big): names keyed by them go.
-            names.clear();
-            generation = window.table_generation;
-        }
-        // Names found are kept in `names`, so a window parses only binaries with new
-        // addresses; the symbolizer keeps the binaries it parsed for `SYMBOLIZER_KEEP`, so a
-        // big one with a few new addresses each window (a compiler) is parsed once a minute,
-        // not every window, and binaries no longer run leave the RSS within a minute.
-        if user
-            .as_ref()
-            .is_none_or(|(_, born)| born.elapsed() >= SYMBOLIZER_KEEP)
-        {
-            user = Some((UserSymbolizer::default(), Instant::now()));
-        }
         let t = Instant::now();
-        let u = &user.as_ref().expect("made above").0;
-        let p = window.symbolize(&kernel, u, &mut names);
+        let p = window.symbolize(&mut symbolizer);
         log::debug!(
             "symbolized {} samples in {:.3} s",
             p.samples.len(),

@@ -7,14 +7,16 @@ mod build;
 mod debuginfo;
 mod demangle;
 mod kernel;
+mod symbolizer;
 mod user;
 
 use std::collections::HashMap;
 
-pub(crate) use build::build_profile;
+use build::build_profile;
 
 pub(crate) use kernel::KernelSym;
 pub use kernel::KernelSymbols;
+pub(crate) use symbolizer::Symbolizer;
 pub(crate) use user::UserSymbolizer;
 
 use crate::profile::UNKNOWN_FRAME;
@@ -44,9 +46,8 @@ pub(crate) enum Unknown {
 /// functions inlined there, outermost first, never empty; or why there is no name.
 pub(crate) type Names = Result<Vec<String>, Unknown>;
 
-/// User frame names by (file id in the collection's process table, file offset). The agent
-/// keeps one across windows, so each window symbolizes only addresses it has never seen; it
-/// must be cleared whenever the process table's file ids are reset.
+/// User frame names by (file id in the collection's process table, file offset), kept by the
+/// `Symbolizer` across spans and cleared whenever the process table's file ids are reset.
 pub(crate) type NameCache = HashMap<(u32, u64), Names>;
 
 /// The one rendering of a frame without a name. A frame in a known file keeps where it is
