@@ -19,10 +19,7 @@ impl Collection {
     /// go to the next one at its first `drain`. Meanwhile the ring keeps room: left unread
     /// through a wait of seconds it filled, and samples were lost.
     pub(crate) fn hold(&mut self, ring: &mut RingBuf<MapData>) {
-        while let Some(item) = ring.next() {
-            self.held.extend_from_slice(&item);
-            self.held_ends.push(self.held.len());
-        }
+        self.held.read(ring);
     }
 
     /// Adds the records that waited for their stack copy's tables (`unwind::copied`): those

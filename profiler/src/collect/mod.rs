@@ -16,6 +16,7 @@ use profiler_common::{
 };
 use tokio::io::unix::AsyncFd;
 
+use cgroup_paths::CgroupPaths;
 pub(crate) use collected::{Collected, Counts};
 pub(crate) use filters::{CgroupFilter, CommFilter};
 pub(crate) use frames::truncation_name;
@@ -25,6 +26,42 @@ use crate::process::{
     KernelRecord, NewProcessHook, ProcessEvent, ProcessEvents, ProcessTable, SpaceId, TableBounds,
     mapped_and_exited, sampled_pids,
 };
+
+/// Whole records read from a ring, back to back, with where each ends.
+#[derive(Default)]
+struct Records {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Records {
+    /// Appends every record the ring holds now.
+    fn read(&mut self, ring: &mut RingBuf<MapData>) {
+        while let Some(item) = ring.next() {
+            self.bytes.extend_from_slice(&item);
+            self.ends.push(self.bytes.len());
+        }
+    }
+
+    /// Moves `other`'s records after these.
+    fn append(&mut self, other: &mut Self) {
+        let base = self.bytes.len();
+        self.bytes.append(&mut other.bytes);
+        self.ends.extend(other.ends.drain(..).map(|e| e + base));
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(&self.ends)
+            .map(|(start, &end)| &self.bytes[start..end])
+    }
+}
 
 /// A sample as received, with its stacks interned but not yet symbolized.
 #[derive(Clone, Copy, Debug)]
@@ -74,16 +111,11 @@ pub(crate) struct Collection {
     /// The processes the last drain's records saw exit (pid, time of the last exit).
     exits: crate::util::FxMap<u32, u64>,
     /// Sample records read from the ring, waiting for the process records before them.
-    batch: Vec<u8>,
-    batch_ends: Vec<usize>,
+    batch: Records,
     /// Sample records read from the ring while a window's end waited (`hold`), added first
     /// by the next `drain`.
-    held: Vec<u8>,
-    held_ends: Vec<usize>,
-    /// Paths of the cgroup v2 ids samples carry ("" if the cgroup was gone); `resolve_cgroups`.
-    cgroup_paths: HashMap<u64, String>,
-    /// When ids not found were last looked up again (`CGROUP_RETRY`).
-    cgroups_retried: Option<std::time::Instant>,
+    held: Records,
+    cgroup_paths: CgroupPaths,
     /// Since the last cut (`lost_records` is the process table's).
     counts: Counts,
     filter: CommFilter,
@@ -133,10 +165,7 @@ impl Collection {
             .facts
             .lifetimes
             .retain(|l| self.filter.wants(&l.comm));
-        // A small cache of paths; bounded as cgroups come and go.
-        if self.cgroup_paths.len() > 10_000 {
-            self.cgroup_paths.clear();
-        }
+        self.cgroup_paths.bound();
         window
     }
 
@@ -187,11 +216,9 @@ impl Collection {
                 .filter_map(|k| t.names().get(&k).map(|n| (k, n.clone())))
                 .collect();
         }
-        window.cgroup_paths = window
-            .samples
-            .iter()
-            .filter_map(|s| Some((s.cgroup_id, self.cgroup_paths.get(&s.cgroup_id)?.clone())))
-            .collect();
+        window.cgroup_paths = self
+            .cgroup_paths
+            .of(window.samples.iter().map(|s| s.cgroup_id));
     }
 
     /// Samples collected since the last cut.
@@ -231,7 +258,8 @@ impl Collection {
         self.processes.resolve_pending();
         self.resolve_python();
         self.processes.name_jit_code().await?;
-        self.resolve_cgroups();
+        self.cgroup_paths
+            .resolve(self.samples.iter().map(|s| s.cgroup_id));
         Ok(())
     }
 
@@ -285,30 +313,21 @@ impl Collection {
     /// records, then the samples are added. Every record a sample depends on (the mapping
     /// its code is in, its process's exec) was written before it, so it is read by then.
     pub(crate) fn drain(&mut self, ring: &mut RingBuf<MapData>) {
-        let (mut batch, mut ends) = (
-            std::mem::take(&mut self.batch),
-            std::mem::take(&mut self.batch_ends),
-        );
+        let mut batch = std::mem::take(&mut self.batch);
         batch.clear();
-        ends.clear();
-        // Held records first (ends are offsets into the batch, which starts with them).
+        // Held records first.
         batch.append(&mut self.held);
-        ends.append(&mut self.held_ends);
-        while let Some(item) = ring.next() {
-            batch.extend_from_slice(&item);
-            ends.push(batch.len());
-        }
+        batch.read(ring);
         self.records_read_ns = crate::util::monotonic_ns();
-        let sampled = sampled_pids(&batch, &ends);
+        let sampled = sampled_pids(&batch.bytes, &batch.ends);
         self.events
             .read_into(&mut self.processes, &sampled, self.records_read_ns);
         self.tell_python_ends();
         self.tell_mappings();
-        let mut start = 0;
-        for &end in &ends {
-            self.add(&batch[start..end]);
-            start = end;
+        for record in batch.iter() {
+            self.add(record);
         }
+        self.batch = batch;
         self.add_deferred(false);
         // After the samples: a process's last samples come before its exit record.
         if let Some(hook) = self.new_process_hook.as_mut() {
@@ -316,7 +335,6 @@ impl Collection {
                 hook(ProcessEvent::Exited { pid });
             }
         }
-        (self.batch, self.batch_ends) = (batch, ends);
     }
 
     /// Tells the Python tracker of every exec and exit just read: the generation that ended

@@ -133,3 +133,24 @@ fn unseen_lives_are_born_and_gone_unsampled() {
     unseen.sort_unstable();
     assert_eq!(unseen, [20, 23]);
 }
+
+/// Held records come first in the next batch, each whole, then the ring's.
+#[test]
+fn held_records_lead_the_next_batch() {
+    let records = |items: &[&[u8]]| {
+        let mut r = Records::default();
+        for item in items {
+            r.bytes.extend_from_slice(item);
+            r.ends.push(r.bytes.len());
+        }
+        r
+    };
+    let mut batch = records(&[b"old"]);
+    batch.clear();
+    let mut held = records(&[b"ab", b"cde"]);
+    batch.append(&mut held);
+    let mut newer = records(&[b"f"]);
+    batch.append(&mut newer);
+    assert_eq!(batch.iter().collect::<Vec<_>>(), [&b"ab"[..], b"cde", b"f"]);
+    assert_eq!(held.iter().count(), 0, "held records moved, not copied");
+}
