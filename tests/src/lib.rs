@@ -29,7 +29,8 @@ pub use process::{
 };
 pub use tempdir::TempDir;
 pub use tools::{
-    cannot_run, go_tool_pprof, in_ci, pprof_raw_counts, pprof_traces, pprof_weighted_traces, tool,
+    cannot_run, chromium, go_tool_pprof, in_ci, pprof_raw_counts, pprof_traces,
+    pprof_weighted_traces, tool,
 };
 
 use std::sync::{Mutex, MutexGuard, PoisonError};

@@ -1,35 +1,31 @@
-//! Scratch directories for profiler outputs, std only. Removed on drop, except when the test
-//! is panicking: then the directory is kept and its path printed, to look at what was written.
+//! Scratch directories for profiler outputs, made by `tempfile`. Removed on drop, except when
+//! the test is panicking: then the directory is kept and its path printed, to look at what
+//! was written.
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::path::Path;
 
-/// A fresh directory under std::env::temp_dir(), unique per process and per call.
+/// A fresh directory under std::env::temp_dir(), unique per call (`tempfile`).
 pub struct TempDir {
-    path: PathBuf,
+    dir: Option<tempfile::TempDir>,
 }
 
 impl TempDir {
-    /// Creates `<tmp>/profiler-tests-<pid>-<n>-<label>`; `label` names the test, for humans.
+    /// Creates `<tmp>/profiler-tests-<label>-XXXXXX`; `label` names the test, for humans.
     pub fn new(label: &str) -> TempDir {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let name = format!("profiler-tests-{}-{n}-{label}", std::process::id());
-        let path = std::env::temp_dir().join(name);
-        // A leftover from an earlier process with the same pid would mix outputs.
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path)
-            .unwrap_or_else(|e| panic!("creating temp dir {}: {e}", path.display()));
-        TempDir { path }
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("profiler-tests-{label}-"))
+            .tempdir()
+            .unwrap_or_else(|e| panic!("creating a temp dir for {label}: {e}"));
+        TempDir { dir: Some(dir) }
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.dir.as_ref().expect("kept until drop").path()
     }
 
     /// `<dir>/<name>` as a String, ready to pass as a profiler argument.
     pub fn file(&self, name: &str) -> String {
-        self.path
+        self.path()
             .join(name)
             .to_str()
             .expect("UTF-8 temp path")
@@ -39,11 +35,11 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        let Some(dir) = self.dir.take() else { return };
         if std::thread::panicking() {
-            eprintln!("kept {} for inspection", self.path.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.path);
+            eprintln!("kept {} for inspection", dir.keep().display());
         }
+        // Otherwise `dir` removes the directory as it drops.
     }
 }
 

@@ -18,17 +18,33 @@ pub fn cannot_run(reason: &str) -> bool {
     false
 }
 
+/// `name` on PATH, if it is there.
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
 /// `name` on PATH, or None after `cannot_run` (Debian or cargo `package` installs it).
 pub fn tool(name: &str, package: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    });
+    let found = on_path(name);
     if found.is_none() {
         cannot_run(&format!(
             "`{name}` is not on PATH (install {package}, or run `cargo xtask setup --tests`)"
         ));
+    }
+    found
+}
+
+/// Chromium under any of its usual names, or None after `cannot_run`.
+pub fn chromium() -> Option<PathBuf> {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|name| on_path(name));
+    if found.is_none() {
+        cannot_run(
+            "chromium is not on PATH (install chromium, or run `cargo xtask setup --tests`)",
+        );
     }
     found
 }

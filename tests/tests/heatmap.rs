@@ -3,7 +3,7 @@
 //! 3 s. Needs no privilege: the capture is written by the library, the real binary renders it.
 use std::time::Duration;
 
-use profiler_tests::{TempDir, expect_success, run_profiler};
+use profiler_tests::{TempDir, chromium, expect_success, run_profiler};
 
 #[path = "support/pattern.rs"]
 mod pattern;
@@ -141,25 +141,6 @@ fn from_to_cut_every_output() {
         stderr.contains("--from 5s") && stderr.contains("3.0 s") && stderr.contains("00:00:03"),
         "{stderr}"
     );
-}
-
-/// Chromium, or None with the reason (a failure under CI=true, where setup installs it).
-fn chromium() -> Option<std::path::PathBuf> {
-    let found = ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .find_map(|name| {
-            std::env::var_os("PATH")?
-                .to_str()?
-                .split(':')
-                .map(|dir| std::path::Path::new(dir).join(name))
-                .find(|p| p.is_file())
-        });
-    if found.is_none() {
-        let why = "chromium not found; `cargo xtask setup --tests` installs it";
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
-        eprintln!("skipping the browser test: {why}");
-    }
-    found
 }
 
 /// Runs headless Chromium on `url` with `extra` flags; returns (stdout, stderr).

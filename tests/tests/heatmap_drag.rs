@@ -12,29 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use profiler_tests::{TempDir, expect_success, run_profiler, wait_timeout};
+use profiler_tests::{TempDir, chromium, expect_success, run_profiler, tool, wait_timeout};
 
 #[path = "support/pattern.rs"]
 mod pattern;
-
-const CHROMIUM: &str = "/usr/bin/chromium";
-
-/// A missing tool: under CI=true (where `cargo xtask setup --tests` installs it) a failure,
-/// elsewhere a skip with the reason. Returns false so callers can `return`.
-fn unavailable(reason: &str) -> bool {
-    assert!(
-        !std::env::var("CI").is_ok_and(|ci| ci == "true"),
-        "{reason}, and CI=true forbids skipping; run `cargo xtask setup --tests`"
-    );
-    eprintln!("skipped: {reason}; `cargo xtask setup --tests` installs it");
-    false
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
 
 /// Runs `cmd` to completion within `timeout`; returns (success, stdout, stderr).
 fn run(cmd: &mut Command, what: &str, timeout: Duration) -> (bool, String, String) {
@@ -53,21 +34,15 @@ fn run(cmd: &mut Command, what: &str, timeout: Duration) -> (bool, String, Strin
     )
 }
 
-/// node, chromium and tests/browser/node_modules (installed with `npm ci` from the lock file
-/// if missing), or false after `unavailable`.
-fn browser_tools(browser_dir: &Path) -> bool {
-    if on_path("node").is_none() {
-        return unavailable("node not found");
-    }
-    if !Path::new(CHROMIUM).is_file() {
-        return unavailable(&format!("{CHROMIUM} not found"));
-    }
+/// Chromium, with node and tests/browser/node_modules (installed with `npm ci` from the lock
+/// file if missing), or None after `cannot_run`.
+fn browser_tools(browser_dir: &Path) -> Option<PathBuf> {
+    tool("node", "nodejs")?;
+    let chromium = chromium()?;
     if browser_dir.join("node_modules/playwright-core").is_dir() {
-        return true;
+        return Some(chromium);
     }
-    if on_path("npm").is_none() {
-        return unavailable("tests/browser/node_modules is missing and npm is not found");
-    }
+    tool("npm", "npm")?;
     let (ok, stdout, stderr) = run(
         Command::new("npm")
             .args(["ci", "--no-audit", "--no-fund"])
@@ -76,16 +51,16 @@ fn browser_tools(browser_dir: &Path) -> bool {
         Duration::from_secs(300),
     );
     assert!(ok, "`npm ci` in tests/browser failed:\n{stdout}\n{stderr}");
-    true
+    Some(chromium)
 }
 
 #[test]
 fn dragging_over_the_heat_map_renders_the_flame_graph() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let browser_dir = root.join("browser");
-    if !browser_tools(&browser_dir) {
+    let Some(chromium) = browser_tools(&browser_dir) else {
         return;
-    }
+    };
     let dir = TempDir::new("heatmap-drag");
     let (capture, html) = (dir.file("x.capture"), dir.file("h.html"));
     pattern::write_pattern_capture(&capture, "drag", false);
@@ -105,7 +80,8 @@ fn dragging_over_the_heat_map_renders_the_flame_graph() {
             .arg(browser_dir.join("drag.mjs"))
             .args([html.as_str(), png.to_str().unwrap(), "main", "spin", "busy"])
             .args(["--from", "0.5,0.99", "--to", "0.5,0.81"])
-            .args(["--chromium", CHROMIUM]),
+            .arg("--chromium")
+            .arg(&chromium),
         "node tests/browser/drag.mjs",
         Duration::from_secs(120),
     );
