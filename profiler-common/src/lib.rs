@@ -205,6 +205,7 @@ unsafe impl aya::Pod for SampleHeader {}
 
 #[cfg(not(target_arch = "bpf"))]
 pub mod caps;
+pub mod perf;
 pub mod python;
 
 /// cgroup churn tracer (profiler-ebpf `churn`): map and program names, and the map's key.

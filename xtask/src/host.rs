@@ -4,6 +4,8 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
+use profiler_common::perf;
+
 /// The kernel release, e.g. "6.18.44".
 pub(crate) fn kernel_release() -> String {
     fs::read_to_string("/proc/sys/kernel/osrelease")
@@ -56,35 +58,12 @@ fn capabilities() -> Result<(), String> {
     ))
 }
 
-/// perf_event_attr up to PERF_ATTR_SIZE_VER7; the kernel accepts any size whose unknown tail is zero.
-#[repr(C)]
-#[derive(Default)]
-struct PerfEventAttr {
-    kind: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    reserved: [u64; 10],
-}
-const _: () = assert!(size_of::<PerfEventAttr>() == 128);
-
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
-const PERF_ATTR_FLAG_DISABLED: u64 = 1;
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
-
 /// Opens the event the profiler samples with: seccomp, paranoia or a missing PMU show up here.
 fn perf_event() -> Result<(), String> {
-    let attr = PerfEventAttr {
-        kind: PERF_TYPE_SOFTWARE,
-        size: size_of::<PerfEventAttr>() as u32,
-        config: PERF_COUNT_SW_CPU_CLOCK,
+    let attr = perf::EventAttr {
         // Disabled: the probe must not count anything while it is open.
-        flags: PERF_ATTR_FLAG_DISABLED,
-        ..Default::default()
+        flags: perf::attr_bit::DISABLED,
+        ..perf::EventAttr::software(perf::COUNT_SW_CPU_CLOCK)
     };
     let (pid, cpu, group): (libc::pid_t, libc::c_int, libc::c_int) = (-1, 0, -1);
     // SAFETY: attr is a fully initialised perf_event_attr of the size it declares and outlives the call.
@@ -95,7 +74,7 @@ fn perf_event() -> Result<(), String> {
             pid,
             cpu,
             group,
-            PERF_FLAG_FD_CLOEXEC,
+            perf::FLAG_FD_CLOEXEC as libc::c_ulong,
         )
     };
     if fd >= 0 {

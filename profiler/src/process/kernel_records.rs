@@ -6,6 +6,8 @@
 //! known. Times are CLOCK_MONOTONIC, like the samples'.
 use std::{io, os::fd::AsRawFd as _, os::fd::FromRawFd as _, os::fd::OwnedFd};
 
+use profiler_common::perf::{self, EventAttr, attr_bit as bit};
+
 use crate::util::page_size;
 
 /// One side-band record, decoded.
@@ -70,12 +72,7 @@ impl BuildId {
     }
 }
 
-// perf_event ABI (linux/perf_event.h).
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const PERF_COUNT_SW_DUMMY: u64 = 9;
-const PERF_SAMPLE_TID: u64 = 1 << 1;
-const PERF_SAMPLE_TIME: u64 = 1 << 2;
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+// Record types of the perf ring (linux/perf_event.h).
 const RECORD_LOST: u32 = 2;
 const RECORD_COMM: u32 = 3;
 const RECORD_EXIT: u32 = 4;
@@ -83,50 +80,6 @@ const RECORD_FORK: u32 = 7;
 const RECORD_MMAP2: u32 = 10;
 const MISC_COMM_EXEC: u16 = 1 << 13;
 const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
-/// `perf_event_attr` bit flags (the C bitfield, least significant bit first).
-mod bit {
-    pub(super) const DISABLED: u64 = 1 << 0;
-    pub(super) const MMAP: u64 = 1 << 8;
-    pub(super) const COMM: u64 = 1 << 9;
-    pub(super) const TASK: u64 = 1 << 13;
-    pub(super) const WATERMARK: u64 = 1 << 14;
-    pub(super) const SAMPLE_ID_ALL: u64 = 1 << 18;
-    pub(super) const MMAP2: u64 = 1 << 23;
-    pub(super) const COMM_EXEC: u64 = 1 << 24;
-    pub(super) const USE_CLOCKID: u64 = 1 << 25;
-    pub(super) const BUILD_ID: u64 = 1 << 34;
-}
-
-/// `struct perf_event_attr`, version 8 (136 bytes, Linux 6.3+; older kernels accept it when the
-/// fields they do not know are zero).
-#[repr(C)]
-#[derive(Default)]
-struct PerfEventAttr {
-    kind: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_watermark: u32,
-    bp_type: u32,
-    config1: u64,
-    config2: u64,
-    branch_sample_type: u64,
-    sample_regs_user: u64,
-    sample_stack_user: u32,
-    clockid: i32,
-    sample_regs_intr: u64,
-    aux_watermark: u32,
-    sample_max_stack: u16,
-    reserved_2: u16,
-    aux_sample_size: u32,
-    reserved_3: u32,
-    sig_data: u64,
-    config3: u64,
-}
-const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == 136);
 
 /// One CPU's dummy event and its ring buffer (`1 + 2^n` pages: a control page, then data).
 struct CpuRing {
@@ -159,7 +112,7 @@ pub(crate) struct KernelRecords {
 }
 
 /// perf_event_open(2) of `attr` system-wide on `cpu`.
-fn open_event(attr: &PerfEventAttr, cpu: u32) -> io::Result<OwnedFd> {
+fn open_event(attr: &EventAttr, cpu: u32) -> io::Result<OwnedFd> {
     // SAFETY: perf_event_open(2) with a fully initialised attr of the size it states.
     let fd = unsafe {
         libc::syscall(
@@ -168,7 +121,7 @@ fn open_event(attr: &PerfEventAttr, cpu: u32) -> io::Result<OwnedFd> {
             -1 as libc::pid_t,
             cpu as libc::c_int,
             -1 as libc::c_int,
-            PERF_FLAG_FD_CLOEXEC,
+            perf::FLAG_FD_CLOEXEC as libc::c_ulong,
         )
     };
     if fd < 0 {
@@ -184,11 +137,8 @@ impl KernelRecords {
     pub(crate) fn open(cpus: &[u32], data_bytes: usize) -> io::Result<Self> {
         let page = page_size();
         let data_len = data_bytes.max(page).next_power_of_two();
-        let mut attr = PerfEventAttr {
-            kind: PERF_TYPE_SOFTWARE,
-            size: std::mem::size_of::<PerfEventAttr>() as u32,
-            config: PERF_COUNT_SW_DUMMY,
-            sample_type: PERF_SAMPLE_TID | PERF_SAMPLE_TIME,
+        let mut attr = EventAttr {
+            sample_type: perf::SAMPLE_TID | perf::SAMPLE_TIME,
             flags: bit::DISABLED
                 | bit::MMAP
                 | bit::MMAP2
@@ -203,7 +153,7 @@ impl KernelRecords {
             // full wakes it too (`half_full`), before a burst of processes overflows it.
             wakeup_watermark: u32::try_from(data_len / 2).unwrap_or(u32::MAX),
             clockid: libc::CLOCK_MONOTONIC,
-            ..PerfEventAttr::default()
+            ..EventAttr::software(perf::COUNT_SW_DUMMY)
         };
         let mut rings = Vec::with_capacity(cpus.len());
         for &cpu in cpus {
