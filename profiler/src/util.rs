@@ -321,9 +321,11 @@ mod tests {
     /// one that succeeds replaces it; a device is written in place, not replaced.
     #[test]
     fn atomic_writes_keep_the_old_file_on_error() {
-        let dir = std::env::temp_dir().join(format!("profiler-atomic-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = dir.join("x.svg");
+        let dir = tempfile::Builder::new()
+            .prefix("profiler-atomic-")
+            .tempdir()
+            .unwrap();
+        let out = dir.path().join("x.svg");
         std::fs::write(&out, "old").unwrap();
         let e = write_atomic(&out, |w| {
             std::io::Write::write_all(w, &vec![b'n'; 100_000])?;
@@ -332,7 +334,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.to_string(), "render failed");
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "old");
-        let names = || std::fs::read_dir(&dir).unwrap().count();
+        let names = || std::fs::read_dir(dir.path()).unwrap().count();
         assert_eq!(names(), 1, "a temporary file was left");
         write_atomic(&out, |w| std::io::Write::write_all(w, b"new")).unwrap();
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "new");
@@ -349,12 +351,11 @@ mod tests {
         );
         // The check before recording: leaves the file and the directory as they were.
         check_atomic_writable(&out).unwrap();
-        check_atomic_writable(&dir.join("new.svg")).unwrap();
+        check_atomic_writable(&dir.path().join("new.svg")).unwrap();
         check_atomic_writable(std::path::Path::new("/dev/null")).unwrap();
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "new");
         assert_eq!(names(), 1);
-        assert!(check_atomic_writable(&dir.join("missing/x.svg")).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(check_atomic_writable(&dir.path().join("missing/x.svg")).is_err());
     }
 
     #[test]

@@ -377,13 +377,15 @@ mod tests {
     /// at once: not a hang, not memory exhaustion.
     #[test]
     fn only_small_regular_files_are_read() {
-        let dir = std::env::temp_dir().join(format!("profiler-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let fifo = dir.join("fifo.toml");
+        let dir = tempfile::Builder::new()
+            .prefix("profiler-config-")
+            .tempdir()
+            .unwrap();
+        let fifo = dir.path().join("fifo.toml");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: mkfifo reads the NUL-terminated path we pass.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let big = dir.join("big.toml");
+        let big = dir.path().join("big.toml");
         std::fs::File::create(&big)
             .unwrap()
             .set_len(MAX_CONFIG_BYTES + 1)
@@ -391,7 +393,7 @@ mod tests {
         for (path, says) in [
             (std::path::Path::new("/dev/zero"), "not a regular file"),
             (&fifo, "not a regular file"),
-            (&dir, "a directory"),
+            (dir.path(), "a directory"),
             (&big, "larger than 1 MiB"),
         ] {
             let e = crate::util::chain(&FileConfig::load(path).unwrap_err());
@@ -401,7 +403,6 @@ mod tests {
                 path.display()
             );
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The example in docs/agent.md is what users copy into /etc/profiler/agent.toml.

@@ -494,16 +494,15 @@ pub(crate) fn count_pushes(shared: &Shared, pushers: &[Rc<push::Pusher>]) -> (u6
 /// thread that allocates gets an arena of its own (up to 8 per core) and keeps what it freed
 /// there: the agent's eight threads allocate in bursts (a window symbolized, tables
 /// compiled, a process read) and idle between them, so the freed memory of each burst stayed
-/// resident per thread. Side by side under the same churn and builds (release, 19 Hz),
-/// anonymous memory was 71 MB with the default and 42 MB with one arena. The threads mostly
-/// wait (a drain a second, a window every 10 s), so one shared arena lock costs little.
+/// resident per thread, and one arena keeps a good part of the agent's memory from piling up
+/// (docs/benchmarks-history.md has the runs). The threads mostly wait (a drain a second, a
+/// window every 10 s), so one shared arena lock costs little.
 ///
 /// Blocks of `MMAP_FROM` and more are mapped on their own, so they go back to the kernel
 /// when freed. glibc's own threshold starts at 128 KiB but rises to the size of each mapped
 /// block freed, up to 32 MiB: after a big binary's table (librustc_driver's rows are 9 MB,
-/// its spans 14 MB) the next such buffers came from the heap, and what they left free there
-/// stayed resident until the window's trim. Under 60 new processes a second and a `cargo
-/// fmt` every 10 s, the heap peaked at 80 MB of which 56 MB were live (heaptrack).
+/// its spans 14 MB) the next such buffers would come from the heap, and what they left free
+/// there would stay resident until the window's trim.
 fn one_malloc_arena() {
     const MMAP_FROM: i32 = 2 << 20;
     #[cfg(target_env = "gnu")]
@@ -518,11 +517,10 @@ fn one_malloc_arena() {
 /// after each window is stored. The agent allocates in bursts (loading BPF and reading
 /// kallsyms at start, then a window drained, symbolized and written) and frees most of it;
 /// malloc keeps freed chunks for reuse and returns only the top of its heap by itself, so
-/// what the bursts freed stayed resident, scattered between live blocks. Measured under
-/// 60 new processes a second (release, 19 Hz): RSS 34.1 MB before a trim, 18.3 MB after,
-/// and the heap was 19 of those 34 MB. One arena (`one_malloc_arena`) makes it one heap to
-/// walk once every `--window`. Its cost (the walk, and pages faulted in again after it) is
-/// inside the agent's CPU figures measured with it (BENCHMARKS.md), not measured apart.
+/// what the bursts freed would stay resident, scattered between live blocks: under churn
+/// that is about half of the agent's RSS. One arena (`one_malloc_arena`) makes it one heap
+/// to walk once every `--window`; the walk's cost is inside the agent's CPU figures
+/// (BENCHMARKS.md).
 pub(crate) fn release_freed_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only returns free memory to the kernel; live blocks are untouched.

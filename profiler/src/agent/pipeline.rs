@@ -480,9 +480,11 @@ mod tests {
     /// slow store, found the old windows still timed). Before, it waited for a window.
     #[test]
     fn retention_is_applied_at_start() {
-        let dir = std::env::temp_dir().join(format!("pipeline-test-{}-retain", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut store = Store::open(&dir).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("pipeline-test-retain-")
+            .tempdir()
+            .unwrap();
+        let mut store = Store::open(dir.path()).unwrap();
         store.write_window(&one("old", 0, 500)).unwrap();
         let (tx, windows) = mpsc::channel();
         drop(tx); // no window comes
@@ -501,10 +503,12 @@ mod tests {
             delay: None,
         };
         assert_eq!(stage.run(), 0);
-        let p = Store::open_read(&dir).unwrap().read(&crate::store::Query {
-            until_unix_ns: u64::MAX / 2,
-            ..Default::default()
-        });
+        let p = Store::open_read(dir.path())
+            .unwrap()
+            .read(&crate::store::Query {
+                until_unix_ns: u64::MAX / 2,
+                ..Default::default()
+            });
         let p = p.unwrap();
         assert_eq!(p.samples.len(), 1);
         assert_eq!(
@@ -512,6 +516,5 @@ mod tests {
             vec![(0, 1_000)],
             "the old window kept its times"
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -381,10 +381,12 @@ mod tests {
 
     #[test]
     fn spool_is_bounded_and_counts_what_overflows() {
-        let dir = std::env::temp_dir().join(format!("push-spool-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = tempfile::Builder::new()
+            .prefix("push-spool-")
+            .tempdir()
+            .unwrap();
         let url = parse_push_url("http://127.0.0.1:1").unwrap();
-        let pusher = Pusher::new(url, Protocol::Pyroscope, &dir).unwrap();
+        let pusher = Pusher::new(url, Protocol::Pyroscope, dir.path()).unwrap();
         let mut p = Profile::default();
         for k in 0..(MAX_SPOOLED as u64 + 5) {
             p.meta.start_unix_ns = (1_000 + k * 10) * 1_000_000_000;
@@ -400,7 +402,6 @@ mod tests {
             first.starts_with(&format!("{:020}", 1_050 * 1_000_000_000u64)),
             "{first}"
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A loopback server reading whole requests (head, then `Content-Length` bytes of body):
@@ -460,11 +461,13 @@ mod tests {
 
     #[test]
     fn stop_sends_what_is_spooled_and_cuts_no_request() {
-        let dir = std::env::temp_dir().join(format!("push-stop-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = tempfile::Builder::new()
+            .prefix("push-stop-")
+            .tempdir()
+            .unwrap();
         let ok = Arc::new(AtomicBool::new(false));
         let (url, got) = server(ok.clone());
-        let pusher = Pusher::new(url, Protocol::Otlp, &dir).unwrap();
+        let pusher = Pusher::new(url, Protocol::Otlp, dir.path()).unwrap();
         let mut p = Profile::default();
         for k in 0..3 {
             p.meta.start_unix_ns = (1_000 + k * 10) * 1_000_000_000;
@@ -495,15 +498,16 @@ mod tests {
         assert_eq!(got.len(), 4, "{got:?}");
         assert!(got.iter().all(|r| r.starts_with(line)), "{got:?}");
         assert_eq!((pusher.spooled().len(), pusher.sent.get()), (0, 3));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_failure_ends_the_last_pass_and_keeps_the_windows() {
-        let dir = std::env::temp_dir().join(format!("push-stop-down-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = tempfile::Builder::new()
+            .prefix("push-stop-down-")
+            .tempdir()
+            .unwrap();
         let (url, got) = server(Arc::new(AtomicBool::new(false)));
-        let pusher = Pusher::new(url, Protocol::Otlp, &dir).unwrap();
+        let pusher = Pusher::new(url, Protocol::Otlp, dir.path()).unwrap();
         let mut p = Profile::default();
         for k in 0..3 {
             p.meta.start_unix_ns = (1_000 + k * 10) * 1_000_000_000;
@@ -518,6 +522,5 @@ mod tests {
         // One attempt, refused: nothing sent, nothing lost.
         assert_eq!(got.lock().unwrap().len(), 1);
         assert_eq!((pusher.spooled().len(), pusher.sent.get()), (3, 0));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

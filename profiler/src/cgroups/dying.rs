@@ -231,12 +231,15 @@ mod tests {
 
     #[test]
     fn dying_counts_from_a_fake_tree() {
-        let dir = std::env::temp_dir().join(format!("cgroups-test-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("a/b")).unwrap();
-        std::fs::create_dir_all(dir.join("c")).unwrap();
-        assert_eq!(count_dirs(&dir), 4);
+        let dir = tempfile::Builder::new()
+            .prefix("cgroups-test-")
+            .tempdir()
+            .unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::create_dir_all(dir.path().join("c")).unwrap();
+        assert_eq!(count_dirs(dir.path()), 4);
         let mounts = vec![Hierarchy {
-            mount: dir.clone(),
+            mount: dir.path().to_path_buf(),
             controllers: vec!["memory".into()],
             v2: false,
             name: None,
@@ -244,6 +247,5 @@ mod tests {
         let d = dying_per_controller(&parse_proc_cgroups(PROC_CGROUPS), &mounts);
         assert_eq!(d.len(), 1);
         assert_eq!((d[0].live, d[0].dying), (4, 525));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -89,18 +89,20 @@ mod tests {
 
     #[test]
     fn walks_a_fake_tree() {
-        let dir = std::env::temp_dir().join(format!("cgroups-walk-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("a/b")).unwrap();
-        std::fs::create_dir_all(dir.join("c")).unwrap();
-        std::os::unix::fs::symlink(&dir, dir.join("c/loop")).unwrap();
-        assert_eq!(count_dirs(&dir), 4);
+        let dir = tempfile::Builder::new()
+            .prefix("cgroups-walk-")
+            .tempdir()
+            .unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::create_dir_all(dir.path().join("c")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("c/loop")).unwrap();
+        assert_eq!(count_dirs(dir.path()), 4);
         let mut seen = 0;
-        walk(&dir, |_| {
+        walk(dir.path(), |_| {
             seen += 1;
             seen < 2
         });
         assert_eq!(seen, 2, "the walk stops when told");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

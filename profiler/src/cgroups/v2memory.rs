@@ -116,11 +116,13 @@ mod tests {
     use super::*;
 
     /// A fake cgroup2 tree: `(path, cgroup.stat, subtree_control, memory.stat)`.
-    fn tree(name: &str, dirs: &[(&str, &str, &str, &str)]) -> PathBuf {
-        let root = std::env::temp_dir().join(format!("v2memory-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+    fn tree(name: &str, dirs: &[(&str, &str, &str, &str)]) -> tempfile::TempDir {
+        let root = tempfile::Builder::new()
+            .prefix(&format!("v2memory-{name}-"))
+            .tempdir()
+            .unwrap();
         for (path, stat, control, memory) in dirs {
-            let dir = root.join(path);
+            let dir = root.path().join(path);
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(dir.join("cgroup.stat"), stat).unwrap();
             std::fs::write(dir.join("cgroup.subtree_control"), control).unwrap();
@@ -148,12 +150,12 @@ mod tests {
                 ("init.scope", &dying(7), "", ""),
             ],
         );
-        let m = v2_memory(&root).unwrap();
+        let m = v2_memory(root.path()).unwrap();
         assert_eq!((m.dying, m.source), (460, "nr_dying_descendants"));
         let tops: Vec<(&Path, u64)> = m
             .subtrees
             .iter()
-            .map(|s| (s.path.strip_prefix(&root).unwrap(), s.dying))
+            .map(|s| (s.path.strip_prefix(root.path()).unwrap(), s.dying))
             .collect();
         assert_eq!(
             tops,
@@ -163,9 +165,8 @@ mod tests {
             ]
         );
         let h = m.holder.unwrap();
-        assert_eq!(h.path, root.join("system.slice/lab"));
+        assert_eq!(h.path, root.path().join("system.slice/lab"));
         assert_eq!((h.dying, h.file_bytes), (400, Some(8192)));
-        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
@@ -180,18 +181,16 @@ mod tests {
                 ("c", &stat(100), "", ""),
             ],
         );
-        let m = v2_memory(&root).unwrap();
+        let m = v2_memory(root.path()).unwrap();
         assert_eq!((m.dying, m.source), (300, "nr_dying_subsys_memory"));
         assert_eq!(m.subtrees.len(), 3);
         assert_eq!(m.holder, None);
-        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
     fn memory_bound_to_v1_gives_nothing() {
         // This host's shape: cgroup2 with only perf_event and hugetlb.
         let root = tree("v1", &[("", &dying(12), "hugetlb", "")]);
-        assert_eq!(v2_memory(&root), None);
-        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(v2_memory(root.path()), None);
     }
 }

@@ -98,9 +98,11 @@ mod tests {
 
     #[test]
     fn bearer_tokens() {
-        let dir = std::env::temp_dir().join(format!("token-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("token");
+        let dir = tempfile::Builder::new()
+            .prefix("token-test-")
+            .tempdir()
+            .unwrap();
+        let file = dir.path().join("token");
         std::fs::write(&file, "  s3cret-s3cret-s3cret\n").unwrap();
         let t = Token::from_file(&file).unwrap();
         assert!(t.authorizes(Some("Bearer s3cret-s3cret-s3cret")));
@@ -129,12 +131,11 @@ mod tests {
             let e = Token::from_file(&file).unwrap_err().to_string();
             assert!(e.contains(want) && e.lines().count() == 1, "{text:?}: {e}");
         }
-        let e = Token::from_file(&dir).unwrap_err().to_string();
+        let e = Token::from_file(dir.path()).unwrap_err().to_string();
         assert!(
             e.contains("regular file") || e.contains("cannot read"),
             "{e}"
         );
-        assert!(Token::from_file(&dir.join("missing")).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(Token::from_file(&dir.path().join("missing")).is_err());
     }
 }

@@ -189,19 +189,20 @@ mod tests {
         let true_id = facts_by_full_parse(Path::new("/bin/true")).1;
         assert!(true_id.is_some(), "/bin/true has a build id");
         // Without section headers, the build id is found through the program headers.
-        let dir = std::env::temp_dir().join(format!("elf-facts-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("elf-facts-test-")
+            .tempdir()
+            .unwrap();
         let mut bytes = std::fs::read("/bin/true").unwrap();
         bytes[0x28..0x30].fill(0); // e_shoff
         bytes[0x3c..0x40].fill(0); // e_shnum, e_shstrndx
-        let no_sections = dir.join("true-no-sections");
+        let no_sections = dir.path().join("true-no-sections");
         std::fs::write(&no_sections, &bytes).unwrap();
         let facts = elf_facts(&File::open(&no_sections).unwrap()).unwrap();
         assert_eq!(facts, (None, true_id));
-        let not_elf = dir.join("not-elf");
+        let not_elf = dir.path().join("not-elf");
         std::fs::write(&not_elf, b"not an elf").unwrap();
         assert_eq!(elf_facts(&File::open(&not_elf).unwrap()), None);
-        let _ = std::fs::remove_dir_all(&dir);
         eprintln!("{with_link} of 3 with a .gnu_debuglink");
     }
 }

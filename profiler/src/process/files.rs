@@ -250,7 +250,11 @@ mod tests {
     fn only_elf_files_get_an_id() {
         let (mut files, mut ids) = (Vec::new(), FileIds::default());
         let me = std::process::id();
-        let data = std::env::temp_dir().join(format!("profiler-not-elf-{me}"));
+        let dir = tempfile::Builder::new()
+            .prefix("profiler-not-elf-")
+            .tempdir()
+            .unwrap();
+        let data = dir.path().join("not-elf");
         std::fs::write(&data, b"LC_CTYPE data, not code").unwrap();
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         assert_eq!(ids.by_path(&mut files, me, &data, None), None);
@@ -260,7 +264,6 @@ mod tests {
         assert_eq!(ids.by_path(&mut files, me, &data, None), None);
         assert_eq!(ids.by_path(&mut files, me, &exe, None), id);
         assert_eq!(files.len(), 1);
-        std::fs::remove_file(&data).unwrap();
     }
 
     #[test]

@@ -219,7 +219,8 @@ impl MappingSpec {
 
     /// (device, inode) of the file, without opening it when it is open already, and without
     /// a syscall when the collector read it when it opened the file (a process's mappings
-    /// are looked up at each load: an fstat each was 4% of the agent's CPU under churn).
+    /// are looked up at each load: an fstat each is a visible share of the agent's CPU under
+    /// churn).
     pub(crate) fn key(&self) -> Option<(u64, u64)> {
         if let Some(k) = self.key {
             return Some(k);

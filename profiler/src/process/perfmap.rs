@@ -309,20 +309,21 @@ mod tests {
     #[test]
     fn reads_a_map_in_a_root_and_refuses_others() {
         use std::os::unix::fs::PermissionsExt as _;
-        let dir = std::env::temp_dir().join(format!("profiler-perfmap-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("tmp")).unwrap();
-        std::fs::write(dir.join("tmp/perf-7.map"), "1000 10 mine\n").unwrap();
-        let root = Root::open_dir(dir.to_str().unwrap()).unwrap();
-        let me = std::fs::metadata(&dir).unwrap().uid();
+        let dir = tempfile::Builder::new()
+            .prefix("profiler-perfmap-")
+            .tempdir()
+            .unwrap();
+        std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
+        std::fs::write(dir.path().join("tmp/perf-7.map"), "1000 10 mine\n").unwrap();
+        let root = Root::open_dir(dir.path().to_str().unwrap()).unwrap();
+        let me = std::fs::metadata(dir.path()).unwrap().uid();
         let path = Path::new("/tmp/perf-7.map");
         let map = read_one(&root, path, me).unwrap();
         assert_eq!(map.lookup(0x1000), Some("mine"));
         // Not the process's user's, and root's only (as root runs this test) or someone else's.
         let private = std::fs::Permissions::from_mode(0o600);
-        std::fs::set_permissions(dir.join("tmp/perf-7.map"), private).unwrap();
+        std::fs::set_permissions(dir.path().join("tmp/perf-7.map"), private).unwrap();
         assert!(read_one(&root, path, me + 1).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

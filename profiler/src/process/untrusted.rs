@@ -184,17 +184,19 @@ mod tests {
     use super::*;
     use std::io::Read as _;
 
-    fn scratch(label: &str) -> std::path::PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("profiler-untrusted-{}-{label}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("tmp")).unwrap();
+    fn scratch(label: &str) -> tempfile::TempDir {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("profiler-untrusted-{label}-"))
+            .tempdir()
+            .unwrap();
+        std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
         dir
     }
 
     #[test]
     fn absolute_symlinks_resolve_inside_the_root() {
-        let dir = scratch("inroot");
+        let scratch_dir = scratch("inroot");
+        let dir = scratch_dir.path();
         std::fs::write(dir.join("inside.map"), "inside").unwrap();
         std::os::unix::fs::symlink("/inside.map", dir.join("tmp/abs")).unwrap();
         std::os::unix::fs::symlink("../../../../../../inside.map", dir.join("tmp/up")).unwrap();
@@ -219,12 +221,12 @@ mod tests {
             Err(OpenError::Unsafe)
         ));
         assert!(root.open_walking(Path::new("/inside.map")).is_ok());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn special_files_are_refused_without_blocking() {
-        let dir = scratch("special");
+        let scratch_dir = scratch("special");
+        let dir = scratch_dir.path();
         let fifo = CString::new(dir.join("tmp/fifo").as_os_str().as_bytes()).unwrap();
         // SAFETY: a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
@@ -241,7 +243,6 @@ mod tests {
         assert_eq!(e.to_string(), "not a regular file but a character device");
         // Magic links jump anywhere: refused.
         assert!(host.open(Path::new("/proc/self/exe")).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     impl Root {

@@ -60,10 +60,12 @@ pub(super) fn window(start_s: u64, comm: &str, n: u64) -> Profile {
     p
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("store-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A scratch directory, removed when the returned value drops.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("store-test-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 fn all(s: &Store) -> Query {
@@ -77,8 +79,9 @@ fn all(s: &Store) -> Query {
 
 #[test]
 fn round_trip_and_filters() {
-    let dir = scratch("round");
-    let mut s = Store::open(&dir).unwrap();
+    let scratch_dir = scratch("round");
+    let dir = scratch_dir.path();
+    let mut s = Store::open(dir).unwrap();
     s.write_window(&window(100, "app", 5)).unwrap();
     s.write_window(&window(110, "other", 3)).unwrap();
     let p = s.read(&all(&s)).unwrap();
@@ -129,15 +132,16 @@ fn round_trip_and_filters() {
     );
     drop(s);
     // Reopened (a restart), the data is still there.
-    let r = Store::open_read(&dir).unwrap();
+    let r = Store::open_read(dir).unwrap();
     assert_eq!(r.read(&all(&r)).unwrap().samples.len(), 8);
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn retention_by_age_and_size() {
-    let dir = scratch("retain");
-    let mut s = Store::open(&dir).unwrap();
+    let scratch_dir = scratch("retain");
+    let dir = scratch_dir.path();
+    let mut s = Store::open(dir).unwrap();
     for k in 0..50 {
         s.write_window(&window(1000 + 10 * k, &format!("comm{k}"), 200))
             .unwrap();
@@ -157,12 +161,13 @@ fn retention_by_age_and_size() {
         left.meta.start_unix_ns > p.meta.start_unix_ns,
         "the newest stay"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn unusable_data_dir_is_a_clear_error() {
-    let file = scratch("file");
+    let scratch_dir = scratch("file");
+    let file = scratch_dir.path().join("file");
     std::fs::write(&file, "").unwrap();
     let Err(e) = Store::open(&file.join("data")) else {
         panic!("opened a store under a file");
@@ -188,9 +193,10 @@ fn wall(p: &Profile) -> Vec<(u64, u32, String)> {
 
 #[test]
 fn exact_times_and_cpus_round_trip_across_restarts() {
-    let dir = scratch("exact");
+    let scratch_dir = scratch("exact");
+    let dir = scratch_dir.path();
     let written = [window(100, "app", 40), window(110, "other", 25)];
-    let mut s = Store::open(&dir).unwrap();
+    let mut s = Store::open(dir).unwrap();
     for w in &written {
         s.write_window(w).unwrap();
     }
@@ -215,20 +221,21 @@ fn exact_times_and_cpus_round_trip_across_restarts() {
     }
     drop(s);
     // A restart: the agent opens the store again and goes on writing.
-    let mut s = Store::open(&dir).unwrap();
+    let mut s = Store::open(dir).unwrap();
     let third = window(120, "app", 7);
     s.write_window(&third).unwrap();
     let mut want = want;
     want.extend(wall(&third));
     want.sort();
     assert_eq!(wall(&s.read(&all(&s)).unwrap()), want);
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn times_are_dropped_before_counts() {
-    let dir = scratch("keep-times");
-    let mut s = Store::open(&dir).unwrap();
+    let scratch_dir = scratch("keep-times");
+    let dir = scratch_dir.path();
+    let mut s = Store::open(dir).unwrap();
     for k in 0..10 {
         s.write_window(&window(1000 + 10 * k, "app", 30)).unwrap();
     }
@@ -271,15 +278,16 @@ fn times_are_dropped_before_counts() {
     assert_eq!(s.retain(1100 * S, r).unwrap(), 5);
     let p = s.read(&all(&s)).unwrap();
     assert_eq!((p.samples.len(), p.meta.untimed.clone()), (5 * 30, vec![]));
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// A store written before sample times were kept: read-only it reads as counts without
 /// times; opened by the agent it gains the columns and new windows have exact times.
 #[test]
 fn a_store_without_times_is_migrated() {
-    let dir = scratch("migrate");
-    let mut s = Store::open(&dir).unwrap();
+    let scratch_dir = scratch("migrate");
+    let dir = scratch_dir.path();
+    let mut s = Store::open(dir).unwrap();
     s.write_window(&window(100, "old", 12)).unwrap();
     s.conn
         .execute_batch(
@@ -287,7 +295,7 @@ fn a_store_without_times_is_migrated() {
         )
         .unwrap();
     drop(s);
-    let r = Store::open_read(&dir).unwrap();
+    let r = Store::open_read(dir).unwrap();
     assert!(!times::has_columns(&r.conn).unwrap());
     let p = r.read(&all(&r)).unwrap();
     assert_eq!(
@@ -295,14 +303,14 @@ fn a_store_without_times_is_migrated() {
         (12, vec![(0, 10 * S)])
     );
     drop(r);
-    let mut s = Store::open(&dir).unwrap();
+    let mut s = Store::open(dir).unwrap();
     let new = window(110, "new", 9);
     s.write_window(&new).unwrap();
     let p = s.read(&all(&s)).unwrap();
     assert_eq!(p.meta.untimed, vec![(0, 10 * S)]);
     let timed: Vec<_> = wall(&p).into_iter().filter(|s| s.1 != NO_CPU).collect();
     assert_eq!(timed, wall(&new));
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// Each sample's (wall time, CPU, pid, tid).
@@ -321,12 +329,13 @@ fn threads(p: &Profile) -> Vec<(u64, u32, u32, u32)> {
 /// kept reads tid = pid, and gains the column when the agent opens it.
 #[test]
 fn threads_round_trip() {
-    let dir = scratch("threads");
+    let scratch_dir = scratch("threads");
+    let dir = scratch_dir.path();
     let mut w = window(100, "app", 30);
     for (k, s) in w.samples.iter_mut().enumerate() {
         s.tid = 42 + (k % 3) as u32;
     }
-    let mut s = Store::open(&dir).unwrap();
+    let mut s = Store::open(dir).unwrap();
     s.write_window(&w).unwrap();
     let p = s.read(&all(&s)).unwrap();
     assert_eq!(threads(&p), threads(&w));
@@ -340,11 +349,11 @@ fn threads_round_trip() {
         .execute_batch("ALTER TABLE counts DROP COLUMN tid;")
         .unwrap();
     drop(s);
-    let r = Store::open_read(&dir).unwrap();
+    let r = Store::open_read(dir).unwrap();
     let p = r.read(&all(&r)).unwrap();
     assert!(p.samples.iter().all(|s| s.tid == s.pid) && p.samples.len() == 30);
     drop(r);
-    let mut s = Store::open(&dir).unwrap();
+    let mut s = Store::open(dir).unwrap();
     let new = window(110, "new", 6);
     let mut new_threads = new.clone();
     for s in &mut new_threads.samples {
@@ -354,7 +363,7 @@ fn threads_round_trip() {
     let p = s.read(&all(&s)).unwrap();
     assert_eq!(p.samples.iter().filter(|s| s.tid == 77).count(), 6);
     assert_eq!(p.samples.iter().filter(|s| s.tid == s.pid).count(), 30);
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// Under `--max-size`, times go before whole windows (oldest first), as by `--keep-times`:
@@ -362,8 +371,9 @@ fn threads_round_trip() {
 /// oldest without times and the newest with them.
 #[test]
 fn max_size_drops_times_before_windows() {
-    let dir = scratch("size-times");
-    let mut s = Store::open(&dir).unwrap();
+    let scratch_dir = scratch("size-times");
+    let dir = scratch_dir.path();
+    let mut s = Store::open(dir).unwrap();
     // 3000 samples on one row a window: ~17 KB of times against one short counts row.
     for k in 0..20 {
         s.write_window(&window(1000 + 10 * k, "app", 3000)).unwrap();
@@ -392,7 +402,7 @@ fn max_size_drops_times_before_windows() {
         .collect();
     want.sort();
     assert_eq!(timed, want, "the newest windows keep their exact times");
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// A store from before hashed names and blob stacks (UNIQUE indexes, stacks as text): read
@@ -400,9 +410,10 @@ fn max_size_drops_times_before_windows() {
 /// finds its names, frames and stacks instead of adding them twice.
 #[test]
 fn a_store_with_unique_indexes_and_text_stacks_is_migrated() {
-    let dir = scratch("migrate-intern");
+    let scratch_dir = scratch("migrate-intern");
+    let dir = scratch_dir.path();
     let w = window(100, "app", 20);
-    let mut s = Store::open(&dir).unwrap();
+    let mut s = Store::open(dir).unwrap();
     s.write_window(&w).unwrap();
     // Back to the old form.
     let stacks: Vec<(i64, Vec<i64>)> = s
@@ -440,12 +451,12 @@ fn a_store_with_unique_indexes_and_text_stacks_is_migrated() {
     }
     drop(s);
     let folded = |p: &Profile| crate::output::folded_lines(p);
-    let r = Store::open_read(&dir).unwrap();
+    let r = Store::open_read(dir).unwrap();
     let old = r.read(&all(&r)).unwrap();
     assert_eq!(wall(&old), wall(&w));
     assert_eq!(folded(&old), folded(&w));
     drop(r);
-    let mut s = Store::open(&dir).unwrap();
+    let mut s = Store::open(dir).unwrap();
     let count = |s: &Store, t: &str| -> i64 {
         s.conn
             .query_row(&format!("SELECT count(*) FROM {t}"), [], |r| r.get(0))
@@ -464,7 +475,7 @@ fn a_store_with_unique_indexes_and_text_stacks_is_migrated() {
     assert_eq!(before, after, "the same window found every row it needs");
     let p = s.read(&all(&s)).unwrap();
     assert_eq!(p.samples.len(), 40);
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// A read while the agent drops times (`--keep-times`) and stores windows sees the store as
@@ -474,14 +485,15 @@ fn a_store_with_unique_indexes_and_text_stacks_is_migrated() {
 /// while its samples were sized in.
 #[test]
 fn a_read_sees_one_snapshot_while_the_agent_writes() {
-    let dir = scratch("snapshot");
-    let mut writer = Store::open(&dir).unwrap();
+    let scratch_dir = scratch("snapshot");
+    let dir = scratch_dir.path();
+    let mut writer = Store::open(dir).unwrap();
     for k in 0..3 {
         writer
             .write_window(&window(1000 + 10 * k, "app", 30))
             .unwrap();
     }
-    let reader = Store::open_read(&dir).unwrap();
+    let reader = Store::open_read(dir).unwrap();
     let r = Retention {
         max_age_ns: 1000 * S,
         keep_times_ns: 0,
@@ -504,5 +516,5 @@ fn a_read_sees_one_snapshot_while_the_agent_writes() {
     let p = reader.read(&all(&reader)).unwrap();
     assert_eq!(p.samples.len(), 120);
     assert_eq!(p.meta.untimed, vec![(0, 40 * S)]);
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -100,10 +100,12 @@ fn assert_windows_intact(s: &Store, written: &BTreeMap<u64, Profile>) -> usize {
     starts.len()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("store-hostile-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A scratch directory, removed when the returned value drops.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("store-hostile-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// A commit refused half-way (here by `max_page_count`, which fails like a full disk): the
@@ -111,8 +113,9 @@ fn scratch(name: &str) -> PathBuf {
 /// same stacks must not use their cached ids.
 #[test]
 fn a_failed_transaction_leaves_no_cached_ids() {
-    let dir = scratch("rollback");
-    let mut s = Store::open(&dir).unwrap();
+    let scratch_dir = scratch("rollback");
+    let dir = scratch_dir.path();
+    let mut s = Store::open(dir).unwrap();
     let mut written = BTreeMap::new();
     let first = window(100, "a", 3);
     s.write_window(&first).unwrap();
@@ -137,7 +140,7 @@ fn a_failed_transaction_leaves_no_cached_ids() {
     written.insert(110 * S, big);
     let n = assert_windows_intact(&s, &written);
     assert!(n >= 1, "the newest window is stored");
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// A corrupt file at start is moved aside (kept, renamed with a timestamp) and an empty store
@@ -145,10 +148,11 @@ fn a_failed_transaction_leaves_no_cached_ids() {
 #[test]
 fn a_corrupt_file_is_moved_aside() {
     for (name, damage) in [("garbage", false), ("damaged", true)] {
-        let dir = scratch(name);
+        let scratch_dir = scratch(name);
+        let dir = scratch_dir.path();
         let path = dir.join(DB_FILE);
         if damage {
-            let mut s = Store::open(&dir).unwrap();
+            let mut s = Store::open(dir).unwrap();
             for k in 0..20 {
                 s.write_window(&window(100 + 10 * k, &k.to_string(), 50))
                     .unwrap();
@@ -165,11 +169,11 @@ fn a_corrupt_file_is_moved_aside() {
             }
             std::fs::write(&path, bytes).unwrap();
         } else {
-            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::create_dir_all(dir).unwrap();
             std::fs::write(&path, vec![0x5a; 64 << 10]).unwrap();
         }
-        let mut s = Store::open(&dir).unwrap();
-        let aside: Vec<String> = std::fs::read_dir(&dir)
+        let mut s = Store::open(dir).unwrap();
+        let aside: Vec<String> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .filter(|n| n.starts_with("profiles.db.corrupt-"))
@@ -179,21 +183,20 @@ fn a_corrupt_file_is_moved_aside() {
         s.write_window(&w).unwrap();
         let written = BTreeMap::from([(500 * S, w)]);
         assert_eq!(assert_windows_intact(&s, &written), 1, "{name}");
-        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }
 
 /// A small tmpfs, unmounted (lazily) on drop.
-struct Tmpfs(PathBuf);
+struct Tmpfs(tempfile::TempDir);
 
 impl Tmpfs {
     /// None (with the reason printed) where mounting is not allowed, unless CI=true.
     fn mount(name: &str, size: &str) -> Option<Self> {
         let dir = scratch(name);
-        std::fs::create_dir_all(&dir).unwrap();
         let out = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&dir)
+            .arg(dir.path())
             .output()
             .expect("running mount");
         if out.status.success() {
@@ -211,11 +214,11 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
+        // Unmounted first; the directory goes when the field drops, after this.
         let _ = std::process::Command::new("umount")
             .arg("-l")
-            .arg(&self.0)
+            .arg(self.0.path())
             .status();
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -250,7 +253,7 @@ fn the_store_fills_the_disk_itself() {
     let Some(fs) = Tmpfs::mount("self", "8m") else {
         return;
     };
-    let dir = fs.0.join("data");
+    let dir = fs.0.path().join("data");
     let mut s = Store::open(&dir).unwrap();
     assert!(dir.join(health::RESERVE_FILE).is_file());
     let mut written = BTreeMap::new();
@@ -277,7 +280,7 @@ fn a_full_disk_drops_times_before_windows() {
     let Some(fs) = Tmpfs::mount("times", "8m") else {
         return;
     };
-    let dir = fs.0.join("data");
+    let dir = fs.0.path().join("data");
     let mut s = Store::open(&dir).unwrap();
     // 3000 samples on one row a window: ~17 KB of times against one short counts row.
     let mut stored = 0;
@@ -323,7 +326,7 @@ fn another_file_fills_the_disk_then_room_again() {
     let Some(fs) = Tmpfs::mount("other", "16m") else {
         return;
     };
-    let dir = fs.0.join("data");
+    let dir = fs.0.path().join("data");
     let mut s = Store::open(&dir).unwrap();
     let mut written = BTreeMap::new();
     for k in 0..5 {
@@ -331,7 +334,7 @@ fn another_file_fills_the_disk_then_room_again() {
         s.write_window(&w).unwrap();
         written.insert(w.meta.start_unix_ns, w);
     }
-    let filler = fs.0.join("filler");
+    let filler = fs.0.path().join("filler");
     let _ = std::fs::write(&filler, vec![1u8; 16 << 20]);
     let failed = fill(&mut s, &mut written, 2000);
     std::fs::remove_file(&filler).unwrap();
@@ -355,8 +358,9 @@ fn another_file_fills_the_disk_then_room_again() {
 /// stacks than its limits, however short or long the span: memory follows what is read.
 #[test]
 fn reads_are_bounded_by_samples_and_stacks() {
-    let dir = scratch("bounded");
-    let mut s = Store::open(&dir).unwrap();
+    let scratch_dir = scratch("bounded");
+    let dir = scratch_dir.path();
+    let mut s = Store::open(dir).unwrap();
     // 20 stacks with 1..=20 samples: 210 samples per window, two windows.
     s.write_window(&window(100, "a", 20)).unwrap();
     s.write_window(&window(110, "b", 20)).unwrap();
@@ -395,5 +399,5 @@ fn reads_are_bounded_by_samples_and_stacks() {
             .len(),
         210
     );
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }

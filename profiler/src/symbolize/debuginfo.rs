@@ -145,12 +145,13 @@ mod tests {
     fn reads_our_own_load_segments() {
         let segments = load_segments(&File::open("/proc/self/exe").unwrap()).unwrap();
         assert!(segments.iter().any(|s| s.filesz > 0));
-        let dir = std::env::temp_dir().join(format!("debuginfo-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let not_elf = dir.join("not-elf");
+        let dir = tempfile::Builder::new()
+            .prefix("debuginfo-test-")
+            .tempdir()
+            .unwrap();
+        let not_elf = dir.path().join("not-elf");
         std::fs::write(&not_elf, b"not an elf").unwrap();
         assert!(load_segments(&File::open(&not_elf).unwrap()).is_none());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A 64-bit ELF header whose one program header (PT_LOAD) sits at `phoff`.
@@ -182,10 +183,12 @@ mod tests {
     /// binary's offsets then never became addresses, and its frames stayed unknown.
     #[test]
     fn program_headers_past_64_kib_are_read() {
-        let dir = std::env::temp_dir().join(format!("debuginfo-far-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("debuginfo-far-")
+            .tempdir()
+            .unwrap();
         for phoff in [64, 0x1_1000] {
-            let path = dir.join(format!("phoff-{phoff:x}"));
+            let path = dir.path().join(format!("phoff-{phoff:x}"));
             std::fs::write(&path, elf64_with_phdr_at(phoff)).unwrap();
             let segments = load_segments(&File::open(&path).unwrap())
                 .unwrap_or_else(|| panic!("no segments with phoff {phoff:#x}"));
@@ -195,6 +198,5 @@ mod tests {
                 .collect();
             assert_eq!(got, [(0x1000, 0x2000, 0x40_1000)], "phoff {phoff:#x}");
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

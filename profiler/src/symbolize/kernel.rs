@@ -18,8 +18,8 @@ const MAX_CACHED: usize = 1 << 16;
 /// 120k symbols cost about 12 MB of heap as separate Strings, 5 MB as one string of names
 /// with a 16-byte entry each, and about 1.8 MB here: 8 bytes of address each, the names
 /// deflated in blocks of `BLOCK` (4 times smaller), each inflated at its first lookup and
-/// kept (10-17 us once, 0.4 us after). Loading takes about 120 ms: 60-70 ms of parsing, as
-/// before, and 50 ms of deflating.
+/// kept (tens of microseconds once, well under one after). Deflating adds a little under
+/// half to the load's parsing time.
 pub struct KernelSymbols {
     /// Start address of each text symbol, sorted.
     addrs: Vec<u64>,

@@ -502,12 +502,14 @@ mod tests {
 
     #[test]
     fn files_are_read_back_and_the_directory_stays_bounded() {
-        let dir = std::env::temp_dir().join(format!("unw-cache-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = tempfile::Builder::new()
+            .prefix("unw-cache-")
+            .tempdir()
+            .unwrap();
         let t = table();
         let one = encode(&t, &[0; 20]).len() as u64;
         // Room for two tables.
-        let cache = TableCache::open(&dir, one * 2 + one / 2).unwrap();
+        let cache = TableCache::open(dir.path(), one * 2 + one / 2).unwrap();
         cache.put("b01", &t);
         assert_eq!(cache.get("b01").map(|t| t.rows.len()), Some(t.rows.len()));
         assert!(cache.get("b02").is_none());
@@ -520,14 +522,16 @@ mod tests {
         cache.put("b03", &t);
         let left: Vec<bool> = ["b01", "b02", "b03"]
             .iter()
-            .map(|k| dir.join(format!("{k}.unw")).exists())
+            .map(|k| dir.path().join(format!("{k}.unw")).exists())
             .collect();
         assert_eq!(left, [true, false, true]);
         // A file others may write is not trusted.
         use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(dir.join("b01.unw"), std::fs::Permissions::from_mode(0o666))
-            .unwrap();
+        std::fs::set_permissions(
+            dir.path().join("b01.unw"),
+            std::fs::Permissions::from_mode(0o666),
+        )
+        .unwrap();
         assert!(cache.get("b01").is_none());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

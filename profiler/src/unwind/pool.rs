@@ -394,9 +394,11 @@ mod compile_once_tests {
     /// at a recording's start): one compiles it, the other reads it from the cache.
     #[test]
     fn a_binary_wanted_by_two_threads_at_once_is_compiled_once() {
-        let dir = std::env::temp_dir().join(format!("unw-once-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let cache = TableCache::open(&dir, 64 << 20).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("unw-once-")
+            .tempdir()
+            .unwrap();
+        let cache = TableCache::open(dir.path(), 64 << 20).unwrap();
         let path = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
         let data = std::fs::read(path).expect("Debian's libc");
         let start = std::sync::Barrier::new(2);
@@ -413,7 +415,6 @@ mod compile_once_tests {
                 .collect();
             both.into_iter().map(|t| t.join().unwrap()).collect()
         });
-        let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(
             hits.iter().filter(|hit| !**hit).count(),
             1,

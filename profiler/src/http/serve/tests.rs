@@ -74,9 +74,11 @@ fn idle_clients_cannot_starve_the_health_probe() {
 
 #[test]
 fn a_token_guards_everything_but_health() {
-    let dir = std::env::temp_dir().join(format!("serve-token-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("token");
+    let dir = tempfile::Builder::new()
+        .prefix("serve-token-")
+        .tempdir()
+        .unwrap();
+    let file = dir.path().join("token");
     std::fs::write(&file, "0123456789abcdef0123\n").unwrap();
     let port = start(Some(Token::from_file(Path::new(&file)).unwrap()));
     let (status, head, _) = get(port, "/metrics", "");
@@ -87,5 +89,4 @@ fn a_token_guards_everything_but_health() {
     let right = "Authorization: Bearer 0123456789abcdef0123\r\n";
     assert_eq!(get(port, "/metrics", right).2, "data");
     assert_eq!(get(port, "/healthz", "").2, "ok");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -69,11 +69,13 @@ fn a_process_born_during_the_recording_is_named_by_its_records() {
 /// named like an interpreter; a libpython mapped later makes it a candidate.
 #[test]
 fn only_spaces_without_an_interpreter_file_are_ruled_out_of_python() {
-    let dir = std::env::temp_dir().join(format!("may-run-python-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("may-run-python-")
+        .tempdir()
+        .unwrap();
     // Files are one by build id: each name a copy of another binary.
     let map = |pid, time_ns, start: u64, name: &str, of: &str| {
-        let path = dir.join(name);
+        let path = dir.path().join(name);
         std::fs::copy(of, &path).unwrap();
         map_record(pid, time_ns, start, &path.display().to_string())
     };
@@ -104,7 +106,6 @@ fn only_spaces_without_an_interpreter_file_are_ruled_out_of_python() {
     t.apply(&[map(old, 14, 0x10000, "fx-true", "/bin/true")]);
     assert!(t.may_run_python(t.space_at(old, 15)));
     assert!(t.may_run_python(space_id(4_000_302, 0)));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// An unseen process keeps its lifetime (comm, exe, exit) but gets no address space.

@@ -204,7 +204,7 @@ fn slice_keeps_the_half_open_range() {
 }
 
 /// The per-second tables are dense in time: a span past a day, or past MAX_CPU_SECONDS cells,
-/// is refused before anything is allocated for it (a year-long capture took 3.2 GB before).
+/// is refused before anything is allocated for it (a year-long capture would take gigabytes).
 #[test]
 fn tables_refuse_spans_past_their_bounds() {
     let mut p = pattern_profile();
