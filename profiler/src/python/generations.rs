@@ -1,4 +1,4 @@
-//! The Python names the collector holds, per process generation (`collect::SpaceId`: a pid
+//! The Python names the collector holds, per process generation (`process::SpaceId`: a pid
 //! and which of its execs): filled as samples arrive (`Tracker::saw`), named at the drains,
 //! and forgotten once a generation ended (exec or exit) and the window holding its last
 //! samples was cut. Pure bookkeeping, tested on its own; `Tracker` adds the reading.
