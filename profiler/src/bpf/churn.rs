@@ -28,6 +28,9 @@ pub(crate) struct ChurnCount {
     /// Parents (paths within a hierarchy, e.g. `/profiler-lab`) with mkdirs + rmdirs under
     /// each, most first.
     pub parents: Vec<(String, u64)>,
+    /// Short-lived helpers whose churn was charged to this process (`doctor`): (comm,
+    /// processes), most first; empty as the tracer counts.
+    pub via: Vec<(String, u64)>,
 }
 
 /// The tracer, attached while it lives.

@@ -30,6 +30,9 @@ struct Report<'a> {
     samples: u64,
     frequency_hz: u32,
     kernel: &'a str,
+    /// Dying memory cgroups at the window's start and end.
+    dying_memory_start: Option<u64>,
+    dying_memory_end: Option<u64>,
     controllers: Vec<Controller<'a>>,
     v2_nr_dying_descendants: Option<u64>,
     v2_memory: Option<V2MemoryJson<'a>>,
@@ -79,6 +82,14 @@ struct Churn<'a> {
     rmdirs: u64,
     mkdirs_per_s: f64,
     parents: Vec<PathCount<'a>>,
+    /// Short-lived helpers whose churn is charged here.
+    via: Vec<Helper<'a>>,
+}
+
+#[derive(Serialize)]
+struct Helper<'a> {
+    comm: &'a str,
+    processes: u64,
 }
 
 #[derive(Serialize)]
@@ -92,6 +103,8 @@ struct ProgramJson<'a> {
     comm: &'a str,
     exe: &'a str,
     cgroup: &'a str,
+    /// Distinct cgroups `cgroup` (a place, per-attempt ids as `*`) stands for.
+    cgroups_seen: usize,
     starts: u64,
     starts_per_min: f64,
     failing_exits: u64,
@@ -196,6 +209,30 @@ struct Function<'a> {
     samples: u64,
 }
 
+impl<'a> Churn<'a> {
+    fn new(c: &'a crate::bpf::churn::ChurnCount, f: &Findings) -> Self {
+        Churn {
+            pid: c.pid,
+            comm: &c.comm,
+            mkdirs: c.mkdirs,
+            rmdirs: c.rmdirs,
+            mkdirs_per_s: round(f.churn_rate(c), 3),
+            parents: (c.parents.iter())
+                .map(|(path, events)| PathCount {
+                    path,
+                    events: *events,
+                })
+                .collect(),
+            via: (c.via.iter())
+                .map(|(comm, processes)| Helper {
+                    comm,
+                    processes: *processes,
+                })
+                .collect(),
+        }
+    }
+}
+
 impl<'a> Report<'a> {
     fn new(f: &'a Findings, v: &'a Verdict) -> Self {
         let cg = &f.cgroups;
@@ -208,6 +245,8 @@ impl<'a> Report<'a> {
             samples: f.samples,
             frequency_hz: f.frequency_hz,
             kernel: &f.kernel,
+            dying_memory_start: f.dying_memory.map(|d| d.0),
+            dying_memory_end: f.dying_memory.map(|d| d.1),
             controllers: (cg.controllers.iter())
                 .map(|c| Controller {
                     controller: &c.controller,
@@ -236,21 +275,7 @@ impl<'a> Report<'a> {
                     live_children: h.live_children,
                 })
                 .collect(),
-            churn: (f.churn.iter())
-                .map(|c| Churn {
-                    pid: c.pid,
-                    comm: &c.comm,
-                    mkdirs: c.mkdirs,
-                    rmdirs: c.rmdirs,
-                    mkdirs_per_s: round(f.churn_rate(c), 3),
-                    parents: (c.parents.iter())
-                        .map(|(path, events)| PathCount {
-                            path,
-                            events: *events,
-                        })
-                        .collect(),
-                })
-                .collect(),
+            churn: f.churn.iter().map(|c| Churn::new(c, f)).collect(),
             churn_error: f.churn_error.as_deref(),
             programs: f.programs.iter().map(|p| ProgramJson::new(p, f)).collect(),
             crash_loops: f.programs.iter().filter(|p| p.crash_loop).count(),
@@ -301,6 +326,7 @@ impl<'a> ProgramJson<'a> {
             comm: &p.comm,
             exe: &p.exe,
             cgroup: &p.cgroup,
+            cgroups_seen: p.cgroups_seen,
             starts: p.starts(),
             starts_per_min: round(p.starts_per_min, 2),
             failing_exits: p.failing,

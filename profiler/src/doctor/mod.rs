@@ -3,6 +3,7 @@
 //! (`crate::cgroups`) into findings and a verdict. The incident it is built for: a CPU
 //! starved by kubelet reading memory statistics while tens of thousands of dying memcgs,
 //! left by a crash-looping creator, make every read slow.
+mod churn;
 mod json;
 pub(crate) mod kmsg;
 use crate::profile::memcg;
@@ -52,7 +53,10 @@ pub(crate) struct Findings {
     pub kernel: String,
     /// Dying cgroups at the end of the window.
     pub cgroups: Snapshot,
-    /// Processes that made or removed cgroups during the window, most first.
+    /// Dying memory cgroups (v1 memory, else cgroup2's root) at the window's start and end.
+    pub dying_memory: Option<(u64, u64)>,
+    /// Processes that made or removed cgroups during the window, most first; a short-lived
+    /// helper's churn is its supervisor's (`churn::charge_to_supervisors`).
     pub churn: Vec<ChurnCount>,
     /// Why churn could not be traced, if it could not.
     pub churn_error: Option<String>,
@@ -88,6 +92,7 @@ pub(crate) fn examine(
     // reported in the findings rather than stopping the rest.
     let tracer = ChurnTracer::start();
     let kmsg = kmsg::KmsgWatch::start();
+    let dying_at_start = dying_memory();
     let profile = record_blocking(
         &RecordConfig {
             session: SessionConfig {
@@ -141,12 +146,13 @@ pub(crate) fn examine(
     // Supervisors usually started before the window: name them from /proc while they live.
     for p in &mut programs {
         for (pid, comm, _) in &mut p.parents {
-            if comm.is_empty()
-                && let Ok(c) = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            {
-                c.trim_end().clone_into(comm);
-            }
+            name_from_proc(*pid, comm);
         }
+    }
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let mut churn = churn::charge_to_supervisors(churn, &profile.lifetimes, alive);
+    for c in &mut churn {
+        name_from_proc(c.pid, &mut c.comm);
     }
     let (kernel_events, kernel_log_error) = match kmsg {
         Ok(k) => (k.finish(profile.meta.start_mono_ns), None),
@@ -161,6 +167,7 @@ pub(crate) fn examine(
         frequency_hz: profile.meta.frequency_hz,
         kernel: profile.meta.kernel_release.clone(),
         cgroups: cgroups::snapshot(),
+        dying_memory: dying_at_start.zip(dying_memory()),
         churn,
         churn_error,
         programs,
@@ -173,4 +180,21 @@ pub(crate) fn examine(
         memcg_absent,
         memcg: shares,
     })
+}
+
+/// Names a process from /proc while it lives, if `comm` is unknown.
+fn name_from_proc(pid: u32, comm: &mut String) {
+    if comm.is_empty()
+        && let Ok(c) = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+    {
+        c.trim_end().clone_into(comm);
+    }
+}
+
+/// Dying memory cgroups now: the v1 memory controller's, else cgroup2's root count (memcgs
+/// are most of what dies there).
+fn dying_memory() -> Option<u64> {
+    let counts = cgroups::dying_counts();
+    let of = |name: &str| counts.iter().find(|(c, _)| c == name).map(|(_, n)| *n);
+    of("memory").or_else(|| of("v2"))
 }

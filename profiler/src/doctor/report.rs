@@ -106,12 +106,13 @@ fn churn_text(o: &mut String, f: &Findings) {
     for c in f.churn.iter().take(10) {
         let _ = writeln!(
             o,
-            "  {} (pid {}): {} created, {} removed ({:.1}/s) under {}",
+            "  {} (pid {}): {} created, {} removed ({:.1}/s){} under {}",
             c.comm,
             c.pid,
             c.mkdirs,
             c.rmdirs,
             f.churn_rate(c),
+            super::verdict::via(c),
             c.parents
                 .iter()
                 .take(3)

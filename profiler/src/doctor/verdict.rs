@@ -112,10 +112,14 @@ pub(crate) fn creator<'a>(
 
 /// One line naming a crash loop, its cause and its creator (for problems and the text report).
 pub(crate) fn crash_loop_line(p: &crate::profile::lifecycle::Program, f: &Findings) -> String {
+    let place = match p.cgroups_seen {
+        0 | 1 => p.cgroup.clone(),
+        n => format!("{} (a new one each time: {n} cgroups)", p.cgroup),
+    };
     let mut line = format!(
         "{} in cgroup {} exited with {} and was restarted {} times in {:.1} s ({:.0}/min, {} failing exits), median life {}",
         p.name(),
-        p.cgroup,
+        place,
         p.failing_status().unwrap_or("a failure"),
         p.starts(),
         f.duration_s,
@@ -132,11 +136,60 @@ pub(crate) fn crash_loop_line(p: &crate::profile::lifecycle::Program, f: &Findin
     }
     if let Some(c) = creator(p, &f.churn) {
         line.push_str(&format!(
-            "; {} (pid {}) created {} cgroups beside it and removed {}",
-            c.comm, c.pid, c.mkdirs, c.rmdirs
+            "; {} (pid {}) created {} cgroups beside it and removed {}{}",
+            c.comm,
+            c.pid,
+            c.mkdirs,
+            c.rmdirs,
+            via(c)
         ));
     }
+    if let Some(growth) = dying_growth(f) {
+        line.push_str(&format!("; {growth}"));
+    }
     line
+}
+
+/// ` (through mkdir, rmdir)`: the helpers a churner's counts came through, if any.
+pub(crate) fn via(c: &crate::bpf::churn::ChurnCount) -> String {
+    if c.via.is_empty() {
+        return String::new();
+    }
+    let helpers: Vec<String> = c
+        .via
+        .iter()
+        .map(|(comm, n)| format!("{comm} x{n}"))
+        .collect();
+    format!(" (through {})", helpers.join(", "))
+}
+
+/// `+54 dying memory cgroups in 15.0 s: ~13,000 an hour ...`, when the count grew.
+pub(crate) fn dying_growth(f: &Findings) -> Option<String> {
+    let (start, end) = f.dying_memory?;
+    let grown = end.checked_sub(start).filter(|g| *g > 0)?;
+    let per_hour = grown as f64 * 3600.0 / f.duration_s.max(0.001);
+    Some(format!(
+        "+{grown} dying memory cgroups in {:.1} s (now {end}): ~{} an hour while their page \
+         cache stays charged",
+        f.duration_s,
+        round_figure(per_hour)
+    ))
+}
+
+/// A projection rounded to what it can claim: two significant digits, thousands separated.
+fn round_figure(x: f64) -> String {
+    let digits = x.max(1.0).log10().floor() as i32;
+    let unit = 10f64.powi((digits - 1).max(0));
+    let n = ((x / unit).round() * unit) as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
 }
 
 /// The v1 memory cgroup most likely holding the dying memcgs: the cache holder under which a

@@ -3,7 +3,7 @@
 //! and cgroup, and crash-loop detection. The doctor adds the cgroup each process was moved
 //! into (`bpf::churn` attach map) and links it to the cgroup churn; `report --stats` has no
 //! cgroups in a capture and groups by executable and parent instead.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::model::Lifetime;
 
@@ -15,15 +15,20 @@ pub const CRASH_LOOP_PER_MIN: f64 = 5.0;
 pub const CRASH_LOOP_MIN_FAILS: u64 = 5;
 
 /// One program in one place: the same executable (and comm, which tells scripts of one
-/// interpreter apart) in the same cgroup.
+/// interpreter apart) in the same place of the cgroup tree, whatever per-attempt ids its
+/// cgroups carry (`cgroup_place`): a supervisor that starts each attempt in a new cgroup
+/// restarts one program, not dozens that each started once.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Program {
     pub comm: String,
     /// Executable path ("" unknown).
     pub exe: String,
-    /// Path of its cgroup within its hierarchy ("" unknown: not moved into one during the
-    /// window, nor was its parent).
+    /// The place of its cgroups within their hierarchy, per-attempt ids folded to `*`
+    /// (`/system.slice/docker-*.scope`; `cgroup_place`); "" unknown: not moved into one
+    /// during the window, nor was its parent.
     pub cgroup: String,
+    /// How many distinct cgroups that place stands for (1: restarted in the same one).
+    pub cgroups_seen: usize,
     /// Processes that started (forked or exec'd) during the window, by start time.
     pub pids: Vec<u32>,
     /// Exits by how they ended: ("code 2", n), ("signal 9", n), ("unknown", n); most first.
@@ -66,10 +71,10 @@ impl Program {
         format!(
             "{}{}: {} started ({:.1}/min), exits: {}; median life {}{}",
             p.name(),
-            if p.cgroup.is_empty() {
-                String::new()
-            } else {
-                format!(" in {}", p.cgroup)
+            match (p.cgroup.as_str(), p.cgroups_seen) {
+                ("", _) => String::new(),
+                (place, 0 | 1) => format!(" in {place}"),
+                (place, n) => format!(" in {place} ({n} cgroups)"),
             },
             p.starts(),
             p.starts_per_min,
@@ -140,6 +145,70 @@ pub fn exit_name(l: &Lifetime) -> String {
 pub fn is_crash_loop(starts: u64, failing: u64, window_s: f64) -> bool {
     let per_min = failing as f64 * 60.0 / window_s.max(0.001);
     failing >= CRASH_LOOP_MIN_FAILS && per_min >= CRASH_LOOP_PER_MIN && starts + 1 >= failing
+}
+
+/// The place of a cgroup in its tree: its path with the ids a runtime or service manager
+/// makes anew for every attempt folded to `*`, so the cgroups of one program's restarts
+/// share it. Folded: UUIDs (pod UIDs, with `-` or `_`), hex ids of 12 digits or more
+/// (container ids in `docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>.scope`, a
+/// bare `/docker/<id>`, systemd's `run-r<id>.scope`) and decimal numbers (run and attempt
+/// counters: `run-100`, `attempt7`, `run-u42.scope`). Names stay: `kubelet.service`,
+/// `burstable`.
+pub fn cgroup_place(path: &str) -> String {
+    path.split('/').map(fold_ids).collect::<Vec<_>>().join("/")
+}
+
+/// One path component with its per-attempt ids folded (`cgroup_place`).
+fn fold_ids(component: &str) -> String {
+    let b = component.as_bytes();
+    let mut out = String::with_capacity(component.len());
+    let mut i = 0;
+    while i < b.len() {
+        let run = |is: fn(&u8) -> bool| b[i..].iter().take_while(|c| is(c)).count();
+        let starts = |is: fn(&u8) -> bool| i == 0 || !is(&b[i - 1]);
+        // A UUID wherever it starts (`pod` + UID: the `d` is a hex digit); other ids as whole
+        // runs, never a run's tail.
+        let id_len = uuid_at(&b[i..])
+            .or_else(|| {
+                let hex = run(u8::is_ascii_hexdigit);
+                (hex >= 12 && starts(u8::is_ascii_hexdigit)).then_some(hex)
+            })
+            .or_else(|| {
+                let digits = run(u8::is_ascii_digit);
+                (digits > 0 && starts(u8::is_ascii_digit)).then_some(digits)
+            });
+        match id_len {
+            Some(n) => {
+                if !out.ends_with('*') {
+                    out.push('*');
+                }
+                i += n;
+            }
+            None => {
+                let next = component[i..].chars().next().expect("i is a char boundary");
+                out.push(next);
+                i += next.len_utf8();
+            }
+        }
+    }
+    out
+}
+
+/// The length of a UUID (8-4-4-4-12 hex digits, `-` or `_` between) at the start of `b`.
+fn uuid_at(b: &[u8]) -> Option<usize> {
+    const GROUPS: [usize; 5] = [8, 4, 4, 4, 12];
+    let mut at = 0;
+    for (n, len) in GROUPS.into_iter().enumerate() {
+        if n > 0 {
+            matches!(b.get(at), Some(b'-' | b'_')).then_some(())?;
+            at += 1;
+        }
+        let group = b.get(at..at + len)?;
+        group.iter().all(u8::is_ascii_hexdigit).then_some(())?;
+        at += len;
+    }
+    // Not the head of a longer hex run.
+    (!b.get(at).is_some_and(u8::is_ascii_hexdigit)).then_some(at)
 }
 
 /// Where each process ran: `attaches` are (pid, cgroup path) moves seen during the window; a
@@ -217,21 +286,27 @@ pub fn programs<S: std::hash::BuildHasher>(
             l
         })
         .collect();
-    let mut groups: BTreeMap<(String, String, String), Vec<&Lifetime>> = BTreeMap::new();
+    // (comm, exe, place) -> its lifetimes and the cgroups the place stands for.
+    type Group<'a> = (Vec<&'a Lifetime>, BTreeSet<&'a str>);
+    let mut groups: BTreeMap<(String, String, String), Group<'_>> = BTreeMap::new();
     for l in &in_window {
+        let cgroup = cgroups.get(&l.pid).map_or("", String::as_str);
         let place = if by_parent {
             format!("parent {}", l.ppid)
         } else {
-            cgroups.get(&l.pid).cloned().unwrap_or_default()
+            cgroup_place(cgroup)
         };
-        groups
+        let (ls, seen) = groups
             .entry((l.comm.clone(), l.exe.clone(), place))
-            .or_default()
-            .push(l);
+            .or_default();
+        ls.push(l);
+        if !cgroup.is_empty() {
+            seen.insert(cgroup);
+        }
     }
     let mut out: Vec<Program> = groups
         .into_iter()
-        .map(|((comm, exe, place), mut ls)| {
+        .map(|((comm, exe, place), (mut ls, seen))| {
             ls.sort_by_key(|l| l.fork_ns.or(l.exec_ns).unwrap_or(0));
             let started: Vec<&&Lifetime> = ls.iter().filter(|l| l.started()).collect();
             let mut exits: BTreeMap<String, u64> = BTreeMap::new();
@@ -263,6 +338,7 @@ pub fn programs<S: std::hash::BuildHasher>(
                 comm,
                 exe,
                 cgroup: if by_parent { String::new() } else { place },
+                cgroups_seen: seen.len(),
                 pids: started.iter().map(|l| l.pid).collect(),
                 exits,
                 failing,

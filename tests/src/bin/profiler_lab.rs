@@ -25,6 +25,10 @@ enum LabCommand {
         /// Pause between an exit and the next start, ms (systemd's RestartSec).
         #[arg(long, default_value_t = 100)]
         restart_ms: u64,
+        /// Each attempt in a cgroup of its own (`run-<n>`), made and removed by `mkdir` and
+        /// `rmdir` processes, as a container runtime or a shell supervisor does.
+        #[arg(long)]
+        per_attempt: bool,
         #[arg(long)]
         cleanup: bool,
     },
@@ -33,6 +37,8 @@ enum LabCommand {
     Supervisor {
         #[arg(long)]
         restart_ms: u64,
+        #[arg(long)]
+        per_attempt: bool,
     },
     /// Write a synthetic capture of CPUS x HZ x SECONDS samples (`cargo xtask bench heatmap`).
     Synth {
@@ -95,17 +101,28 @@ fn run(cmd: LabCommand) -> anyhow::Result<()> {
                 r.starts, r.before, r.after
             );
         }
-        LabCommand::Crashloop { restart_ms, .. } => {
-            let pid = crashloop::crashloop(restart_ms)?;
+        LabCommand::Crashloop {
+            restart_ms,
+            per_attempt,
+            ..
+        } => {
+            let pid = crashloop::crashloop(restart_ms, per_attempt)?;
+            let cgroup = if per_attempt {
+                format!("{}N, a new one each time", crashloop::ATTEMPT_PREFIX)
+            } else {
+                crashloop::SERVICE.to_owned()
+            };
             println!(
-                "supervisor pid {pid} restarts {} every {restart_ms} ms in {}/{}; log: {}/log",
+                "supervisor pid {pid} restarts {} every {restart_ms} ms in {}/{cgroup}; log: {}/log",
                 crashloop::PROGRAM,
                 crashloop::CRASHLOOP_CGROUP,
-                crashloop::SERVICE,
                 crashloop::CRASHLOOP_DIR
             );
         }
-        LabCommand::Supervisor { restart_ms } => crashloop::supervisor(restart_ms)?,
+        LabCommand::Supervisor {
+            restart_ms,
+            per_attempt,
+        } => crashloop::supervisor(restart_ms, per_attempt)?,
         LabCommand::Synth {
             cpus,
             hz,

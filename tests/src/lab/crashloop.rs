@@ -4,6 +4,10 @@
 //! page cache and exits with status 2), removes the cgroup and starts again. Every start and
 //! exit goes to a log the tests compare with what the doctor saw. `profiler-lab crashloop`
 //! (and `cargo xtask lab crashloop`) run it; `--cleanup` undoes it.
+//!
+//! With `--per-attempt` the supervisor starts each attempt in a cgroup of its own,
+//! `run-<n>` (as a container runtime makes a new container, or a shell supervisor a numbered
+//! cgroup), and creates and removes it with short-lived `mkdir` and `rmdir` processes.
 use std::{
     ffi::CString,
     fs,
@@ -21,6 +25,8 @@ use super::{force_empty, kill, memory_count, memory_parent, running, set_comm, s
 pub const CRASHLOOP_CGROUP: &str = "profiler-crashloop";
 /// The service's cgroup, created anew for every start (as systemd does for a unit).
 pub const SERVICE: &str = "crashy-agent.service";
+/// With `--per-attempt`, attempt n's cgroup is `run-<n>`.
+pub const ATTEMPT_PREFIX: &str = "run-";
 /// Where the script, its files (page cache), the log and the supervisor's pid live.
 pub const CRASHLOOP_DIR: &str = "/var/tmp/profiler-crashloop";
 /// The looping program's name (the script's, hence its comm).
@@ -83,7 +89,7 @@ fn running_supervisor() -> Option<u32> {
 }
 
 /// Starts the supervisor (in its own session: it outlives this command); returns its pid.
-pub fn crashloop(restart_ms: u64) -> anyhow::Result<u32> {
+pub fn crashloop(restart_ms: u64, per_attempt: bool) -> anyhow::Result<u32> {
     let parent = parent()?;
     if let Some(pid) = running_supervisor() {
         return Ok(pid);
@@ -96,11 +102,45 @@ pub fn crashloop(restart_ms: u64) -> anyhow::Result<u32> {
         fs::create_dir(&parent).with_context(|| format!("mkdir {}", parent.display()))?;
     }
     let restart_ms = restart_ms.to_string();
-    spawn_detached(
-        &["supervisor", "--restart-ms", &restart_ms],
-        &pid_file(),
-        "supervisor",
-    )
+    let mut args = vec!["supervisor", "--restart-ms", &restart_ms];
+    if per_attempt {
+        args.push("--per-attempt");
+    }
+    spawn_detached(&args, &pid_file(), "supervisor")
+}
+
+/// Attempt `n`'s cgroup: the service's, made anew by the supervisor itself, or with
+/// `per_attempt` a cgroup of its own made by a `mkdir` process.
+fn make_attempt_cgroup(parent: &Path, n: u64, per_attempt: bool) -> anyhow::Result<PathBuf> {
+    if !per_attempt {
+        let service = parent.join(SERVICE);
+        if service.exists() {
+            let _ = fs::remove_dir(&service);
+        }
+        fs::create_dir(&service).with_context(|| format!("mkdir {}", service.display()))?;
+        return Ok(service);
+    }
+    let attempt = parent.join(format!("{ATTEMPT_PREFIX}{n}"));
+    helper("mkdir", &attempt)?;
+    Ok(attempt)
+}
+
+/// Removes an attempt's cgroup as `make_attempt_cgroup` made it.
+fn remove_attempt_cgroup(cgroup: &Path, per_attempt: bool) -> anyhow::Result<()> {
+    if per_attempt {
+        return helper("rmdir", cgroup);
+    }
+    fs::remove_dir(cgroup).with_context(|| format!("rmdir {}", cgroup.display()))
+}
+
+/// Runs `/bin/<tool> <path>` to its end.
+fn helper(tool: &str, path: &Path) -> anyhow::Result<()> {
+    let status = std::process::Command::new(format!("/bin/{tool}"))
+        .arg(path)
+        .status()
+        .with_context(|| format!("running {tool}"))?;
+    anyhow::ensure!(status.success(), "{tool} {}: {status}", path.display());
+    Ok(())
 }
 
 fn mono_ns() -> u64 {
@@ -114,9 +154,9 @@ fn mono_ns() -> u64 {
 }
 
 /// The supervisor's body: names itself `supervisor` and restarts the program until killed.
-pub fn supervisor(restart_ms: u64) -> anyhow::Result<()> {
+pub fn supervisor(restart_ms: u64, per_attempt: bool) -> anyhow::Result<()> {
     set_comm(c"supervisor");
-    let service = parent()?.join(SERVICE);
+    let parent = parent()?;
     let script = CString::new(format!("{CRASHLOOP_DIR}/{PROGRAM}"))?;
     let argv = [script.as_ptr(), std::ptr::null()];
     let mut log = fs::OpenOptions::new()
@@ -124,11 +164,11 @@ pub fn supervisor(restart_ms: u64) -> anyhow::Result<()> {
         .append(true)
         .open(Path::new(CRASHLOOP_DIR).join("log"))?;
     let start = Instant::now();
-    while start.elapsed() < SUPERVISOR_MAX {
-        if service.exists() {
-            let _ = fs::remove_dir(&service);
+    for n in 0.. {
+        if start.elapsed() >= SUPERVISOR_MAX {
+            break;
         }
-        fs::create_dir(&service).with_context(|| format!("mkdir {}", service.display()))?;
+        let service = make_attempt_cgroup(&parent, n, per_attempt)?;
         let mut fds = [0i32; 2];
         // SAFETY: a pipe into a two-int array.
         if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
@@ -166,7 +206,7 @@ pub fn supervisor(restart_ms: u64) -> anyhow::Result<()> {
         unsafe { libc::waitpid(pid, &raw mut status, 0) };
         let _ = writeln!(log, "exit {pid} {status} {}", mono_ns());
         moved.with_context(|| format!("moving {pid} into {}", service.display()))?;
-        fs::remove_dir(&service).with_context(|| format!("rmdir {}", service.display()))?;
+        remove_attempt_cgroup(&service, per_attempt)?;
         std::thread::sleep(Duration::from_millis(restart_ms));
     }
     Ok(())
@@ -204,9 +244,12 @@ pub fn cleanup() -> anyhow::Result<CleanupReport> {
     let parent = parent()?;
     if parent.exists() {
         force_empty(&parent);
-        let service = parent.join(SERVICE);
-        if service.exists() {
-            fs::remove_dir(&service).with_context(|| format!("rmdir {}", service.display()))?;
+        for entry in fs::read_dir(&parent)?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if (name == SERVICE || name.starts_with(ATTEMPT_PREFIX)) && entry.path().is_dir() {
+                fs::remove_dir(entry.path())
+                    .with_context(|| format!("rmdir {}", entry.path().display()))?;
+            }
         }
         fs::remove_dir(&parent).with_context(|| format!("rmdir {}", parent.display()))?;
     }

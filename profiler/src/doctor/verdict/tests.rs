@@ -34,8 +34,10 @@ fn findings(dying: u64, kubelet_memcg: u64, mkdirs: u64) -> Findings {
             mkdirs,
             rmdirs: mkdirs,
             parents: vec![("/lab".into(), 2 * mkdirs)],
+            via: vec![],
         }],
         churn_error: None,
+        dying_memory: None,
         programs: vec![],
         attach_error: None,
         kernel_events: vec![],
@@ -119,6 +121,69 @@ fn a_crash_loop_names_the_program_as_cause_and_the_supervisor_as_creator() {
             .iter()
             .all(|p| !p.starts_with("crash loop"))
     );
+}
+
+/// A supervisor starting each attempt in a new cgroup and making them through helpers: one
+/// crash loop, in a place with the number of its cgroups, the churn charged to the supervisor
+/// through its helpers, and the dying count's growth projected.
+#[test]
+fn a_new_cgroup_per_attempt_made_by_helpers_is_one_loop_charged_to_the_supervisor() {
+    use crate::profile::lifecycle::{cgroup_of, programs};
+    let mut f = findings(28, 10, 0);
+    f.dying_memory = Some((28, 82));
+    let mut ls = Vec::new();
+    let mut churn = Vec::new();
+    let mut at = Vec::new();
+    for i in 0..30u32 {
+        let t = u64::from(i + 1) * 300_000_000;
+        let life = |pid: u32, comm: &str, exe: &str, status: u32| crate::profile::Lifetime {
+            pid,
+            ppid: 9,
+            comm: comm.into(),
+            exe: exe.into(),
+            fork_ns: Some(t),
+            exec_ns: None,
+            exit_ns: Some(t + 5_000_000),
+            exit_status: Some(status),
+        };
+        ls.push(life(100 + i, "zagent", "/usr/bin/zagent", 2 << 8));
+        ls.push(life(1000 + i, "mkdir", "/usr/bin/mkdir", 0));
+        ls.push(life(2000 + i, "rmdir", "/usr/bin/rmdir", 0));
+        at.push((100 + i, format!("/zsvc/run-{i}")));
+        for (pid, comm, mkdirs) in [(1000 + i, "mkdir", 1), (2000 + i, "rmdir", 0)] {
+            churn.push(ChurnCount {
+                pid,
+                comm: comm.into(),
+                mkdirs,
+                rmdirs: 1 - mkdirs,
+                parents: vec![("/zsvc".into(), 1)],
+                via: vec![],
+            });
+        }
+    }
+    f.churn = super::super::churn::charge_to_supervisors(churn, &ls, |pid| pid == 9);
+    f.churn[0].comm = "zsuper".into();
+    f.programs = programs(&ls, &cgroup_of(&ls, &at), false, f.duration_s);
+    assert_eq!(
+        f.programs.iter().filter(|p| p.crash_loop).count(),
+        1,
+        "{:?}",
+        f.programs
+    );
+    let v = judge(&f);
+    assert_eq!(v.level, Level::Alarm, "{v:?}");
+    let line = v
+        .problems
+        .iter()
+        .find(|p| p.starts_with("crash loop"))
+        .unwrap();
+    for part in [
+        "zagent in cgroup /zsvc/run-* (a new one each time: 30 cgroups) exited with code 2 and was restarted 30 times",
+        "zsuper (pid 9) created 30 cgroups beside it and removed 30 (through mkdir x30, rmdir x30)",
+        "+54 dying memory cgroups in 10.0 s (now 82): ~19,000 an hour",
+    ] {
+        assert!(line.contains(part), "{part}\n in {line}");
+    }
 }
 
 #[test]

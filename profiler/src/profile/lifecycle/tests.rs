@@ -171,3 +171,91 @@ fn records_read_after_the_window_are_left_out() {
     assert_eq!(ps[0].pids, [1, 2]);
     assert_eq!(ps[0].exits, [("code 2".to_owned(), 2)]);
 }
+
+#[test]
+fn per_attempt_ids_fold_and_names_stay() {
+    let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let uid = "0a1b2c3d-1111-2222-3333-444455556666";
+    let cases = [
+        (
+            format!("/system.slice/docker-{id}.scope"),
+            "/system.slice/docker-*.scope",
+        ),
+        (
+            format!("/system.slice/cri-containerd-{id}.scope"),
+            "/system.slice/cri-containerd-*.scope",
+        ),
+        (
+            format!("/machine.slice/crio-{id}.scope"),
+            "/machine.slice/crio-*.scope",
+        ),
+        (format!("/docker/{id}"), "/docker/*"),
+        (
+            format!("/kubepods/burstable/pod{uid}/{id}"),
+            "/kubepods/burstable/pod*/*",
+        ),
+        (
+            format!(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice",
+                uid.replace('-', "_")
+            ),
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod*.slice",
+        ),
+        ("/zsvc/run-100".to_owned(), "/zsvc/run-*"),
+        ("/svc/attempt7".to_owned(), "/svc/attempt*"),
+        (
+            "/system.slice/run-u42.scope".to_owned(),
+            "/system.slice/run-u*.scope",
+        ),
+        (
+            "/system.slice/run-r0123456789abcdef0123456789abcdef.scope".to_owned(),
+            "/system.slice/run-r*.scope",
+        ),
+        (
+            "/system.slice/kubelet.service".to_owned(),
+            "/system.slice/kubelet.service",
+        ),
+        ("/kubepods/burstable".to_owned(), "/kubepods/burstable"),
+        (String::new(), ""),
+    ];
+    for (path, place) in cases {
+        assert_eq!(cgroup_place(&path), place, "{path}");
+    }
+    // Not a UUID (its last group is short): not folded as one id.
+    assert_ne!(
+        cgroup_place("/a/0a1b2c3d-1111-2222-3333-44445555666"),
+        "/a/*"
+    );
+}
+
+/// A supervisor starting each attempt in a new cgroup (`/zsvc/run-N`) restarts one program:
+/// one crash loop over every attempt, with the number of cgroups it used.
+#[test]
+fn a_new_cgroup_per_attempt_is_one_program() {
+    let (ls, _) = looping(12, 60.0);
+    let at: Vec<(u32, String)> = ls
+        .iter()
+        .map(|l| (l.pid, format!("/zsvc/run-{}", l.pid)))
+        .collect();
+    let ps = programs(&ls, &cgroup_of(&ls, &at), false, 60.0);
+    assert_eq!(ps.len(), 1, "{ps:?}");
+    let p = &ps[0];
+    assert!(p.crash_loop, "{p:?}");
+    assert_eq!(
+        (p.cgroup.as_str(), p.cgroups_seen, p.starts()),
+        ("/zsvc/run-*", 12, 12)
+    );
+    assert!(
+        p.summary().contains("in /zsvc/run-* (12 cgroups)"),
+        "{}",
+        p.summary()
+    );
+    // Restarted in the same cgroup: one cgroup, said as before.
+    let same = judge(5, 60.0);
+    assert_eq!(same.cgroups_seen, 1);
+    assert!(
+        same.summary().contains("in /lab/svc:"),
+        "{}",
+        same.summary()
+    );
+}
