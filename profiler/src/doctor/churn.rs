@@ -1,8 +1,10 @@
 //! Cgroup churn charged to who causes it. A supervisor that creates and removes each
 //! attempt's cgroup through short-lived helpers (`mkdir`, `rmdir`, a runtime's hook or shim)
 //! is the churner; counted per process, its churn would be split into one small line per
-//! helper. So the counts of a process that ended within the window go to its nearest
-//! ancestor that did not, with the helpers named (`ChurnCount::via`). The tracer runs a
+//! helper. So the counts of a helper (a process gone by the end that made or removed at most
+//! `HELPER_MAX_CHANGES` cgroups: a tool run once per attempt) go to its nearest ancestor
+//! still running, with the helpers named (`ChurnCount::via`). A gone process that made many
+//! cgroups did the churn itself, and keeps it. The tracer runs a
 //! moment longer than the profile's records: a helper of those edges, whose parent no record
 //! names, goes to the supervisor whose helpers share its name and parent cgroup.
 use std::collections::{BTreeMap, HashMap};
@@ -11,6 +13,8 @@ use crate::{bpf::churn::ChurnCount, profile::Lifetime};
 
 /// Generations walked up from a helper at most (a shell that runs a hook that runs mkdir).
 const MAX_GENERATIONS: usize = 8;
+/// cgroups a helper makes and removes in its life at most (`mkdir -p` of a few levels).
+const HELPER_MAX_CHANGES: u64 = 4;
 
 /// `churn` with each short-lived process's counts moved to its long-lived ancestor, most
 /// cgroups created and removed first. `alive` tells whether a process still runs (its exit
@@ -25,12 +29,17 @@ pub(crate) fn charge_to_supervisors(
         lifetimes.iter().map(|l| (l.pid, l.comm.clone())).collect();
     comm.extend(churn.iter().map(|c| (c.pid, c.comm.clone())));
     let mut by_owner: BTreeMap<u32, ChurnCount> = BTreeMap::new();
-    // A gone process whose parent no record names is one of the edges.
-    let (known, edges): (Vec<ChurnCount>, Vec<ChurnCount>) = churn
+    // A helper whose parent no record names is one of the edges.
+    let helper = |c: &ChurnCount| !alive(c.pid) && c.mkdirs + c.rmdirs <= HELPER_MAX_CHANGES;
+    let (edges, known): (Vec<ChurnCount>, Vec<ChurnCount>) = churn
         .into_iter()
-        .partition(|c| alive(c.pid) || life.get(&c.pid).is_some_and(|l| l.ppid != 0));
+        .partition(|c| helper(c) && life.get(&c.pid).is_none_or(|l| l.ppid == 0));
     for c in known {
-        let owner = long_lived_ancestor(c.pid, &life, &alive);
+        let owner = if helper(&c) {
+            long_lived_ancestor(c.pid, &life, &alive)
+        } else {
+            c.pid
+        };
         let e = by_owner.entry(owner).or_insert_with(|| ChurnCount {
             pid: owner,
             comm: comm.get(&owner).cloned().unwrap_or_default(),
@@ -193,5 +202,20 @@ mod tests {
         assert_eq!(s.via, [("mkdir".to_owned(), 2)]);
         // rmdir: the supervisor ran no rmdir the window saw; /elsewhere: another parent.
         assert_eq!(out.len(), 3, "{out:?}");
+    }
+
+    /// A short-lived process that made many cgroups (a script creating 500) did the churn
+    /// itself: it keeps it, whoever started it.
+    #[test]
+    fn a_gone_process_with_much_churn_keeps_it() {
+        let lives = [life(5, 4, "lab", true), life(4, 0, "test-runner", false)];
+        let out = charge_to_supervisors(vec![churn(5, "lab", 500, 500)], &lives, |pid| {
+            alive(&lives, pid)
+        });
+        assert_eq!(
+            (out[0].pid, out[0].comm.as_str(), out[0].mkdirs),
+            (5, "lab", 500)
+        );
+        assert!(out[0].via.is_empty());
     }
 }
