@@ -207,22 +207,52 @@ fn check_cleanup(guard: LabGuard) {
     );
 }
 
+/// A doctor run on the lab started with `lab_args`, and the lab's log of that time.
+struct LabRun {
+    guard: LabGuard,
+    supervisor: u64,
+    /// The text report (stderr).
+    text: String,
+    json: Value,
+    log_starts: Vec<(u32, u64)>,
+    log_exits: HashMap<u32, u32>,
+}
+
+fn doctor_on_the_lab(lab_args: &[&str], duration: &str) -> LabRun {
+    let (guard, said) = start_lab(lab_args);
+    eprintln!("lab: {said}");
+    let supervisor = supervisor_pid(&said);
+    let out = run_profiler(&["doctor", "--duration", duration, "--json"], TIMEOUT);
+    expect_success(&out, "profiler doctor");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("{text}");
+    let json = doctor_json(&out.stdout);
+    // Read before cleanup removes it.
+    let (log_starts, log_exits) = read_log();
+    LabRun {
+        guard,
+        supervisor,
+        text,
+        json,
+        log_starts,
+        log_exits,
+    }
+}
+
 #[test]
 fn doctor_names_the_crash_loop_its_cgroup_and_its_supervisor() {
     if !require_bpf() || !has_memory_v1() {
         return;
     }
     let _lock = exclusive();
-    let (guard, said) = start_lab(&[]);
-    eprintln!("lab: {said}");
-    let supervisor = supervisor_pid(&said);
-    let out = run_profiler(&["doctor", "--duration", "20s", "--json"], TIMEOUT);
-    expect_success(&out, "profiler doctor");
-    let text = String::from_utf8_lossy(&out.stderr).into_owned();
-    eprintln!("{text}");
-    let v = doctor_json(&out.stdout);
-    // Read before cleanup removes it.
-    let (log_starts, log_exits) = read_log();
+    let LabRun {
+        guard,
+        supervisor,
+        text,
+        json: v,
+        log_starts,
+        log_exits,
+    } = doctor_on_the_lab(&[], "20s");
 
     let sh = std::fs::canonicalize("/bin/sh").unwrap();
     let p = crashy_agent_loop(&v, &sh, supervisor, CGROUP);
@@ -244,15 +274,14 @@ fn doctor_finds_a_crash_loop_with_a_new_cgroup_per_attempt() {
         return;
     }
     let _lock = exclusive();
-    let (guard, said) = start_lab(&["--per-attempt"]);
-    eprintln!("lab: {said}");
-    let supervisor = supervisor_pid(&said);
-    let out = run_profiler(&["doctor", "--duration", "15s", "--json"], TIMEOUT);
-    expect_success(&out, "profiler doctor");
-    let text = String::from_utf8_lossy(&out.stderr).into_owned();
-    eprintln!("{text}");
-    let v = doctor_json(&out.stdout);
-    let (log_starts, log_exits) = read_log();
+    let LabRun {
+        guard,
+        supervisor,
+        text,
+        json: v,
+        log_starts,
+        log_exits,
+    } = doctor_on_the_lab(&["--per-attempt"], "15s");
 
     let sh = std::fs::canonicalize("/bin/sh").unwrap();
     let place = "/profiler-crashloop/run-*";

@@ -251,9 +251,8 @@ pub fn cgroup_of(lifetimes: &[Lifetime], attaches: &[(u32, String)]) -> HashMap<
 }
 
 /// Groups the lifetimes of a window of `window_s` into programs, most failing exits first
-/// (then most starts). With
-/// `by_parent` (captures, which keep no cgroups) the parent pid stands in for the cgroup: one
-/// supervisor restarting one program. `comm_of` names parents.
+/// (then most starts). With `by_parent` (captures, which keep no cgroups) the parent pid
+/// stands in for the cgroup: one supervisor restarting one program.
 pub fn programs<S: std::hash::BuildHasher>(
     lifetimes: &[Lifetime],
     cgroups: &HashMap<u32, String, S>,
@@ -261,14 +260,36 @@ pub fn programs<S: std::hash::BuildHasher>(
     window_s: f64,
 ) -> Vec<Program> {
     let comm_of: HashMap<u32, &str> = lifetimes.iter().map(|l| (l.pid, l.comm.as_str())).collect();
-    // Records read after the window closed (the last drain) belong to no window: a start
-    // after it is dropped, an exit after it is not yet an exit (the exit-status tracepoint is
-    // detached by then, so its status would read as unknown).
-    // Records from before the window (read at its start, before the exit-status tracepoint
-    // was attached) carry offset 0 (`collect::lifetimes` clamps them there): a process that
-    // ended there is left out, one that started there counts as started before the window.
+    let in_window = within_window(lifetimes, window_s);
+    let mut out: Vec<Program> = group_by_place(&in_window, cgroups, by_parent)
+        .into_iter()
+        .map(|((comm, exe, place), (ls, seen))| {
+            let mut p = program(ls, &comm_of, window_s);
+            (p.comm, p.exe, p.cgroups_seen) = (comm, exe, seen.len());
+            if !by_parent {
+                // Only a program moved into a cgroup by its starter, as a service manager or
+                // container runtime starts a service, can be a crash loop in the doctor: a
+                // shell loop running `grep` (exit 1) is not.
+                p.crash_loop &= !place.is_empty();
+                p.cgroup = place;
+            }
+            p
+        })
+        .collect();
+    out.sort_by_key(|p| std::cmp::Reverse((p.failing, p.starts())));
+    out
+}
+
+/// The lifetimes as the window saw them. Records read after the window closed (the last
+/// drain) belong to no window: a start after it is dropped, an exit after it is not yet an
+/// exit (the exit-status tracepoint is detached by then, so its status would read as
+/// unknown). Records from before the window (read at its start, before the exit-status
+/// tracepoint was attached) carry offset 0 (`process::lifetimes` clamps them there): a
+/// process that ended there is left out, one that started there counts as started before
+/// the window.
+fn within_window(lifetimes: &[Lifetime], window_s: f64) -> Vec<Lifetime> {
     let window_ns = (window_s.max(0.0) * 1e9) as u64;
-    let in_window: Vec<Lifetime> = lifetimes
+    lifetimes
         .iter()
         .filter(|l| l.fork_ns.or(l.exec_ns).is_none_or(|t| t <= window_ns))
         .filter(|l| l.exit_ns != Some(0))
@@ -285,11 +306,21 @@ pub fn programs<S: std::hash::BuildHasher>(
             }
             l
         })
-        .collect();
-    // (comm, exe, place) -> its lifetimes and the cgroups the place stands for.
-    type Group<'a> = (Vec<&'a Lifetime>, BTreeSet<&'a str>);
-    let mut groups: BTreeMap<(String, String, String), Group<'_>> = BTreeMap::new();
-    for l in &in_window {
+        .collect()
+}
+
+/// (comm, exe, place) -> its lifetimes and the cgroups the place stands for.
+type Groups<'a> = BTreeMap<(String, String, String), (Vec<&'a Lifetime>, BTreeSet<&'a str>)>;
+
+/// Lifetimes grouped into programs: the same comm and executable in the same place
+/// (`cgroup_place`, or the parent with `by_parent`).
+fn group_by_place<'a, S: std::hash::BuildHasher>(
+    lifetimes: &'a [Lifetime],
+    cgroups: &'a HashMap<u32, String, S>,
+    by_parent: bool,
+) -> Groups<'a> {
+    let mut groups = Groups::new();
+    for l in lifetimes {
         let cgroup = cgroups.get(&l.pid).map_or("", String::as_str);
         let place = if by_parent {
             format!("parent {}", l.ppid)
@@ -304,62 +335,50 @@ pub fn programs<S: std::hash::BuildHasher>(
             seen.insert(cgroup);
         }
     }
-    let mut out: Vec<Program> = groups
-        .into_iter()
-        .map(|((comm, exe, place), (mut ls, seen))| {
-            ls.sort_by_key(|l| l.fork_ns.or(l.exec_ns).unwrap_or(0));
-            let started: Vec<&&Lifetime> = ls.iter().filter(|l| l.started()).collect();
-            let mut exits: BTreeMap<String, u64> = BTreeMap::new();
-            let mut lives: Vec<u64> = Vec::new();
-            let mut failing = 0;
-            let mut parents: BTreeMap<u32, u64> = BTreeMap::new();
-            for l in &ls {
-                if l.started() {
-                    *parents.entry(l.ppid).or_default() += 1;
-                }
-                let Some(exit) = l.exit_ns else { continue };
-                *exits.entry(exit_name(l)).or_default() += 1;
-                failing += u64::from(failed(l));
-                if let Some(start) = l.fork_ns.or(l.exec_ns) {
-                    lives.push(exit.saturating_sub(start));
-                }
-            }
-            lives.sort_unstable();
-            let mut exits: Vec<(String, u64)> = exits.into_iter().collect();
-            exits.sort_by_key(|e| std::cmp::Reverse(e.1));
-            let mut parents: Vec<(u32, String, u64)> = parents
-                .into_iter()
-                .map(|(p, n)| (p, comm_of.get(&p).copied().unwrap_or("").to_owned(), n))
-                .collect();
-            parents.sort_by_key(|p| std::cmp::Reverse(p.2));
-            let starts = started.len() as u64;
-            let minutes = window_s.max(0.001) / 60.0;
-            Program {
-                comm,
-                exe,
-                cgroup: if by_parent { String::new() } else { place },
-                cgroups_seen: seen.len(),
-                pids: started.iter().map(|l| l.pid).collect(),
-                exits,
-                failing,
-                median_lifetime_ns: lives.get(lives.len() / 2).copied(),
-                parents,
-                failing_per_min: failing as f64 / minutes,
-                starts_per_min: starts as f64 / minutes,
-                crash_loop: is_crash_loop(starts, failing, window_s),
-            }
-        })
-        .collect();
-    if !by_parent {
-        // Only a program moved into a cgroup by its starter, as a service manager or container
-        // runtime starts a service, can be a crash loop in the doctor: a shell loop running
-        // `grep` (exit 1) is not.
-        for p in &mut out {
-            p.crash_loop &= !p.cgroup.is_empty();
+    groups
+}
+
+/// One program's starts, exits, lifetimes and starters over a window of `window_s`; its
+/// name and place are the caller's to fill. `comm_of` names the starters.
+fn program(mut ls: Vec<&Lifetime>, comm_of: &HashMap<u32, &str>, window_s: f64) -> Program {
+    ls.sort_by_key(|l| l.fork_ns.or(l.exec_ns).unwrap_or(0));
+    let started: Vec<&&Lifetime> = ls.iter().filter(|l| l.started()).collect();
+    let mut exits: BTreeMap<String, u64> = BTreeMap::new();
+    let mut lives: Vec<u64> = Vec::new();
+    let mut failing = 0;
+    let mut parents: BTreeMap<u32, u64> = BTreeMap::new();
+    for l in &ls {
+        if l.started() {
+            *parents.entry(l.ppid).or_default() += 1;
+        }
+        let Some(exit) = l.exit_ns else { continue };
+        *exits.entry(exit_name(l)).or_default() += 1;
+        failing += u64::from(failed(l));
+        if let Some(start) = l.fork_ns.or(l.exec_ns) {
+            lives.push(exit.saturating_sub(start));
         }
     }
-    out.sort_by_key(|p| std::cmp::Reverse((p.failing, p.starts())));
-    out
+    lives.sort_unstable();
+    let mut exits: Vec<(String, u64)> = exits.into_iter().collect();
+    exits.sort_by_key(|e| std::cmp::Reverse(e.1));
+    let mut parents: Vec<(u32, String, u64)> = parents
+        .into_iter()
+        .map(|(p, n)| (p, comm_of.get(&p).copied().unwrap_or("").to_owned(), n))
+        .collect();
+    parents.sort_by_key(|p| std::cmp::Reverse(p.2));
+    let starts = started.len() as u64;
+    let minutes = window_s.max(0.001) / 60.0;
+    Program {
+        pids: started.iter().map(|l| l.pid).collect(),
+        exits,
+        failing,
+        median_lifetime_ns: lives.get(lives.len() / 2).copied(),
+        parents,
+        failing_per_min: failing as f64 / minutes,
+        starts_per_min: starts as f64 / minutes,
+        crash_loop: is_crash_loop(starts, failing, window_s),
+        ..Program::default()
+    }
 }
 
 #[cfg(test)]
