@@ -22,6 +22,13 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     line
 }
 
+/// A running process's comm, from /proc; None once it is gone.
+pub(crate) fn proc_comm(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|c| c.trim_end().to_owned())
+}
+
 /// A kernel comm (NUL padded, not always UTF-8) as a string.
 pub(crate) fn comm_str(raw: &[u8]) -> String {
     let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());

@@ -10,7 +10,7 @@ use super::{
 use crate::{
     http::{Request, Response},
     output,
-    profile::{GroupBy, Profile},
+    profile::{GroupBy, Profile, lifecycle::json::ProgramJson},
     store::{Query, ReadLimits, Store, StoreError},
     util::unix_now_ns,
 };
@@ -48,12 +48,38 @@ pub(crate) async fn handle(state: Rc<State>, req: Request) -> Response {
         "/debug/pprof/profile" => pprof(&state, &req).await,
         "/api/flamegraph" => stored(&state, &req, true).await,
         "/api/heatmap" => stored(&state, &req, false).await,
+        "/api/programs" => only(&req, &[]).map(|()| programs(&state)),
         _ => Err(Response::text(
             404,
-            "not found; try /healthz, /metrics, /debug/pprof/profile, /api/flamegraph, /api/heatmap",
+            "not found; try /healthz, /metrics, /debug/pprof/profile, /api/flamegraph, \
+             /api/heatmap, /api/programs",
         )),
     };
     result.unwrap_or_else(|r| r)
+}
+
+/// The last window's programs, crash loops first, one object each as `doctor --json` has
+/// them.
+fn programs(state: &State) -> Response {
+    #[derive(serde::Serialize)]
+    struct Programs<'a> {
+        /// "cgroup" (places, as the doctor groups) or "supervisor" (no cgroup tracing).
+        grouped_by: &'static str,
+        programs: Vec<ProgramJson<'a>>,
+    }
+    let m = state.shared.metrics();
+    let body = Programs {
+        grouped_by: if m.programs_by_cgroup {
+            "cgroup"
+        } else {
+            "supervisor"
+        },
+        programs: m.programs.iter().map(ProgramJson::from).collect(),
+    };
+    Response::ok(
+        "application/json",
+        serde_json::to_vec(&body).expect("plain data serializes"),
+    )
 }
 
 /// Rejects parameters outside `known`: a typo should not silently mean the default.

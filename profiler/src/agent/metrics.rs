@@ -8,13 +8,18 @@ use std::{
 
 use crate::{
     profile::memcg,
-    profile::{Counters, Profile, lifecycle},
+    profile::{
+        Counters, Lifetime, Profile,
+        lifecycle::{self, Program},
+    },
 };
 use profiler_common::unwind::ByReason;
 
 /// Distinct label values per metric at most, `other` excluded.
 pub(crate) const MAX_SERIES: usize = 50;
 const OTHER: &str = "other";
+/// Programs kept of a window besides its crash loops (/api/programs).
+const PROGRAMS_KEPT: usize = 10;
 
 /// Cumulative figures since the agent started.
 #[derive(Debug, Default)]
@@ -53,8 +58,15 @@ pub(crate) struct Metrics {
     process_starts: u64,
     /// Process exits by `EXIT_REASONS` (a fixed label set).
     process_exits: [u64; 4],
-    /// Programs in a crash loop in the last window (`profile::lifecycle`).
-    crash_loops: u64,
+    /// The last window's programs (`profile::lifecycle`): its crash loops, then the others
+    /// with the most failing exits (at most `PROGRAMS_KEPT`), for /metrics and /api/programs.
+    pub programs: Vec<Program>,
+    /// Whether those programs were grouped by cgroup place (the churn tracer saw which
+    /// process went into which cgroup) or, without it, by supervisor.
+    pub programs_by_cgroup: bool,
+    /// cgroups created and removed since the start (all hierarchies); None when the churn
+    /// tracer could not start.
+    cgroup_churn: Option<(u64, u64)>,
     /// Process generations whose Python names the drain holds, as of the last cut
     /// (`python::Tracker::python_processes`); None with Python frames off.
     pub python_processes: Option<u64>,
@@ -186,21 +198,50 @@ impl Metrics {
         for (comm, n) in memcg_by_comm {
             self.memcg_by_comm.add(&comm, n as f64 / hz);
         }
-        self.add_lifecycle(p);
     }
 
-    /// Starts, exits by reason and crash loops of one window. The agent traces no cgroup
-    /// moves, so, as for a capture, the parent stands in for the service's cgroup.
-    fn add_lifecycle(&mut self, p: &Profile) {
-        let window_s = p.meta.duration_ns as f64 / 1e9;
-        let programs = lifecycle::programs(&p.lifetimes, &HashMap::new(), true, window_s);
+    /// Starts, exits by reason and crash loops of one window of `window_s`. Its programs
+    /// are grouped as the doctor groups them, by cgroup place, when `attaches` (which process
+    /// went into which cgroup) were traced; else by supervisor, as for a capture.
+    pub(crate) fn add_lifecycle(
+        &mut self,
+        lifetimes: &[Lifetime],
+        attaches: Option<&[(u32, String)]>,
+        window_s: f64,
+    ) {
+        let mut programs = match attaches {
+            Some(a) => {
+                let cgroups = lifecycle::cgroup_of(lifetimes, a);
+                lifecycle::programs(lifetimes, &cgroups, false, window_s)
+            }
+            None => lifecycle::programs(lifetimes, &HashMap::new(), true, window_s),
+        };
         for prog in &programs {
             self.process_starts += prog.starts();
             for (how, n) in &prog.exits {
                 self.process_exits[exit_reason(how)] += n;
             }
         }
-        self.crash_loops = programs.iter().filter(|p| p.crash_loop).count() as u64;
+        let mut kept = 0;
+        programs.retain(|p| {
+            kept += usize::from(!p.crash_loop);
+            p.crash_loop || kept <= PROGRAMS_KEPT
+        });
+        programs.sort_by_key(|p| !p.crash_loop);
+        for p in &mut programs {
+            p.name_starters(crate::util::proc_comm);
+        }
+        self.programs = programs;
+        self.programs_by_cgroup = attaches.is_some();
+    }
+
+    /// One window's cgroup churn (`ChurnTracer::take`).
+    pub(crate) fn add_churn(&mut self, churn: &[crate::bpf::churn::ChurnCount]) {
+        let (made, removed) = self.cgroup_churn.get_or_insert((0, 0));
+        for c in churn {
+            *made += c.mkdirs;
+            *removed += c.rmdirs;
+        }
     }
 
     /// The table walk's figures after a window: its cut-short samples and walks of stack
@@ -420,14 +461,52 @@ impl Metrics {
             "counter",
             &exits,
         );
+        let loops: Vec<&Program> = self.programs.iter().filter(|p| p.crash_loop).collect();
         metric(
             o,
             "profiler_crash_loops",
             "Programs restarted with failing exits at 5 or more a minute in the last window \
-             (same executable and parent; see docs/doctor.md).",
+             (same executable in the same cgroup place, or under the same supervisor; see \
+             docs/doctor.md).",
             "gauge",
-            &[("", value(self.crash_loops))],
+            &[("", value(loops.len() as u64))],
         );
+        let rates: Vec<(String, f64)> = loops
+            .iter()
+            .map(|p| {
+                (
+                    format!(
+                        "comm=\"{}\",exe=\"{}\",cgroup=\"{}\",status=\"{}\"",
+                        escape(&p.comm),
+                        escape(&p.exe),
+                        escape(&p.cgroup),
+                        escape(p.failing_status().unwrap_or(""))
+                    ),
+                    p.starts_per_min,
+                )
+            })
+            .collect();
+        let rates: Vec<(&str, f64)> = rates.iter().map(|(l, n)| (l.as_str(), *n)).collect();
+        metric(
+            o,
+            "profiler_crash_loop_starts_per_minute",
+            "Starts a minute of each program in a crash loop in the last window, by comm, \
+             executable, cgroup place (per-attempt ids as *) and most common failing status.",
+            "gauge",
+            &rates,
+        );
+        if let Some((made, removed)) = self.cgroup_churn {
+            metric(
+                o,
+                "profiler_cgroup_changes_total",
+                "cgroups created and removed (every hierarchy counts its own).",
+                "counter",
+                &[
+                    ("event=\"created\"", value(made)),
+                    ("event=\"removed\"", value(removed)),
+                ],
+            );
+        }
     }
 
     /// The Python processes named and the exec wake-ups; nothing with Python frames off.
@@ -600,7 +679,8 @@ mod tests {
             });
         }
         let mut m = Metrics::default();
-        m.add_lifecycle(&i.finish());
+        let p = i.finish();
+        m.add_lifecycle(&p.lifetimes, None, 60.0);
         let text = m.render();
         for line in [
             "profiler_process_starts_total 8",
@@ -612,6 +692,45 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
         }
+    }
+
+    /// With the cgroups each process went into, a runtime's attempts (one `runc` each, which
+    /// exits with the program's status) are grouped as the doctor groups them: one loop in
+    /// `/docker/*`; the runcs, moved nowhere, are not one.
+    #[test]
+    fn crash_loops_are_grouped_by_cgroup_place_when_attaches_are_traced() {
+        let mut lives = Vec::new();
+        let mut attaches = Vec::new();
+        for k in 0..6u32 {
+            let t = u64::from(k + 1) * 1_000_000_000;
+            for (pid, ppid, comm) in [(300 + k, 9, "runc"), (100 + k, 300 + k, "zagent")] {
+                lives.push(Lifetime {
+                    pid,
+                    ppid,
+                    comm: comm.into(),
+                    fork_ns: Some(t),
+                    exit_ns: Some(t + 5_000_000),
+                    exit_status: Some(2 << 8),
+                    ..Lifetime::default()
+                });
+            }
+            attaches.push((100 + k, format!("/docker/{:064x}", k + 1)));
+        }
+        let mut m = Metrics::default();
+        m.add_lifecycle(&lives, Some(&attaches), 60.0);
+        assert!(m.programs_by_cgroup);
+        assert!(m.programs[0].crash_loop && m.programs[0].comm == "zagent");
+        let text = m.render();
+        for line in [
+            "profiler_crash_loops 1",
+            "profiler_crash_loop_starts_per_minute{comm=\"zagent\",exe=\"\",cgroup=\"/docker/*\",status=\"code 2\"} 6",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+        }
+        // Without them, by supervisor: the runcs exit 2 too, and are a loop of their own.
+        m.add_lifecycle(&lives, None, 60.0);
+        assert!(!m.programs_by_cgroup);
+        assert_eq!(m.programs.iter().filter(|p| p.crash_loop).count(), 2);
     }
 
     #[test]

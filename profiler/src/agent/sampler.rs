@@ -18,6 +18,7 @@ use super::{
     pipeline::{Jobs, Reply, TapError},
 };
 use crate::{
+    bpf::churn::ChurnTracer,
     session::SessionError,
     session::{Notice, Session, SessionConfig, Window},
     util,
@@ -100,13 +101,28 @@ impl Stage {
                     return;
                 }
             };
-            if let Err(e) = self.sample(&mut session).await {
+            // Which process went into which cgroup groups crash loops as the doctor does;
+            // without it they are grouped by supervisor.
+            let mut churn = ChurnTracer::start()
+                .map_err(|e| {
+                    log::warn!(
+                        "cgroup changes are not traced ({}): crash loops are grouped by \
+                         supervisor, not by cgroup",
+                        util::chain(&e)
+                    );
+                })
+                .ok();
+            if let Err(e) = self.sample(&mut session, churn.as_mut()).await {
                 log::error!("sampling failed: {}", util::chain(&e));
             }
         });
     }
 
-    async fn sample(&mut self, session: &mut Session) -> Result<(), SessionError> {
+    async fn sample(
+        &mut self,
+        session: &mut Session,
+        mut churn: Option<&mut ChurnTracer>,
+    ) -> Result<(), SessionError> {
         let mut window_end = Instant::now() + self.window;
         let mut taps: Vec<Tap> = Vec::new();
         let mut taps_open = true;
@@ -157,6 +173,7 @@ impl Stage {
                     tap.parts.push(session.copy_since(tap.since_mono_ns).await?);
                 }
                 let window = session.cut().await?;
+                self.add_lifecycle(&window, churn.as_deref_mut());
                 self.shared.metrics().python_processes =
                     session.python_processes().map(|n| n as u64);
                 self.shared.metrics().python_exec_wakes = session.python_exec_wakes();
@@ -173,6 +190,24 @@ impl Stage {
             if stopping {
                 return Ok(());
             }
+        }
+    }
+
+    /// The window's process lifecycle and cgroup churn into the metrics, before the window
+    /// can be dropped on its way to the symbolizer.
+    fn add_lifecycle(&self, window: &Window, churn: Option<&mut ChurnTracer>) {
+        let (changes, attaches) = churn.map_or((None, None), |c| {
+            let (changes, attaches) = c.take();
+            (Some(changes), attaches)
+        });
+        let mut m = self.shared.metrics();
+        m.add_lifecycle(
+            &window.collected.facts.lifetimes,
+            attaches.as_deref(),
+            window.meta.duration_ns as f64 / 1e9,
+        );
+        if let Some(changes) = changes {
+            m.add_churn(&changes);
         }
     }
 

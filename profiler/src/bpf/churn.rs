@@ -12,6 +12,8 @@ use profiler_common::{
         AttachKey, ChurnKey, EVENT_MKDIR, GLOBAL_TGID_OFFSET, MAP_ATTACH, MAP_CHURN,
         PROGRAM_ATTACH, PROGRAM_MKDIR, PROGRAM_RMDIR,
     },
+    exits::MAP_EXITS,
+    unwind::{MAP_ROWS, MAP_RULES},
 };
 
 use super::BpfError;
@@ -45,12 +47,16 @@ pub(crate) struct ChurnTracer {
 impl ChurnTracer {
     /// Loads and attaches both programs. Needs CAP_BPF + CAP_PERFMON (or root).
     pub(crate) fn start() -> Result<Self, BpfError> {
-        // The object also holds the sampler's 8 MiB ring buffer; this tracer needs none of it.
+        // The object also holds the sampler's maps (an 8 MiB ring buffer, 64 MiB of unwind
+        // rows): this tracer needs none of them, so each is made as small as it can be.
         let tgid_offset = std::fs::read("/sys/kernel/btf/vmlinux")
             .ok()
             .and_then(|btf| super::exits::member_offset(&btf, "task_struct", "tgid"));
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(MAP_SAMPLES, 4096)
+            .map_max_entries(MAP_EXITS, 4096)
+            .map_max_entries(MAP_ROWS, 1)
+            .map_max_entries(MAP_RULES, 1)
             .override_global(GLOBAL_TGID_OFFSET, &tgid_offset.unwrap_or(0), true)
             .load(super::SAMPLER_OBJECT)?;
         for (name, tracepoint) in [
@@ -94,30 +100,25 @@ impl ChurnTracer {
 
     /// Counts so far, one entry per process, most churn first.
     pub(crate) fn counts(&self) -> Vec<ChurnCount> {
-        let mut by_pid = std::collections::BTreeMap::<u32, ChurnCount>::new();
-        for (key, n) in self.counts.iter().flatten() {
-            let e = by_pid.entry(key.pid).or_insert_with(|| ChurnCount {
-                pid: key.pid,
-                comm: crate::util::comm_str(&key.comm),
-                ..ChurnCount::default()
-            });
-            if key.event == EVENT_MKDIR {
-                e.mkdirs += n;
-            } else {
-                e.rmdirs += n;
-            }
-            let parent = crate::util::comm_str(&key.parent);
-            match e.parents.iter_mut().find(|p| p.0 == parent) {
-                Some(p) => p.1 += n,
-                None => e.parents.push((parent, n)),
+        by_process(self.counts.iter().flatten())
+    }
+
+    /// Counts and attaches since the last take (or the start), and the maps emptied for the
+    /// next: a tracer that runs for good (the agent's) reads it window by window. What the
+    /// kernel adds between the read and the removal of a key is lost (a count or two).
+    pub(crate) fn take(&mut self) -> (Vec<ChurnCount>, Option<Vec<(u32, String)>>) {
+        let counts: Vec<(ChurnKey, u64)> = self.counts.iter().flatten().collect();
+        for (key, _) in &counts {
+            let _ = self.counts.remove(key);
+        }
+        let attaches = self.attaches();
+        if let Some(map) = &mut self.attach {
+            let keys: Vec<AttachKey> = map.keys().flatten().collect();
+            for key in &keys {
+                let _ = map.remove(key);
             }
         }
-        let mut v: Vec<ChurnCount> = by_pid.into_values().collect();
-        for c in &mut v {
-            c.parents.sort_by_key(|p| std::cmp::Reverse(p.1));
-        }
-        v.sort_by_key(|c| std::cmp::Reverse(c.mkdirs + c.rmdirs));
-        v
+        (by_process(counts.into_iter()), attaches)
     }
 
     /// Processes moved into cgroups so far: (pid, path within its hierarchy), sorted. A
@@ -134,6 +135,34 @@ impl ChurnTracer {
         v.dedup();
         Some(v)
     }
+}
+
+/// The map's counts summed per process, most churn first.
+fn by_process(counts: impl Iterator<Item = (ChurnKey, u64)>) -> Vec<ChurnCount> {
+    let mut by_pid = std::collections::BTreeMap::<u32, ChurnCount>::new();
+    for (key, n) in counts {
+        let e = by_pid.entry(key.pid).or_insert_with(|| ChurnCount {
+            pid: key.pid,
+            comm: crate::util::comm_str(&key.comm),
+            ..ChurnCount::default()
+        });
+        if key.event == EVENT_MKDIR {
+            e.mkdirs += n;
+        } else {
+            e.rmdirs += n;
+        }
+        let parent = crate::util::comm_str(&key.parent);
+        match e.parents.iter_mut().find(|p| p.0 == parent) {
+            Some(p) => p.1 += n,
+            None => e.parents.push((parent, n)),
+        }
+    }
+    let mut v: Vec<ChurnCount> = by_pid.into_values().collect();
+    for c in &mut v {
+        c.parents.sort_by_key(|p| std::cmp::Reverse(p.1));
+    }
+    v.sort_by_key(|c| std::cmp::Reverse(c.mkdirs + c.rmdirs));
+    v
 }
 
 fn attach_program(ebpf: &mut Ebpf) -> Result<HashMap<MapData, AttachKey, u64>, BpfError> {

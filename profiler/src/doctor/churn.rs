@@ -2,26 +2,32 @@
 //! attempt's cgroup through short-lived helpers (`mkdir`, `rmdir`, a runtime's hook or shim)
 //! is the churner; counted per process, its churn would be split into one small line per
 //! helper. So the counts of a helper (a process gone by the end that made or removed at most
-//! `HELPER_MAX_CHANGES` cgroups: a tool run once per attempt) go to its nearest ancestor
-//! still running, with the helpers named (`ChurnCount::via`). A gone process that made many
-//! cgroups did the churn itself, and keeps it. The tracer runs a
+//! `HELPER_MAX_CHANGES` cgroups in each hierarchy: a tool run once per attempt, such as
+//! `mkdir` or `runc`, which makes the container's cgroup in every v1 hierarchy) go to its
+//! nearest ancestor still running (`lifecycle::supervisor_of`), with the helpers named
+//! (`ChurnCount::via`). A gone process that made many cgroups did the churn itself, and
+//! keeps it. The tracer runs a
 //! moment longer than the profile's records: a helper of those edges, whose parent no record
 //! names, goes to the supervisor whose helpers share its name and parent cgroup.
 use std::collections::{BTreeMap, HashMap};
 
-use crate::{bpf::churn::ChurnCount, profile::Lifetime};
+use crate::{
+    bpf::churn::ChurnCount,
+    profile::{Lifetime, lifecycle::supervisor_of},
+};
 
-/// Generations walked up from a helper at most (a shell that runs a hook that runs mkdir).
-const MAX_GENERATIONS: usize = 8;
-/// cgroups a helper makes and removes in its life at most (`mkdir -p` of a few levels).
+/// cgroups a helper makes and removes in its life at most, per hierarchy (`mkdir -p` of a
+/// few levels).
 const HELPER_MAX_CHANGES: u64 = 4;
 
 /// `churn` with each short-lived process's counts moved to its long-lived ancestor, most
 /// cgroups created and removed first. `alive` tells whether a process still runs (its exit
-/// may have come after the last record read).
+/// may have come after the last record read); `hierarchies` is how many cgroup hierarchies
+/// are mounted.
 pub(crate) fn charge_to_supervisors(
     churn: Vec<ChurnCount>,
     lifetimes: &[Lifetime],
+    hierarchies: usize,
     alive: impl Fn(u32) -> bool,
 ) -> Vec<ChurnCount> {
     let life: HashMap<u32, &Lifetime> = lifetimes.iter().map(|l| (l.pid, l)).collect();
@@ -30,13 +36,14 @@ pub(crate) fn charge_to_supervisors(
     comm.extend(churn.iter().map(|c| (c.pid, c.comm.clone())));
     let mut by_owner: BTreeMap<u32, ChurnCount> = BTreeMap::new();
     // A helper whose parent no record names is one of the edges.
-    let helper = |c: &ChurnCount| !alive(c.pid) && c.mkdirs + c.rmdirs <= HELPER_MAX_CHANGES;
+    let max_changes = HELPER_MAX_CHANGES * hierarchies.max(1) as u64;
+    let helper = |c: &ChurnCount| !alive(c.pid) && c.mkdirs + c.rmdirs <= max_changes;
     let (edges, known): (Vec<ChurnCount>, Vec<ChurnCount>) = churn
         .into_iter()
         .partition(|c| helper(c) && life.get(&c.pid).is_none_or(|l| l.ppid == 0));
     for c in known {
         let owner = if helper(&c) {
-            long_lived_ancestor(c.pid, &life, &alive)
+            supervisor_of(c.pid, &life, &alive)
         } else {
             c.pid
         };
@@ -71,23 +78,6 @@ pub(crate) fn charge_to_supervisors(
     }
     out.sort_by_key(|c| std::cmp::Reverse(c.mkdirs + c.rmdirs));
     out
-}
-
-/// `pid`, or its nearest ancestor still running, if `pid` is gone. A chain that leaves what
-/// the records saw stops at the last process known.
-fn long_lived_ancestor(
-    pid: u32,
-    life: &HashMap<u32, &Lifetime>,
-    alive: &impl Fn(u32) -> bool,
-) -> u32 {
-    let mut at = pid;
-    for _ in 0..MAX_GENERATIONS {
-        match life.get(&at) {
-            Some(l) if !alive(at) && l.ppid != 0 => at = l.ppid,
-            _ => break,
-        }
-    }
-    at
 }
 
 /// Adds `c`'s counts to `owner`'s; a helper's comm goes to `via`.
@@ -155,7 +145,7 @@ mod tests {
         counts.push(churn(31, "mkdir", 1, 0));
         lives.push(life(31, 30, "mkdir", true));
         lives.push(life(10, 0, "zsuper", false));
-        let out = charge_to_supervisors(counts, &lives, |pid| alive(&lives, pid));
+        let out = charge_to_supervisors(counts, &lives, 1, |pid| alive(&lives, pid));
         assert_eq!(out.len(), 2, "{out:?}");
         let s = &out[0];
         assert_eq!(
@@ -174,6 +164,7 @@ mod tests {
         let out = charge_to_supervisors(
             vec![churn(5, "mkdir", 3, 0)],
             &[life(5, 0, "mkdir", true)],
+            1,
             |_| false,
         );
         assert_eq!(
@@ -196,7 +187,7 @@ mod tests {
             },
         ];
         let lives = [life(100, 10, "mkdir", true), life(10, 0, "zsuper", false)];
-        let out = charge_to_supervisors(counts, &lives, |pid| alive(&lives, pid));
+        let out = charge_to_supervisors(counts, &lives, 1, |pid| alive(&lives, pid));
         let s = out.iter().find(|c| c.pid == 10).unwrap();
         assert_eq!((s.mkdirs, s.rmdirs), (2, 0), "{out:?}");
         assert_eq!(s.via, [("mkdir".to_owned(), 2)]);
@@ -209,7 +200,7 @@ mod tests {
     #[test]
     fn a_gone_process_with_much_churn_keeps_it() {
         let lives = [life(5, 4, "lab", true), life(4, 0, "test-runner", false)];
-        let out = charge_to_supervisors(vec![churn(5, "lab", 500, 500)], &lives, |pid| {
+        let out = charge_to_supervisors(vec![churn(5, "lab", 500, 500)], &lives, 1, |pid| {
             alive(&lives, pid)
         });
         assert_eq!(

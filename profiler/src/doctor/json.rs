@@ -7,7 +7,7 @@ use super::{
     Findings,
     verdict::{CPU_SATURATED, Verdict, cpu_percent, creator},
 };
-use crate::profile::lifecycle::Program;
+use crate::profile::lifecycle::{self, Program};
 
 /// The findings and the verdict as JSON (one object, one line).
 pub(crate) fn json(f: &Findings, v: &Verdict) -> String {
@@ -100,36 +100,10 @@ struct PathCount<'a> {
 
 #[derive(Serialize)]
 struct ProgramJson<'a> {
-    comm: &'a str,
-    exe: &'a str,
-    cgroup: &'a str,
-    /// Distinct cgroups `cgroup` (a place, per-attempt ids as `*`) stands for.
-    cgroups_seen: usize,
-    starts: u64,
-    starts_per_min: f64,
-    failing_exits: u64,
-    failing_per_min: f64,
-    failing_status: Option<&'a str>,
-    exits: Vec<Exit<'a>>,
-    median_lifetime_ms: Option<f64>,
-    parents: Vec<Parent<'a>>,
-    crash_loop: bool,
+    #[serde(flatten)]
+    program: lifecycle::json::ProgramJson<'a>,
+    /// Who made its cgroups, with the churn that cost (`verdict::creator`).
     creator: Option<Creator<'a>>,
-    /// The pids of its starts, only for a crash loop (bounded by the restarts a window holds).
-    pids: &'a [u32],
-}
-
-#[derive(Serialize)]
-struct Exit<'a> {
-    status: &'a str,
-    count: u64,
-}
-
-#[derive(Serialize)]
-struct Parent<'a> {
-    pid: u32,
-    comm: &'a str,
-    starts: u64,
 }
 
 #[derive(Serialize)]
@@ -138,6 +112,10 @@ struct Creator<'a> {
     comm: &'a str,
     mkdirs: u64,
     rmdirs: u64,
+    mkdirs_per_min: f64,
+    rmdirs_per_min: f64,
+    /// Short-lived helpers whose churn is its (`ChurnCount::via`).
+    via: Vec<Helper<'a>>,
 }
 
 #[derive(Serialize)]
@@ -223,14 +201,18 @@ impl<'a> Churn<'a> {
                     events: *events,
                 })
                 .collect(),
-            via: (c.via.iter())
-                .map(|(comm, processes)| Helper {
-                    comm,
-                    processes: *processes,
-                })
-                .collect(),
+            via: helpers(&c.via),
         }
     }
+}
+
+fn helpers(via: &[(String, u64)]) -> Vec<Helper<'_>> {
+    via.iter()
+        .map(|(comm, processes)| Helper {
+            comm,
+            processes: *processes,
+        })
+        .collect()
 }
 
 impl<'a> Report<'a> {
@@ -323,37 +305,16 @@ impl<'a> Report<'a> {
 impl<'a> ProgramJson<'a> {
     fn new(p: &'a Program, f: &'a Findings) -> Self {
         ProgramJson {
-            comm: &p.comm,
-            exe: &p.exe,
-            cgroup: &p.cgroup,
-            cgroups_seen: p.cgroups_seen,
-            starts: p.starts(),
-            starts_per_min: round(p.starts_per_min, 2),
-            failing_exits: p.failing,
-            failing_per_min: round(p.failing_per_min, 2),
-            failing_status: p.failing_status(),
-            exits: (p.exits.iter())
-                .map(|(status, count)| Exit {
-                    status,
-                    count: *count,
-                })
-                .collect(),
-            median_lifetime_ms: p.median_lifetime_ns.map(|ns| round(ns as f64 / 1e6, 3)),
-            parents: (p.parents.iter())
-                .map(|(pid, comm, starts)| Parent {
-                    pid: *pid,
-                    comm,
-                    starts: *starts,
-                })
-                .collect(),
-            crash_loop: p.crash_loop,
+            program: p.into(),
             creator: creator(p, &f.churn).map(|c| Creator {
                 pid: c.pid,
                 comm: &c.comm,
                 mkdirs: c.mkdirs,
                 rmdirs: c.rmdirs,
+                mkdirs_per_min: round(c.mkdirs as f64 * 60.0 / f.duration_s.max(0.001), 2),
+                rmdirs_per_min: round(c.rmdirs as f64 * 60.0 / f.duration_s.max(0.001), 2),
+                via: helpers(&c.via),
             }),
-            pids: if p.crash_loop { &p.pids } else { &[] },
         }
     }
 }

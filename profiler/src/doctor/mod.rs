@@ -145,14 +145,17 @@ pub(crate) fn examine(
     });
     // Supervisors usually started before the window: name them from /proc while they live.
     for p in &mut programs {
-        for (pid, comm, _) in &mut p.parents {
-            name_from_proc(*pid, comm);
-        }
+        p.name_starters(crate::util::proc_comm);
     }
     let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
-    let mut churn = churn::charge_to_supervisors(churn, &profile.lifetimes, alive);
-    for c in &mut churn {
-        name_from_proc(c.pid, &mut c.comm);
+    let mut churn = churn::charge_to_supervisors(
+        churn,
+        &profile.lifetimes,
+        cgroups::hierarchies().len(),
+        alive,
+    );
+    for c in churn.iter_mut().filter(|c| c.comm.is_empty()) {
+        c.comm = crate::util::proc_comm(c.pid).unwrap_or_default();
     }
     let (kernel_events, kernel_log_error) = match kmsg {
         Ok(k) => (k.finish(profile.meta.start_mono_ns), None),
@@ -180,15 +183,6 @@ pub(crate) fn examine(
         memcg_absent,
         memcg: shares,
     })
-}
-
-/// Names a process from /proc while it lives, if `comm` is unknown.
-fn name_from_proc(pid: u32, comm: &mut String) {
-    if comm.is_empty()
-        && let Ok(c) = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-    {
-        c.trim_end().clone_into(comm);
-    }
 }
 
 /// Dying memory cgroups now: the v1 memory controller's, else cgroup2's root count (memcgs

@@ -368,7 +368,7 @@ impl ProcessTable {
         if let Some(c) = self.parent_comms.get(&ppid) {
             return Some(c.clone());
         }
-        let c = read_comm(ppid)?;
+        let c = crate::util::proc_comm(ppid)?;
         // Bounded: exits drop entries, but records may be lost.
         if self.parent_comms.len() >= 4096 {
             self.parent_comms.clear();
@@ -586,17 +586,11 @@ pub(crate) fn procmap_query_supported() -> bool {
         .is_ok()
 }
 
-fn read_comm(pid: u32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|c| c.trim_end().to_owned())
-}
-
 fn read_process(pid: u32) -> Process {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
         .map(|p| p.display().to_string())
         .unwrap_or_default();
-    let comm = read_comm(pid).unwrap_or_default();
+    let comm = crate::util::proc_comm(pid).unwrap_or_default();
     let cgroups = crate::cgroups::read_process_cgroups(pid);
     Process {
         pid,

@@ -5,6 +5,8 @@
 //! cgroups in a capture and groups by executable and parent instead.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+pub mod json;
+
 use super::model::Lifetime;
 
 /// A crash loop restarts its program at least this often with failing exits, per minute
@@ -39,6 +41,11 @@ pub struct Program {
     pub median_lifetime_ns: Option<u64>,
     /// Who started them: (parent pid, parent comm or "", starts), most first.
     pub parents: Vec<(u32, String, u64)>,
+    /// The process that keeps restarting it: the nearest ancestor of its starters that was
+    /// still running at the window's end (`supervisor_of`), the one most starts share:
+    /// (pid, comm or ""). A runtime that forks a short-lived `runc` or shim per attempt has
+    /// one starter per start and one supervisor.
+    pub supervisor: Option<(u32, String)>,
     /// Failing exits per minute over the window.
     pub failing_per_min: f64,
     /// Starts per minute over the window.
@@ -88,13 +95,38 @@ impl Program {
                     "{:.1} ms",
                     ns as f64 / 1e6
                 )),
-            p.parents
-                .first()
-                .map_or(String::new(), |(pid, comm, _)| format!(
-                    "; started by {} (pid {pid})",
-                    if comm.is_empty() { "?" } else { comm }
-                ))
+            p.started_by().map_or(String::new(), |s| format!("; {s}"))
         )
+    }
+
+    /// `started by zsuper (pid 10)`, or for one starter per start `started by runc (50
+    /// processes) under loop.sh (pid 10)`; None if no start was seen.
+    pub fn started_by(&self) -> Option<String> {
+        let name = |comm: &str| if comm.is_empty() { "?" } else { comm }.to_owned();
+        let (pid, comm, _) = self.parents.first()?;
+        let mut s = match self.parents.len() {
+            1 => format!("started by {} (pid {pid})", name(comm)),
+            n => format!("started by {} ({n} processes)", name(comm)),
+        };
+        if let Some((pid, comm)) = &self.supervisor
+            && (self.parents.len() > 1 || self.parents[0].0 != *pid)
+        {
+            s.push_str(&format!(" under {} (pid {pid})", name(comm)));
+        }
+        Some(s)
+    }
+
+    /// Names its starters and supervisor that the records did not (they started before the
+    /// window) with `comm_of` (`util::proc_comm` while they run).
+    pub fn name_starters(&mut self, comm_of: impl Fn(u32) -> Option<String>) {
+        let unnamed = self.parents.iter_mut().map(|(pid, comm, _)| (*pid, comm));
+        for (pid, comm) in unnamed.chain(self.supervisor.as_mut().map(|(p, c)| (*p, c))) {
+            if comm.is_empty()
+                && let Some(c) = comm_of(pid)
+            {
+                *comm = c;
+            }
+        }
     }
 
     /// Name for people: comm, with the executable when it says more.
@@ -251,20 +283,22 @@ pub fn cgroup_of(lifetimes: &[Lifetime], attaches: &[(u32, String)]) -> HashMap<
 }
 
 /// Groups the lifetimes of a window of `window_s` into programs, most failing exits first
-/// (then most starts). With `by_parent` (captures, which keep no cgroups) the parent pid
-/// stands in for the cgroup: one supervisor restarting one program.
+/// (then most starts). With `by_parent` (captures and the agent, which keep no cgroups) the
+/// supervisor (`supervisor_of` the parent) stands in for the cgroup: one supervisor
+/// restarting one program, through one short-lived starter per attempt or none.
 pub fn programs<S: std::hash::BuildHasher>(
     lifetimes: &[Lifetime],
     cgroups: &HashMap<u32, String, S>,
     by_parent: bool,
     window_s: f64,
 ) -> Vec<Program> {
-    let comm_of: HashMap<u32, &str> = lifetimes.iter().map(|l| (l.pid, l.comm.as_str())).collect();
     let in_window = within_window(lifetimes, window_s);
-    let mut out: Vec<Program> = group_by_place(&in_window, cgroups, by_parent)
+    let life: HashMap<u32, &Lifetime> = in_window.iter().map(|l| (l.pid, l)).collect();
+    let alive = |pid: u32| life.get(&pid).is_none_or(|l| l.exit_ns.is_none());
+    let mut out: Vec<Program> = group_by_place(&in_window, cgroups, by_parent, &life, &alive)
         .into_iter()
         .map(|((comm, exe, place), (ls, seen))| {
-            let mut p = program(ls, &comm_of, window_s);
+            let mut p = program(ls, &life, &alive, window_s);
             (p.comm, p.exe, p.cgroups_seen) = (comm, exe, seen.len());
             if !by_parent {
                 // Only a program moved into a cgroup by its starter, as a service manager or
@@ -313,17 +347,19 @@ fn within_window(lifetimes: &[Lifetime], window_s: f64) -> Vec<Lifetime> {
 type Groups<'a> = BTreeMap<(String, String, String), (Vec<&'a Lifetime>, BTreeSet<&'a str>)>;
 
 /// Lifetimes grouped into programs: the same comm and executable in the same place
-/// (`cgroup_place`, or the parent with `by_parent`).
+/// (`cgroup_place`, or with `by_parent` the supervisor of its parent).
 fn group_by_place<'a, S: std::hash::BuildHasher>(
     lifetimes: &'a [Lifetime],
     cgroups: &'a HashMap<u32, String, S>,
     by_parent: bool,
+    life: &HashMap<u32, &Lifetime>,
+    alive: &impl Fn(u32) -> bool,
 ) -> Groups<'a> {
     let mut groups = Groups::new();
     for l in lifetimes {
         let cgroup = cgroups.get(&l.pid).map_or("", String::as_str);
         let place = if by_parent {
-            format!("parent {}", l.ppid)
+            format!("under {}", supervisor_of(l.ppid, life, alive))
         } else {
             cgroup_place(cgroup)
         };
@@ -338,18 +374,27 @@ fn group_by_place<'a, S: std::hash::BuildHasher>(
     groups
 }
 
-/// One program's starts, exits, lifetimes and starters over a window of `window_s`; its
-/// name and place are the caller's to fill. `comm_of` names the starters.
-fn program(mut ls: Vec<&Lifetime>, comm_of: &HashMap<u32, &str>, window_s: f64) -> Program {
+/// One program's starts, exits, lifetimes, starters and supervisor over a window of
+/// `window_s`; its name and place are the caller's to fill. `life` names the starters.
+fn program(
+    mut ls: Vec<&Lifetime>,
+    life: &HashMap<u32, &Lifetime>,
+    alive: &impl Fn(u32) -> bool,
+    window_s: f64,
+) -> Program {
     ls.sort_by_key(|l| l.fork_ns.or(l.exec_ns).unwrap_or(0));
     let started: Vec<&&Lifetime> = ls.iter().filter(|l| l.started()).collect();
     let mut exits: BTreeMap<String, u64> = BTreeMap::new();
     let mut lives: Vec<u64> = Vec::new();
     let mut failing = 0;
     let mut parents: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut supervisors: BTreeMap<u32, u64> = BTreeMap::new();
     for l in &ls {
         if l.started() {
             *parents.entry(l.ppid).or_default() += 1;
+            *supervisors
+                .entry(supervisor_of(l.ppid, life, alive))
+                .or_default() += 1;
         }
         let Some(exit) = l.exit_ns else { continue };
         *exits.entry(exit_name(l)).or_default() += 1;
@@ -361,10 +406,15 @@ fn program(mut ls: Vec<&Lifetime>, comm_of: &HashMap<u32, &str>, window_s: f64) 
     lives.sort_unstable();
     let mut exits: Vec<(String, u64)> = exits.into_iter().collect();
     exits.sort_by_key(|e| std::cmp::Reverse(e.1));
+    let comm_of = |pid: u32| life.get(&pid).map_or("", |l| l.comm.as_str()).to_owned();
     let mut parents: Vec<(u32, String, u64)> = parents
         .into_iter()
-        .map(|(p, n)| (p, comm_of.get(&p).copied().unwrap_or("").to_owned(), n))
+        .map(|(p, n)| (p, comm_of(p), n))
         .collect();
+    let supervisor = (supervisors.into_iter())
+        .filter(|(pid, _)| *pid != 0)
+        .max_by_key(|(pid, n)| (*n, std::cmp::Reverse(*pid)))
+        .map(|(pid, _)| (pid, comm_of(pid)));
     parents.sort_by_key(|p| std::cmp::Reverse(p.2));
     let starts = started.len() as u64;
     let minutes = window_s.max(0.001) / 60.0;
@@ -374,11 +424,34 @@ fn program(mut ls: Vec<&Lifetime>, comm_of: &HashMap<u32, &str>, window_s: f64) 
         failing,
         median_lifetime_ns: lives.get(lives.len() / 2).copied(),
         parents,
+        supervisor,
         failing_per_min: failing as f64 / minutes,
         starts_per_min: starts as f64 / minutes,
         crash_loop: is_crash_loop(starts, failing, window_s),
         ..Program::default()
     }
+}
+
+/// Generations walked up from a process to its supervisor at most (a shell that runs a
+/// hook that runs `runc` that runs the program).
+const MAX_GENERATIONS: usize = 8;
+
+/// `pid`, or its nearest ancestor still running, if `pid` is gone: the long-lived process a
+/// short-lived one works for. A chain that leaves what the records saw stops at the last
+/// process known.
+pub fn supervisor_of<S: std::hash::BuildHasher>(
+    pid: u32,
+    life: &HashMap<u32, &Lifetime, S>,
+    alive: &impl Fn(u32) -> bool,
+) -> u32 {
+    let mut at = pid;
+    for _ in 0..MAX_GENERATIONS {
+        match life.get(&at) {
+            Some(l) if !alive(at) && l.ppid != 0 => at = l.ppid,
+            _ => break,
+        }
+    }
+    at
 }
 
 #[cfg(test)]

@@ -105,7 +105,13 @@ fn a_crash_loop_names_the_program_as_cause_and_the_supervisor_as_creator() {
         .find(|p| p.starts_with("crash loop"))
         .unwrap();
     assert!(line.contains("crashy-agent (/usr/bin/dash) in cgroup /lab/svc exited with code 2 and was restarted 30 times"), "{line}");
-    assert!(line.contains("agent (pid 9) created 30 cgroups"), "{line}");
+    assert!(
+        line.contains(
+            "agent (pid 9) restarts it making its cgroup anew each time: it created 180 and \
+             removed 180 cgroups a minute in all"
+        ),
+        "{line}"
+    );
     assert!(
         v.remedies
             .iter()
@@ -161,7 +167,7 @@ fn a_new_cgroup_per_attempt_made_by_helpers_is_one_loop_charged_to_the_superviso
             });
         }
     }
-    f.churn = super::super::churn::charge_to_supervisors(churn, &ls, |pid| pid == 9);
+    f.churn = super::super::churn::charge_to_supervisors(churn, &ls, 1, |pid| pid == 9);
     f.churn[0].comm = "zsuper".into();
     f.programs = programs(&ls, &cgroup_of(&ls, &at), false, f.duration_s);
     assert_eq!(
@@ -179,8 +185,65 @@ fn a_new_cgroup_per_attempt_made_by_helpers_is_one_loop_charged_to_the_superviso
         .unwrap();
     for part in [
         "zagent in cgroup /zsvc/run-* (a new one each time: 30 cgroups) exited with code 2 and was restarted 30 times",
-        "zsuper (pid 9) created 30 cgroups beside it and removed 30 (through mkdir x30, rmdir x30)",
+        "zsuper (pid 9) restarts it in a new cgroup under /zsvc each time: 180 new cgroups a \
+         minute; it created 180 and removed 180 cgroups a minute in all (through mkdir x30, rmdir x30)",
         "+54 dying memory cgroups in 10.0 s (now 82): ~19,000 an hour",
+    ] {
+        assert!(line.contains(part), "{part}\n in {line}");
+    }
+}
+
+/// A container runtime's shape: the supervisor (pid 9) runs one short-lived `runc` per
+/// attempt, which makes the attempt's cgroup in each of 10 v1 hierarchies, starts the
+/// program in it and removes it. One loop, started by the runcs under the supervisor, and
+/// their churn is the supervisor's.
+#[test]
+fn a_runtime_per_attempt_is_one_loop_under_its_supervisor() {
+    use crate::profile::lifecycle::{cgroup_of, programs};
+    const HIERARCHIES: u64 = 10;
+    let mut f = findings(28, 10, 0);
+    let (mut ls, mut churn, mut at) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..30u32 {
+        let t = u64::from(i + 1) * 300_000_000;
+        let life = |pid: u32, ppid: u32, comm: &str| crate::profile::Lifetime {
+            pid,
+            ppid,
+            comm: comm.into(),
+            exe: format!("/usr/bin/{comm}"),
+            fork_ns: Some(t),
+            exec_ns: None,
+            exit_ns: Some(t + 5_000_000),
+            exit_status: Some(2 << 8),
+        };
+        ls.push(life(1000 + i, 9, "runc"));
+        ls.push(life(100 + i, 1000 + i, "zagent"));
+        let id = format!("{:064x}", u64::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        at.push((100 + i, format!("/docker/{id}")));
+        churn.push(ChurnCount {
+            pid: 1000 + i,
+            comm: "runc".into(),
+            mkdirs: HIERARCHIES,
+            rmdirs: HIERARCHIES,
+            parents: vec![("/docker".into(), 2 * HIERARCHIES)],
+            via: vec![],
+        });
+    }
+    let alive = |pid| pid == 9;
+    // Counted against one hierarchy, a runc's 20 changes are its own churn.
+    let own = super::super::churn::charge_to_supervisors(churn.clone(), &ls, 1, alive);
+    assert_eq!(own.len(), 30, "{own:?}");
+    f.churn = super::super::churn::charge_to_supervisors(churn, &ls, HIERARCHIES as usize, alive);
+    f.churn[0].comm = "dockerd".into();
+    f.programs = programs(&ls, &cgroup_of(&ls, &at), false, f.duration_s);
+    let loops: Vec<_> = f.programs.iter().filter(|p| p.crash_loop).collect();
+    assert_eq!(loops.len(), 1, "{:?}", f.programs);
+    assert_eq!(loops[0].supervisor, Some((9, String::new())));
+    let line = crash_loop_line(loops[0], &f);
+    for part in [
+        "zagent in cgroup /docker/* (a new one each time: 30 cgroups)",
+        "started by runc (30 processes) under ? (pid 9)",
+        "dockerd (pid 9) restarts it in a new cgroup under /docker each time: 180 new cgroups a \
+         minute; it created 1800 and removed 1800 cgroups a minute in all (through runc x30)",
     ] {
         assert!(line.contains(part), "{part}\n in {line}");
     }

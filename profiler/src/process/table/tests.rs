@@ -6,7 +6,7 @@ use super::*;
 #[test]
 fn parent_comm_is_read_once_per_process() {
     let me = std::process::id();
-    let comm = read_comm(me).expect("reading our own comm");
+    let comm = crate::util::proc_comm(me).expect("reading our own comm");
     let mut t = ProcessTable::default();
     let fork = |pid, time_ns| KernelRecord::Fork {
         pid,
@@ -62,7 +62,7 @@ fn a_process_born_during_the_recording_is_named_by_its_records() {
     // A process the records never described is read from /proc.
     let mut t = ProcessTable::default();
     t.saw(me, 3, &[]);
-    assert_eq!(t.processes[&me].comm, read_comm(me).unwrap());
+    assert_eq!(t.processes[&me].comm, crate::util::proc_comm(me).unwrap());
 }
 
 /// Python detection is skipped only for a space the records hold whole with no file

@@ -259,3 +259,40 @@ fn a_new_cgroup_per_attempt_is_one_program() {
         same.summary()
     );
 }
+
+/// A runtime that forks one short-lived starter per attempt (`runc`, a shim): the program's
+/// supervisor is the long-lived process above the starters, and without cgroups (captures,
+/// an agent without the churn tracer) its restarts are one program under that supervisor.
+#[test]
+fn starters_per_attempt_share_one_supervisor() {
+    let mut ls = vec![Lifetime {
+        pid: 9,
+        comm: "zsuper".into(),
+        ..Lifetime::default()
+    }];
+    for i in 0..12u32 {
+        let start = f64::from(i) * 5.0;
+        ls.push(life(1000 + i, 9, "runc", start, 30, 2 << 8));
+        ls.push(life(100 + i, 1000 + i, "zagent", start + 0.001, 20, 2 << 8));
+    }
+    let ps = programs(&ls, &HashMap::new(), true, 60.0);
+    let zagent = ps.iter().find(|p| p.comm == "zagent").expect("zagent");
+    assert!(zagent.crash_loop, "{ps:?}");
+    assert_eq!(
+        zagent.starts(),
+        12,
+        "one program, not one per starter: {ps:?}"
+    );
+    assert_eq!(zagent.parents.len(), 12);
+    assert_eq!(zagent.supervisor, Some((9, "zsuper".to_owned())));
+    assert_eq!(
+        zagent.started_by().as_deref(),
+        Some("started by runc (12 processes) under zsuper (pid 9)")
+    );
+    // A supervisor that starts the program itself is named once.
+    let direct = judge(5, 60.0);
+    assert_eq!(
+        direct.started_by().as_deref(),
+        Some("started by ? (pid 50)")
+    );
+}
