@@ -212,21 +212,29 @@ pub mod python;
 pub mod churn {
     use super::COMM_LEN;
 
-    /// HashMap<ChurnKey, u64>: events counted per process and kind.
+    /// HashMap<ChurnKey, u64>: events counted per process and kind (exact totals).
     pub const MAP_CHURN: &str = "CHURN";
     /// Capacity of `MAP_CHURN` (distinct process x event pairs).
     pub const MAX_ENTRIES: u32 = 4096;
+    /// LruHashMap<ChurnPathKey, u64>: the same events per cgroup path, so userspace can say
+    /// under which parents they happened. A burst of more new cgroups than it holds evicts
+    /// the oldest paths: the totals stay exact, the places are those of the latest.
+    pub const MAP_CHURN_PATHS: &str = "CHURN_PATHS";
+    /// Capacity of `MAP_CHURN_PATHS`.
+    pub const MAX_PATHS: u32 = 4096;
     pub const PROGRAM_MKDIR: &str = "churn_mkdir";
     pub const PROGRAM_RMDIR: &str = "churn_rmdir";
     /// `ChurnKey::event` values.
     pub const EVENT_MKDIR: u32 = 0;
     pub const EVENT_RMDIR: u32 = 1;
-    /// Bytes kept of the parent path (longer paths are cut, their parent then approximate).
-    pub const PARENT_LEN: usize = 64;
+    /// Bytes kept of a cgroup's path (longer paths are cut): a Kubernetes container's, under
+    /// the systemd driver, is about 190 (`/kubepods.slice/kubepods-burstable.slice/
+    /// kubepods-burstable-pod<uid>.slice/cri-containerd-<64 hex>.scope`).
+    pub const PATH_LEN: usize = 256;
 
-    /// Who made or removed a cgroup.
+    /// Who made or removed cgroups.
     #[repr(C)]
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
     pub struct ChurnKey {
         /// Process id (tgid) of the caller.
         pub pid: u32,
@@ -234,40 +242,53 @@ pub mod churn {
         pub event: u32,
         /// Caller's thread comm, NUL padded.
         pub comm: [u8; COMM_LEN],
-        /// Parent of the cgroup, relative to its hierarchy's root (`/profiler-lab`), NUL padded.
-        pub parent: [u8; PARENT_LEN],
     }
 
-    impl Default for ChurnKey {
-        fn default() -> Self {
-            Self {
-                pid: 0,
-                event: 0,
-                comm: [0; COMM_LEN],
-                parent: [0; PARENT_LEN],
-            }
-        }
-    }
-
-    const _: () = assert!(core::mem::size_of::<ChurnKey>() == 24 + PARENT_LEN);
+    const _: () = assert!(core::mem::size_of::<ChurnKey>() == 24);
 
     #[cfg(feature = "user")]
     // SAFETY: repr(C), integers only, no padding (size asserted above).
     unsafe impl aya::Pod for ChurnKey {}
 
+    /// Which cgroup a process made or removed.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct ChurnPathKey {
+        /// Process id (tgid) of the caller.
+        pub pid: u32,
+        /// `EVENT_MKDIR` or `EVENT_RMDIR`.
+        pub event: u32,
+        /// Path of the cgroup within its hierarchy (`/zsvc/run-12`), NUL padded.
+        pub path: [u8; PATH_LEN],
+    }
+
+    impl Default for ChurnPathKey {
+        fn default() -> Self {
+            Self {
+                pid: 0,
+                event: 0,
+                path: [0; PATH_LEN],
+            }
+        }
+    }
+
+    const _: () = assert!(core::mem::size_of::<ChurnPathKey>() == 8 + PATH_LEN);
+
+    #[cfg(feature = "user")]
+    // SAFETY: repr(C), integers and bytes only, no padding (size asserted above).
+    unsafe impl aya::Pod for ChurnPathKey {}
+
     /// HashMap<AttachKey, u64>: processes moved into a cgroup (cgroup_attach_task), so the
     /// doctor can say which programs ran in a cgroup that is made and removed again and again.
     pub const MAP_ATTACH: &str = "ATTACH";
-    /// Capacity of `MAP_ATTACH`: one entry per process and cgroup; a crash loop restarting
-    /// 10 times a second fills a quarter of it in a 60 s window.
-    pub const MAX_ATTACH: u32 = 16384;
+    /// Capacity of `MAP_ATTACH`: one entry per process and cgroup path; a crash loop
+    /// restarting 10 times a second in a new cgroup fills a tenth of it in a 60 s window (the
+    /// agent empties it every window).
+    pub const MAX_ATTACH: u32 = 8192;
     pub const PROGRAM_ATTACH: &str = "churn_attach";
     /// Load-time global (u64): offset of `tgid` in the running kernel's `task_struct` (from
     /// its BTF); 0 leaves the attach program idle.
     pub const GLOBAL_TGID_OFFSET: &str = "TGID_OFFSET";
-    /// Bytes kept of an attach path (as `PARENT_LEN`: longer paths are cut).
-    pub const PATH_LEN: usize = PARENT_LEN;
-
     /// A process moved into a cgroup.
     #[repr(C)]
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,23 +1,27 @@
 //! cgroup churn: raw tracepoints on cgroup_mkdir / cgroup_rmdir count who creates and removes
 //! cgroups (the source of dying memcgs). Raw tracepoints need no tracefs; the counts stay in
-//! a hash map that the doctor reads at the end, since mkdir rates are low.
+//! hash maps (per process, and per process and path) that userspace reads, since mkdir rates
+//! are low.
 use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes},
     macros::{map, raw_tracepoint},
-    maps::HashMap,
+    maps::{HashMap, LruHashMap},
     programs::RawTracePointContext,
 };
 use profiler_common::{
     COMM_LEN,
     churn::{
-        AttachKey, ChurnKey, EVENT_MKDIR, EVENT_RMDIR, MAX_ATTACH, MAX_ENTRIES, PARENT_LEN,
-        PATH_LEN,
+        AttachKey, ChurnKey, ChurnPathKey, EVENT_MKDIR, EVENT_RMDIR, MAX_ATTACH, MAX_ENTRIES,
+        MAX_PATHS, PATH_LEN,
     },
 };
 
 #[map(name = "CHURN")]
 static CHURN: HashMap<ChurnKey, u64> = HashMap::with_max_entries(MAX_ENTRIES, 0);
+
+#[map(name = "CHURN_PATHS")]
+static CHURN_PATHS: LruHashMap<ChurnPathKey, u64> = LruHashMap::with_max_entries(MAX_PATHS, 0);
 
 #[map(name = "ATTACH")]
 static ATTACH: HashMap<AttachKey, u64> = HashMap::with_max_entries(MAX_ATTACH, 0);
@@ -83,52 +87,43 @@ fn attached(ctx: &RawTracePointContext) {
 
 #[inline(always)]
 fn count(ctx: &RawTracePointContext, event: u32) {
-    // TP_PROTO(struct cgroup *cgrp, const char *path): the path within the hierarchy.
-    let path: *const u8 = ctx.arg(1);
-    let mut key = ChurnKey {
-        pid: ctx.tgid(),
+    let pid = ctx.tgid();
+    let key = ChurnKey {
+        pid,
         event,
         comm: ctx.command().unwrap_or([0u8; COMM_LEN]),
-        parent: [0u8; PARENT_LEN],
+    };
+    increment(&CHURN, &key);
+    // TP_PROTO(struct cgroup *cgrp, const char *path): the path within the hierarchy. Its
+    // parent is found in userspace: a byte loop here costs the verifier a state per place a
+    // `/` may be, hundreds of thousands of instructions for a path of 256 bytes.
+    let path: *const u8 = ctx.arg(1);
+    let mut at = ChurnPathKey {
+        pid,
+        event,
+        path: [0u8; PATH_LEN],
     };
     // SAFETY: the tracepoint's path argument is a kernel string; the helper bounds the copy.
-    if unsafe { bpf_probe_read_kernel_str_bytes(path, &mut key.parent) }.is_err() {
-        key.parent = [0u8; PARENT_LEN];
-    }
-    // Counting per parent rather than per path keeps one entry per creator and place, so a
-    // burst of thousands of cgroups cannot fill the map.
-    to_parent(&mut key.parent);
-    match CHURN.get_ptr_mut(&key) {
-        // SAFETY: a pointer into the map value; a lost increment under a race is acceptable.
-        Some(v) => unsafe { *v += 1 },
-        None => {
-            // A full map drops the event: the doctor reports rates, not exact totals.
-            let _ = CHURN.insert(&key, &1, 0);
+    if unsafe { bpf_probe_read_kernel_str_bytes(path, &mut at.path) }.is_ok() {
+        match CHURN_PATHS.get_ptr_mut(&at) {
+            // SAFETY: a pointer into the map value; a lost increment under a race is fine.
+            Some(v) => unsafe { *v += 1 },
+            // The map is an LRU: a new path evicts the oldest.
+            None => {
+                let _ = CHURN_PATHS.insert(&at, &1, 0);
+            }
         }
     }
 }
 
-/// Cuts `/a/b/c` to `/a/b` (and `/c` to `/`) in place.
+/// Adds one to `key`'s count; a full map drops the event (the doctor reports rates).
 #[inline(always)]
-fn to_parent(path: &mut [u8; PARENT_LEN]) {
-    let mut last = 0usize;
-    let mut i = 0usize;
-    while i < PARENT_LEN {
-        let b = path[i];
-        if b == 0 {
-            break;
+fn increment(map: &HashMap<ChurnKey, u64>, key: &ChurnKey) {
+    match map.get_ptr_mut(key) {
+        // SAFETY: a pointer into the map value; a lost increment under a race is acceptable.
+        Some(v) => unsafe { *v += 1 },
+        None => {
+            let _ = map.insert(key, &1, 0);
         }
-        if b == b'/' {
-            last = i;
-        }
-        i += 1;
-    }
-    let keep = if last == 0 { 1 } else { last };
-    let mut j = 0usize;
-    while j < PARENT_LEN {
-        if j >= keep {
-            path[j] = 0;
-        }
-        j += 1;
     }
 }

@@ -56,6 +56,9 @@ pub(crate) fn setup(extras: Extras) -> Result<Vec<String>> {
         // Debian's sqlite3 maps eight files and runs in three: tests/tests/unwind_reached.rs
         // checks that `--unwind-tables reached` compiles only those.
         tools.push(("sqlite3", "sqlite3"));
+        // A real container runtime restarts a failing program in a new container each time
+        // for the doctor and the agent to find (tests/tests/doctor_runc.rs).
+        tools.push(("runc", "runc"));
         // The kernel matrix boots Debian's kernels in QEMU (xtask/src/kernels).
         tools.push((crate::kernels::QEMU, "qemu-system-x86"));
     }

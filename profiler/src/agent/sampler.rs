@@ -18,7 +18,7 @@ use super::{
     pipeline::{Jobs, Reply, TapError},
 };
 use crate::{
-    bpf::churn::ChurnTracer,
+    bpf::churn::{ChurnCount, ChurnTracer},
     session::SessionError,
     session::{Notice, Session, SessionConfig, Window},
     util,
@@ -104,6 +104,7 @@ impl Stage {
             // Which process went into which cgroup groups crash loops as the doctor does;
             // without it they are grouped by supervisor.
             let mut churn = ChurnTracer::start()
+                .map(CgroupMoves::new)
                 .map_err(|e| {
                     log::warn!(
                         "cgroup changes are not traced ({}): crash loops are grouped by \
@@ -121,7 +122,7 @@ impl Stage {
     async fn sample(
         &mut self,
         session: &mut Session,
-        mut churn: Option<&mut ChurnTracer>,
+        mut churn: Option<&mut CgroupMoves>,
     ) -> Result<(), SessionError> {
         let mut window_end = Instant::now() + self.window;
         let mut taps: Vec<Tap> = Vec::new();
@@ -195,7 +196,7 @@ impl Stage {
 
     /// The window's process lifecycle and cgroup churn into the metrics, before the window
     /// can be dropped on its way to the symbolizer.
-    fn add_lifecycle(&self, window: &Window, churn: Option<&mut ChurnTracer>) {
+    fn add_lifecycle(&self, window: &Window, churn: Option<&mut CgroupMoves>) {
         let (changes, attaches) = churn.map_or((None, None), |c| {
             let (changes, attaches) = c.take();
             (Some(changes), attaches)
@@ -230,6 +231,34 @@ impl Stage {
             self.shared.metrics().pipeline.pprof_refused += 1;
             let _ = reply.send(Err(TapError::Behind));
         }
+    }
+}
+
+/// The churn tracer read window by window. A process moved into its cgroup just before a
+/// cut starts (execs, exits) in the next window: each window's moves are those since the
+/// last cut and the ones before it.
+pub(crate) struct CgroupMoves {
+    tracer: ChurnTracer,
+    last: Vec<(u32, String)>,
+}
+
+impl CgroupMoves {
+    fn new(tracer: ChurnTracer) -> Self {
+        CgroupMoves {
+            tracer,
+            last: Vec::new(),
+        }
+    }
+
+    /// The window's cgroup changes and moves (None: moves are not traced on this kernel).
+    fn take(&mut self) -> (Vec<ChurnCount>, Option<Vec<(u32, String)>>) {
+        let (changes, moves) = self.tracer.take();
+        let moves = moves.map(|now| {
+            let both = [std::mem::take(&mut self.last), now.clone()].concat();
+            self.last = now;
+            both
+        });
+        (changes, moves)
     }
 }
 

@@ -9,8 +9,8 @@ use aya::{
 use profiler_common::{
     MAP_SAMPLES,
     churn::{
-        AttachKey, ChurnKey, EVENT_MKDIR, GLOBAL_TGID_OFFSET, MAP_ATTACH, MAP_CHURN,
-        PROGRAM_ATTACH, PROGRAM_MKDIR, PROGRAM_RMDIR,
+        AttachKey, ChurnKey, ChurnPathKey, EVENT_MKDIR, GLOBAL_TGID_OFFSET, MAP_ATTACH, MAP_CHURN,
+        MAP_CHURN_PATHS, PROGRAM_ATTACH, PROGRAM_MKDIR, PROGRAM_RMDIR,
     },
     exits::MAP_EXITS,
     unwind::{MAP_ROWS, MAP_RULES},
@@ -40,6 +40,8 @@ pub(crate) struct ChurnTracer {
     // Kept for the links: dropping it detaches.
     _ebpf: Ebpf,
     counts: HashMap<MapData, ChurnKey, u64>,
+    /// An LRU hash map: aya reads it as a `HashMap`.
+    paths: HashMap<MapData, ChurnPathKey, u64>,
     /// None when the kernel's BTF has no `task_struct.tgid` or the tracepoint is refused.
     attach: Option<HashMap<MapData, AttachKey, u64>>,
 }
@@ -74,6 +76,10 @@ impl ChurnTracer {
             ebpf.take_map(MAP_CHURN)
                 .ok_or(BpfError::Missing("churn map"))?,
         )?;
+        let paths = HashMap::try_from(
+            ebpf.take_map(MAP_CHURN_PATHS)
+                .ok_or(BpfError::Missing("churn paths map"))?,
+        )?;
         // Which process ran in which cgroup is a nicety: churn is still counted without it.
         let attach = match tgid_offset {
             None => {
@@ -94,13 +100,14 @@ impl ChurnTracer {
         Ok(Self {
             _ebpf: ebpf,
             counts,
+            paths,
             attach,
         })
     }
 
     /// Counts so far, one entry per process, most churn first.
     pub(crate) fn counts(&self) -> Vec<ChurnCount> {
-        by_process(self.counts.iter().flatten())
+        by_process(self.counts.iter().flatten(), self.paths.iter().flatten())
     }
 
     /// Counts and attaches since the last take (or the start), and the maps emptied for the
@@ -111,6 +118,10 @@ impl ChurnTracer {
         for (key, _) in &counts {
             let _ = self.counts.remove(key);
         }
+        let paths: Vec<(ChurnPathKey, u64)> = self.paths.iter().flatten().collect();
+        for (key, _) in &paths {
+            let _ = self.paths.remove(key);
+        }
         let attaches = self.attaches();
         if let Some(map) = &mut self.attach {
             let keys: Vec<AttachKey> = map.keys().flatten().collect();
@@ -118,7 +129,7 @@ impl ChurnTracer {
                 let _ = map.remove(key);
             }
         }
-        (by_process(counts.into_iter()), attaches)
+        (by_process(counts.into_iter(), paths.into_iter()), attaches)
     }
 
     /// Processes moved into cgroups so far: (pid, path within its hierarchy), sorted. A
@@ -137,8 +148,12 @@ impl ChurnTracer {
     }
 }
 
-/// The map's counts summed per process, most churn first.
-fn by_process(counts: impl Iterator<Item = (ChurnKey, u64)>) -> Vec<ChurnCount> {
+/// The maps' counts per process, most churn first: totals from `counts`, the parents they
+/// happened under from `paths` (which may have lost the oldest paths of a burst).
+fn by_process(
+    counts: impl Iterator<Item = (ChurnKey, u64)>,
+    paths: impl Iterator<Item = (ChurnPathKey, u64)>,
+) -> Vec<ChurnCount> {
     let mut by_pid = std::collections::BTreeMap::<u32, ChurnCount>::new();
     for (key, n) in counts {
         let e = by_pid.entry(key.pid).or_insert_with(|| ChurnCount {
@@ -151,7 +166,12 @@ fn by_process(counts: impl Iterator<Item = (ChurnKey, u64)>) -> Vec<ChurnCount> 
         } else {
             e.rmdirs += n;
         }
-        let parent = crate::util::comm_str(&key.parent);
+    }
+    for (key, n) in paths {
+        let Some(e) = by_pid.get_mut(&key.pid) else {
+            continue;
+        };
+        let parent = parent_of(&crate::util::comm_str(&key.path)).to_owned();
         match e.parents.iter_mut().find(|p| p.0 == parent) {
             Some(p) => p.1 += n,
             None => e.parents.push((parent, n)),
@@ -163,6 +183,14 @@ fn by_process(counts: impl Iterator<Item = (ChurnKey, u64)>) -> Vec<ChurnCount> 
     }
     v.sort_by_key(|c| std::cmp::Reverse(c.mkdirs + c.rmdirs));
     v
+}
+
+/// `/a/b` of `/a/b/c`, `/` of `/c`.
+fn parent_of(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &path[..i],
+    }
 }
 
 fn attach_program(ebpf: &mut Ebpf) -> Result<HashMap<MapData, AttachKey, u64>, BpfError> {

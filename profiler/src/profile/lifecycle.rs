@@ -106,7 +106,7 @@ impl Program {
         let (pid, comm, _) = self.parents.first()?;
         let mut s = match self.parents.len() {
             1 => format!("started by {} (pid {pid})", name(comm)),
-            n => format!("started by {} ({n} processes)", name(comm)),
+            n => format!("started by {} ({n} processes)", name(self.starters_comm())),
         };
         if let Some((pid, comm)) = &self.supervisor
             && (self.parents.len() > 1 || self.parents[0].0 != *pid)
@@ -114,6 +114,18 @@ impl Program {
             s.push_str(&format!(" under {} (pid {pid})", name(comm)));
         }
         Some(s)
+    }
+
+    /// The name most of its starts' starters have ("" if none is named).
+    fn starters_comm(&self) -> &str {
+        let mut starts: BTreeMap<&str, u64> = BTreeMap::new();
+        for (_, comm, n) in self.parents.iter().filter(|p| !p.1.is_empty()) {
+            *starts.entry(comm).or_default() += n;
+        }
+        starts
+            .into_iter()
+            .max_by_key(|(_, n)| *n)
+            .map_or("", |(comm, _)| comm)
     }
 
     /// Names its starters and supervisor that the records did not (they started before the

@@ -289,6 +289,10 @@ fn starters_per_attempt_share_one_supervisor() {
         zagent.started_by().as_deref(),
         Some("started by runc (12 processes) under zsuper (pid 9)")
     );
+    // A starter from before the window, gone unnamed, does not rename the others.
+    let mut one_unnamed = zagent.clone();
+    one_unnamed.parents[0].1.clear();
+    assert_eq!(one_unnamed.started_by(), zagent.started_by());
     // A supervisor that starts the program itself is named once.
     let direct = judge(5, 60.0);
     assert_eq!(
