@@ -4,6 +4,7 @@
 //! restart rate, the cgroup and the supervisor, and see every start the lab's log records.
 
 use std::collections::HashMap;
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::time::Duration;
 
@@ -337,6 +338,7 @@ fn doctor_finds_a_crash_loop_with_a_new_cgroup_per_attempt() {
 
 /// Short-lived processes that fail, as builds and shell loops run them (`grep` finding
 /// nothing, `test` false), are no crash loop: nobody moves them into a cgroup of their own.
+/// A `cargo build` runs beside them, again and again (rustc, build scripts, linkers).
 #[test]
 fn doctor_on_a_host_without_the_lab_raises_no_crash_loop() {
     if !require_bpf() {
@@ -348,9 +350,12 @@ fn doctor_on_a_host_without_the_lab_raises_no_crash_loop() {
         .args(["-c", "while :; do /bin/false; /bin/true; sleep 0.05; done"])
         .spawn()
         .expect("a shell loop");
-    let out = run_profiler(&["doctor", "--duration", "5s", "--json"], TIMEOUT);
+    let dir = TempDir::new("crashloop-build");
+    let mut builds = cargo_build_loop(dir.path());
+    let out = run_profiler(&["doctor", "--duration", "8s", "--json"], TIMEOUT);
     let _ = shell_loop.kill();
     let _ = shell_loop.wait();
+    kill_group(&mut builds);
     expect_success(&out, "profiler doctor");
     let text = String::from_utf8_lossy(&out.stderr);
     eprintln!("{text}");
@@ -363,12 +368,62 @@ fn doctor_on_a_host_without_the_lab_raises_no_crash_loop() {
     for p in programs {
         assert_eq!(p["crash_loop"], false);
     }
+    assert!(
+        programs.iter().any(|p| p["comm"] == "rustc"),
+        "the builds' rustc runs were seen: {programs:?}"
+    );
     let false_loop = programs.iter().find(|p| p["comm"] == "false");
     let fails = false_loop.map_or(0, |p| p["failing_exits"].as_u64().unwrap());
     assert!(
         fails >= 20,
         "the shell loop's failures were seen: {false_loop:?}"
     );
+}
+
+/// A shell running `cargo build` of a small crate with a build script, then `cargo clean`,
+/// until its process group is killed (`kill_group`).
+fn cargo_build_loop(dir: &Path) -> std::process::Child {
+    let src = dir.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        "[package]\nname = \"busy\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("build.rs"),
+        "fn main() { println!(\"cargo:rerun-if-changed=build.rs\"); }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("main.rs"),
+        "mod more;\nfn main() { println!(\"{}\", more::sum(40)); }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("more.rs"),
+        "pub fn sum(n: u64) -> u64 { (0..n).map(|i| i * i).sum() }\n",
+    )
+    .unwrap();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!(
+            "while :; do '{cargo}' build -q --offline; '{cargo}' clean -q; done"
+        ))
+        .current_dir(dir)
+        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .stdout(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("a cargo build loop")
+}
+
+/// Kills `child`'s process group (it leads one) and waits for it.
+fn kill_group(child: &mut std::process::Child) {
+    // SAFETY: a signal to a process group we made.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    let _ = child.wait();
 }
 
 #[test]
