@@ -266,6 +266,45 @@ else
 fi
 rm -rf /tmp/v2lab
 
+# crashloop-v2: two supervisors restart failing programs on cgroup2 (docs/doctor.md). One
+# starts each attempt of zagent in a new cgroup, /zsvc/run-N, made by mkdir and removed by
+# rmdir; the other re-creates one cgroup, /zsvc-in/agent, for each attempt of zagent-in. The
+# child moves itself (writing 0 to cgroup.procs moves the writer) and execs the program, a
+# script that exits with status 2. The doctor must find both loops, by place, with their
+# status, and raise them as problems.
+printf '#!/bin/sh\nexit 2\n' > /bin/zagent
+cp /bin/zagent /bin/zagent-in
+chmod +x /bin/zagent /bin/zagent-in
+supervise() { # supervise PROGRAM CGROUP-OF-ATTEMPT-N (N in the name as @)
+    i=0
+    while [ ! -e /tmp/zsvc.stop ]; do
+        d=$(echo "$2" | sed "s/@/$i/")
+        mkdir -p "$d" && sh -c "echo 0 > $d/cgroup.procs && exec $1"
+        rmdir "$d"
+        i=$((i + 1))
+        usleep 100000
+    done
+}
+supervise /bin/zagent /sys/fs/cgroup/zsvc/run-@ &
+per_attempt=$!
+supervise /bin/zagent-in /sys/fs/cgroup/zsvc-in/agent &
+in_place=$!
+if run crashloop-v2 profiler doctor -d 3s --json; then
+    out=/tmp/crashloop-v2.out
+    # The name is `zagent (/bin/busybox)`: the script's interpreter is busybox's sh.
+    new=$(grep -o '"crash loop: zagent [^"]*in cgroup /zsvc/run-\* (a new one each time: [0-9]* cgroups) exited with code 2[^"]*"' $out | head -n 1)
+    same=$(grep -o '"crash loop: zagent-in [^"]*in cgroup /zsvc-in/agent exited with code 2[^"]*"' $out | head -n 1)
+    if [ -z "$new" ] || [ -z "$same" ]; then
+        fail crashloop-v2 "the doctor did not raise both crash loops (new: ${new:-none}; in place: ${same:-none})" /tmp/crashloop-v2.err
+    else
+        pass crashloop-v2 "$(echo "$new" | cut -c1-160); $(echo "$same" | cut -c1-120)"
+    fi
+else
+    fail crashloop-v2 "$(why crashloop-v2)" /tmp/crashloop-v2.err
+fi
+touch /tmp/zsvc.stop
+wait $per_attempt $in_place 2> /dev/null
+
 # agent: one window stored, then read back with query.
 fx-chain $FX_LIFE &
 fx=$!

@@ -78,6 +78,7 @@ const SUITE: &[&str] = &[
     "doctor",
     "churn",
     "doctor-v2",
+    "crashloop-v2",
     "agent",
 ];
 
