@@ -1,4 +1,6 @@
 //! The `profiler` binary: parse the command line, call the library (which sets up logging).
+use std::io::Write as _;
+
 use clap::Parser as _;
 use profiler::cli::{self, Cli};
 
@@ -8,7 +10,12 @@ fn main() {
         Err(e) if e.use_stderr() => {
             // One line: what is wrong, with clap's details (the missing argument, the
             // possible values, a similar flag); the usage text is one `--help` away.
-            eprintln!("{} (see --help)", clap_one_line(&e.render().to_string()));
+            // Written without `eprintln!`, which panics when stderr is a closed pipe.
+            let _ = writeln!(
+                std::io::stderr(),
+                "{} (see --help)",
+                clap_one_line(&e.render().to_string())
+            );
             std::process::exit(2);
         }
         Err(e) => e.exit(), // --help, --version
@@ -16,7 +23,7 @@ fn main() {
     if let Err(e) = cli::run(cli) {
         // `{:#}`: the error and its causes, `: `-separated. Each error names only its own
         // step and leaves its cause to `source()`, so nothing is said twice.
-        eprintln!("error: {e:#}");
+        let _ = writeln!(std::io::stderr(), "error: {e:#}");
         std::process::exit(1);
     }
 }

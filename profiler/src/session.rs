@@ -473,8 +473,8 @@ fn unwind_loader(maps: UnwindMaps, config: &SessionConfig) -> std::io::Result<Lo
     if let Some(dir) = &config.unwind_cache {
         match crate::unwind::cache::TableCache::open(dir, crate::unwind::cache::DEFAULT_MAX_BYTES) {
             Ok(cache) => loader.set_cache(cache),
-            Err(e) => eprintln!(
-                "warning: unwind tables are not cached: cannot create {}: {e}",
+            Err(e) => log::warn!(
+                "unwind tables are not cached: cannot create {}: {e}",
                 dir.display()
             ),
         }

@@ -22,6 +22,26 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     line
 }
 
+/// `println!` that never panics: with stdout a pipe its reader closed (`report --stats |
+/// head -2`), the rest of the output is dropped, and the command still ends as it would.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+pub(crate) use say;
+
+/// `eprintln!` that never panics: with stderr a pipe its reader closed (`record ... 2>&1 |
+/// head -1`), a status line must not stop the command before its outputs are written.
+macro_rules! status {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+pub(crate) use status;
+
 /// A running process's comm, from /proc; None once it is gone.
 pub(crate) fn proc_comm(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
@@ -130,10 +150,16 @@ pub(crate) fn disk_space(dir: &std::path::Path) -> Option<(u64, u64)> {
     }
 }
 
-/// Fails now if `write_atomic(path, ..)` could not write later: an existing file must be
-/// writable, and its directory must take the temporary file. Leaves everything as it was.
+/// Fails now if `write_atomic(path, ..)` could not write later: the path must name a file
+/// (not a directory, nor end in `/`), an existing file must be writable, and its directory
+/// must take the temporary file. Leaves everything as it was.
 pub(crate) fn check_atomic_writable(path: &std::path::Path) -> std::io::Result<()> {
     let existing = std::fs::metadata(path).ok();
+    if path.as_os_str().as_encoded_bytes().ends_with(b"/")
+        || existing.as_ref().is_some_and(std::fs::Metadata::is_dir)
+    {
+        return Err(std::io::Error::from_raw_os_error(libc::EISDIR));
+    }
     if existing.is_some() {
         std::fs::OpenOptions::new().write(true).open(path)?;
     }
@@ -326,6 +352,19 @@ mod tests {
 
     /// A render that fails half-way leaves the previous output whole and no temporary file;
     /// one that succeeds replaces it; a device is written in place, not replaced.
+    #[test]
+    fn a_directory_is_no_output_file() {
+        let dir = tempfile::Builder::new()
+            .prefix("profiler-atomic-")
+            .tempdir()
+            .unwrap();
+        for path in [dir.path().to_owned(), dir.path().join("x.svg/")] {
+            let e = check_atomic_writable(&path).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EISDIR), "{}", path.display());
+        }
+        check_atomic_writable(&dir.path().join("x.svg")).unwrap();
+    }
+
     #[test]
     fn atomic_writes_keep_the_old_file_on_error() {
         let dir = tempfile::Builder::new()

@@ -49,6 +49,21 @@ fn output_in_missing_directory_fails_before_sampling() {
     expect_error(&["record", "-d", "30s", "-o", out], &[out]);
 }
 
+/// A directory, or a name ending in `/`, is no output file: said before sampling, not after
+/// (when the recording would be lost).
+#[test]
+fn output_that_names_a_directory_fails_before_sampling() {
+    let dir = TempDir::new("errors-dir-output");
+    let existing = dir.file("d.svg");
+    std::fs::create_dir(&existing).unwrap();
+    for out in [format!("{}/", dir.file("x.svg")), existing] {
+        expect_error(
+            &["record", "-d", "30s", "-o", &out],
+            &[&out, "is a directory"],
+        );
+    }
+}
+
 #[test]
 fn pid_that_does_not_exist() {
     let dir = TempDir::new("bad-pid");

@@ -251,9 +251,10 @@ fn a_c_process_gets_no_python_frames_and_no_refusal() {
         "fx-chain: {py} of {} samples with Python frames; stderr:\n{stderr}",
         all.len()
     );
+    // No Python ran: no Python line at all (it would only be noise).
     assert!(
-        stderr.contains("python: 0 processes registered"),
-        "the Python summary line is missing or counts a C process:\n{stderr}"
+        !stderr.contains("python:"),
+        "a Python line for a C process:\n{stderr}"
     );
 }
 

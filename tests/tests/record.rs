@@ -452,3 +452,42 @@ fn signal_during_start_up_still_writes_outputs() {
         }
     }
 }
+
+/// `profiler ARGS` with stdout and stderr pipes whose reader is gone before it writes a byte
+/// (`record ... 2>&1 | head -1` once `head` has its line): every status line fails with EPIPE.
+/// Returns how it ended.
+fn with_closed_pipes(args: &[&str]) -> std::process::ExitStatus {
+    let mut child = std::process::Command::new(profiler_tests::profiler_bin())
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting the profiler");
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    profiler_tests::wait_timeout(&mut child, Duration::from_secs(120)).expect("the profiler ended")
+}
+
+/// Closed pipes are no reason to lose a recording or to panic: `record` still writes its
+/// outputs and succeeds, and `report --stats` (stdout closed) ends as it would.
+#[test]
+fn closed_pipes_lose_nothing() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("closed-pipes");
+    let capture = dir.file("piped.capture");
+    let status = with_closed_pipes(&["record", "-d", "1s", "-o", &capture]);
+    assert!(status.success(), "record with closed pipes: {status}");
+    assert!(
+        Path::new(&capture).is_file(),
+        "record with closed pipes wrote no capture"
+    );
+    let status = with_closed_pipes(&["report", &capture, "--stats"]);
+    assert!(
+        status.success(),
+        "report --stats with closed pipes: {status}"
+    );
+}

@@ -1,5 +1,6 @@
 //! `profiler agent`: always-on sampling into an embedded store, with an HTTP API
 //! (docs/agent.md). Flags override the `--config` file, which overrides the defaults.
+use crate::util::status;
 use std::{path::PathBuf, time::Duration};
 
 use super::OnOff;
@@ -132,7 +133,7 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<()> {
 fn printer(p: crate::agent::Progress<'_>) {
     use crate::{agent::Progress, record::Stop};
     match p {
-        Progress::Started { cpus, config } => eprintln!(
+        Progress::Started { cpus, config } => status!(
             "agent: sampling every CPU ({cpus}) at {} Hz, {:?} windows into {}, API on http://{}",
             config.frequency_hz,
             config.window,
@@ -140,22 +141,20 @@ fn printer(p: crate::agent::Progress<'_>) {
             config.listen
         ),
         Progress::Stopping(Stop::Interrupted) => {
-            eprintln!("\ninterrupted: writing what was collected");
+            status!("\ninterrupted: writing what was collected");
         }
-        Progress::Stopping(_) => eprintln!("terminated: writing what was collected"),
+        Progress::Stopping(_) => status!("terminated: writing what was collected"),
         Progress::Stopped {
             lost_windows,
             pushed,
         } => {
             if lost_windows == 0 {
-                eprintln!("agent: stopped; the last window is stored");
+                status!("agent: stopped; the last window is stored");
             } else {
-                eprintln!(
-                    "agent: stopped; {lost_windows} windows could not be stored and are lost"
-                );
+                status!("agent: stopped; {lost_windows} windows could not be stored and are lost");
             }
             if let Some((sent, dropped)) = pushed {
-                eprintln!(
+                status!(
                     "agent: {sent} windows pushed since start, {dropped} dropped from the full spool"
                 );
             }

@@ -41,7 +41,8 @@ pub(super) fn run(args: DiffArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", out.display()))?;
     }
     if let Some(n) = args.top {
-        print!("{}", format_top(&top_changes(&before, &after, n)));
+        let top = format_top(&top_changes(&before, &after, n));
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), top.as_bytes());
     }
     Ok(())
 }

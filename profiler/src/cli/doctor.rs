@@ -1,4 +1,5 @@
 //! `profiler doctor`: one command for a zombie-cgroup CPU drain (see docs/doctor.md).
+use crate::util::say;
 use std::time::Duration;
 
 use super::record::OnOff;
@@ -47,10 +48,10 @@ pub(super) fn run(args: DoctorArgs, verbose: bool) -> anyhow::Result<()> {
     let verdict = doctor::verdict::judge(&findings);
     let text = doctor::text(&findings, &verdict);
     if args.json {
-        eprint!("{text}");
-        println!("{}", doctor::json(&findings, &verdict));
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
+        say!("{}", doctor::json(&findings, &verdict));
     } else {
-        print!("{text}");
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
     }
     Ok(())
 }

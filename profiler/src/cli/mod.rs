@@ -1,4 +1,5 @@
 //! Front ends: one file per subcommand. Each parses its options (clap) and calls the library.
+use crate::util::status;
 mod agent;
 mod check;
 mod diff;
@@ -112,7 +113,7 @@ fn write_outputs(
         .map(|o| o.path.display().to_string())
         .collect();
     if !names.is_empty() {
-        eprintln!("wrote {}", names.join(", "));
+        status!("wrote {}", names.join(", "));
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! How the CLI shows a recording's progress and report on stderr (`record`, `doctor`): the
 //! library reports through `record::Progress`; only this prints.
+use crate::util::status;
 use profiler_common::unwind::ByReason;
 
 use crate::{
@@ -16,12 +17,12 @@ pub(super) fn printer(verbose: bool) -> impl FnMut(Progress<'_>) {
         // Loading and attaching take a while (the verifier); say that we are alive and
         // that Ctrl-C is safe already. Tests wait for this line to signal at start-up.
         Progress::Loading if verbose => {
-            eprintln!("loading the sampler; Ctrl-C stops and writes what was collected");
+            status!("loading the sampler; Ctrl-C stops and writes what was collected");
         }
         Progress::Loading => {}
         Progress::Notice(Notice::CgroupFilter { target, in_kernel }) => {
             if verbose {
-                eprintln!(
+                status!(
                     "only cgroup {} ({} {}), filtered {}",
                     target.given,
                     target.hierarchy_name(),
@@ -34,7 +35,7 @@ pub(super) fn printer(verbose: bool) -> impl FnMut(Progress<'_>) {
                 );
             }
         }
-        Progress::Notice(Notice::Warning(w)) => eprintln!("warning: {w}"),
+        Progress::Notice(Notice::Warning(w)) => status!("warning: {w}"),
         Progress::Sampling {
             cpus,
             frequency_hz,
@@ -42,7 +43,7 @@ pub(super) fn printer(verbose: bool) -> impl FnMut(Progress<'_>) {
             secs,
         } => {
             if verbose {
-                eprintln!(
+                status!(
                     "sampling {cpus} CPUs at {frequency_hz} Hz ({event}) for {secs:.1} s; Ctrl-C stops early"
                 );
             }
@@ -53,14 +54,18 @@ pub(super) fn printer(verbose: bool) -> impl FnMut(Progress<'_>) {
             samples,
         } => {
             if tty {
-                eprint!("\r  {elapsed_s:5.1} s / {secs:.1} s, {samples} samples ");
+                use std::io::Write as _;
+                let _ = write!(
+                    std::io::stderr(),
+                    "\r  {elapsed_s:5.1} s / {secs:.1} s, {samples} samples "
+                );
             }
         }
         Progress::Stopped(Stop::Interrupted) => {
-            eprintln!("\ninterrupted: writing what was collected");
+            status!("\ninterrupted: writing what was collected");
         }
         Progress::Stopped(Stop::Terminated) => {
-            eprintln!("terminated: writing what was collected");
+            status!("terminated: writing what was collected");
         }
         Progress::Stopped(Stop::Elapsed) => {}
         Progress::Collected(r) => collected(r, verbose, tty),
@@ -68,7 +73,7 @@ pub(super) fn printer(verbose: bool) -> impl FnMut(Progress<'_>) {
             if verbose {
                 // `cargo xtask bench symbolize` reads this line: it is our share of the work
                 // that `perf script` does after the fact.
-                eprintln!("symbolized {samples} samples in {secs:.3} s");
+                status!("symbolized {samples} samples in {secs:.3} s");
             }
         }
     }
@@ -76,24 +81,24 @@ pub(super) fn printer(verbose: bool) -> impl FnMut(Progress<'_>) {
 
 fn collected(r: &RecordReport, verbose: bool, tty: bool) {
     if tty {
-        eprintln!();
+        status!();
     }
     let c = &r.counters;
     if c.recorded == 0 {
         // Stopped before the first sample (a signal while the sampler loaded, or nothing
         // matched the filters): the outputs are written, and empty, so say it here.
-        eprintln!("warning: no samples were recorded; the outputs hold an empty profile");
+        status!("warning: no samples were recorded; the outputs hold an empty profile");
     }
     if verbose {
-        eprintln!("symbolizing {} samples...", c.recorded);
+        status!("symbolizing {} samples...", c.recorded);
     }
     if r.kernel_hidden {
-        eprintln!(
+        status!(
             "warning: kernel addresses are hidden by kernel.kptr_restrict; kernel frames show as [kernel]"
         );
     }
     if verbose || c.lost_ringbuf_full > 0 {
-        eprintln!(
+        status!(
             "recorded {} samples in {:.1} s; lost {} (ring buffer full); stack reads failed: {} kernel, {} user",
             c.recorded,
             r.duration_ns as f64 / 1e9,
@@ -102,7 +107,7 @@ fn collected(r: &RecordReport, verbose: bool, tty: bool) {
             c.ustack_failed
         );
         if c.lost_ringbuf_full > 0 {
-            eprintln!(
+            status!(
                 "warning: {} samples were lost because the reader fell behind; lower --frequency",
                 c.lost_ringbuf_full
             );
@@ -110,7 +115,7 @@ fn collected(r: &RecordReport, verbose: bool, tty: bool) {
     }
     let lost_records = r.session.lost_records;
     if lost_records > 0 {
-        eprintln!(
+        status!(
             "warning: the kernel dropped {lost_records} process records (mappings, exec, exit): \
              some short-lived processes may show [unknown] frames"
         );
@@ -124,7 +129,7 @@ fn collected(r: &RecordReport, verbose: bool, tty: bool) {
 }
 
 fn unwind(s: &LoaderStats, truncated: &ByReason) {
-    eprintln!(
+    status!(
         "unwind tables: {} processes, {} binaries by table ({} rows, {:.1} MiB in the kernel at the end, compiled in {:.3} s, {} from the disk cache), {} by frame pointer, {} evicted{}",
         s.processes,
         s.binaries_table,
@@ -146,19 +151,23 @@ fn unwind(s: &LoaderStats, truncated: &ByReason) {
         .map(|(code, n)| format!("{n} {}", profiler_common::unwind::reason::NAMES[code]))
         .collect();
     if !cut.is_empty() {
-        eprintln!("user stacks cut short: {}", cut.join(", "));
+        status!("user stacks cut short: {}", cut.join(", "));
     }
 }
 
 fn python(p: &PythonReport) {
     // The exec wakes are the agent's only (`record` wakes for every new process).
     let [walked, truncated, read_failed, no_tstate, _] = p.kernel;
-    eprintln!(
+    if p.registered == 0 && p.refused.is_empty() {
+        return; // No Python ran: nothing to say.
+    }
+    status!(
         "python: {} processes registered; {walked} samples walked, {truncated} truncated, \
          {read_failed} unreadable, {no_tstate} without a thread state; {} recorded cut short",
-        p.registered, p.cut
+        p.registered,
+        p.cut
     );
     for (kind, n, last) in &p.refused {
-        eprintln!("python: {n} processes refused ({kind}), e.g.: {last}");
+        status!("python: {n} processes refused ({kind}), e.g.: {last}");
     }
 }

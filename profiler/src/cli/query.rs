@@ -1,4 +1,5 @@
 //! `profiler query`: render a time range of the agent's store to any output format.
+use crate::util::status;
 use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
@@ -67,7 +68,7 @@ pub(super) fn run(args: QueryArgs) -> anyhow::Result<()> {
         );
     }
     let untimed_ns: u64 = profile.meta.untimed.iter().map(|(a, b)| b - a).sum();
-    eprintln!(
+    status!(
         "{} samples from {:.0} s of windows{}",
         profile.samples.len(),
         profile.meta.duration_ns as f64 / 1e9,

@@ -1,4 +1,5 @@
 //! `profiler report`: re-render a capture on any machine, or print its statistics.
+use crate::util::say;
 use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
@@ -79,7 +80,7 @@ pub(super) fn run(args: ReportArgs) -> anyhow::Result<()> {
         print_stats(&profile);
     }
     if let Some(table) = cpus {
-        print!("{table}");
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), table.as_bytes());
     }
     super::write_outputs(&outputs, &profile)
 }
@@ -93,33 +94,34 @@ fn print_stats(p: &profile::Profile) {
         ustack_failed,
     } = p.meta.counters;
     let m = &p.meta;
-    println!("samples: {}", p.samples.len());
-    println!("recorded: {recorded}");
-    println!("lost_ringbuf_full: {lost_ringbuf_full}");
-    println!("filtered: {filtered}");
-    println!("kstack_failed: {kstack_failed}");
-    println!("ustack_failed: {ustack_failed}");
-    println!("duration_s: {:.3}", m.duration_ns as f64 / 1e9);
-    println!("frequency_hz: {}", m.frequency_hz);
-    println!("event: {}", m.event);
-    println!("cpus: {}", m.cpus.len());
-    println!("hostname: {}", m.hostname);
-    println!("kernel: {}", m.kernel_release);
-    println!("start_unix_ns: {}", m.start_unix_ns);
-    println!("processes: {}", p.processes.len());
+    say!("samples: {}", p.samples.len());
+    say!("recorded: {recorded}");
+    say!("lost_ringbuf_full: {lost_ringbuf_full}");
+    say!("filtered: {filtered}");
+    say!("kstack_failed: {kstack_failed}");
+    say!("ustack_failed: {ustack_failed}");
+    say!("duration_s: {:.3}", m.duration_ns as f64 / 1e9);
+    say!("frequency_hz: {}", m.frequency_hz);
+    say!("event: {}", m.event);
+    say!("cpus: {}", m.cpus.len());
+    say!("hostname: {}", m.hostname);
+    say!("kernel: {}", m.kernel_release);
+    say!("start_unix_ns: {}", m.start_unix_ns);
+    say!("processes: {}", p.processes.len());
     let life = profile::lifetime_stats(p);
-    println!("processes_started: {}", life.started);
-    println!("processes_exited: {}", life.exited);
-    println!(
+    say!("processes_started: {}", life.started);
+    say!("processes_exited: {}", life.exited);
+    say!(
         "processes_started_symbolized: {} of {} sampled",
-        life.started_symbolized, life.started_sampled
+        life.started_symbolized,
+        life.started_sampled
     );
     let exits: Vec<String> = life
         .exits
         .iter()
         .map(|(how, n)| format!("{n} {how}"))
         .collect();
-    println!("exits: {}", exits.join(", "));
+    say!("exits: {}", exits.join(", "));
     // A capture keeps no cgroup per process: the parent stands in for the service's unit.
     let programs = profile::lifecycle::programs(
         &p.lifetimes,
@@ -139,9 +141,9 @@ fn print_stats(p: &profile::Profile) {
         }
     }
     let loops: Vec<_> = programs.iter().filter(|p| p.crash_loop).collect();
-    println!("crash_loops: {}", loops.len());
+    say!("crash_loops: {}", loops.len());
     for l in &loops {
-        println!(
+        say!(
             "crash_loop: {} ({} failing exits, {:.1}/min)",
             l.summary(),
             l.failing,
@@ -149,15 +151,15 @@ fn print_stats(p: &profile::Profile) {
         );
     }
     for l in programs.iter().filter(|p| !p.crash_loop).take(10) {
-        println!("program: {}", l.summary());
+        say!("program: {}", l.summary());
     }
-    println!("unique_stacks: {}", p.stacks.len());
-    println!("unique_frames: {}", p.frames.len());
+    say!("unique_stacks: {}", p.stacks.len());
+    say!("unique_frames: {}", p.frames.len());
     for (reason, n) in truncated_by_reason(p) {
-        println!("truncated {reason}: {n}");
+        say!("truncated {reason}: {n}");
     }
     for (name, value) in &p.meta.named_counters {
-        println!("{name}: {value}");
+        say!("{name}: {value}");
     }
 }
 

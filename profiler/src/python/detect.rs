@@ -107,6 +107,15 @@ struct Candidate {
 /// Finds the interpreter in `/proc/PID/maps`: a libpython wins over the exe (the exe then
 /// only calls into it). Only files mapped executable count: a profiler (ours too) maps
 /// libpython read-only to symbolize it. None: not Python.
+/// Whether `pid`'s command line starts with a Python interpreter (`python3 x.py`,
+/// `/usr/bin/python3.11 -m x`): what can be known of a process whose maps cannot be read.
+fn named_python(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+        let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+        interpreter_named(&String::from_utf8_lossy(argv0))
+    })
+}
+
 fn candidate(pid: u32) -> io::Result<Option<Candidate>> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     let mut firsts: Vec<Candidate> = Vec::new();
@@ -158,6 +167,12 @@ pub(super) fn detect(
         // Gone already (short-lived): nothing to walk, nothing to report.
         Ok(None) => return Ok(None),
         Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) => {
+            return Ok(None);
+        }
+        // Maps we may not read (a sandbox's init, another user namespace's process): refused
+        // only if its command line says it is a Python, else it is none of our business.
+        Err(e) if !named_python(pid) => {
+            log::debug!("pid {pid}: not a Python by its command line; its maps: {e}");
             return Ok(None);
         }
         Err(e) => return Err(Refused::Memory(e)),
