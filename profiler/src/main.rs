@@ -4,7 +4,7 @@ use std::io::Write as _;
 use clap::Parser as _;
 use profiler::cli::{self, Cli};
 
-fn main() {
+fn main() -> std::process::ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
@@ -20,12 +20,12 @@ fn main() {
         }
         Err(e) => e.exit(), // --help, --version
     };
-    if let Err(e) = cli::run(cli) {
+    cli::run(cli).unwrap_or_else(|e| {
         // `{:#}`: the error and its causes, `: `-separated. Each error names only its own
         // step and leaves its cause to `source()`, so nothing is said twice.
         let _ = writeln!(std::io::stderr(), "error: {e:#}");
-        std::process::exit(1);
-    }
+        std::process::ExitCode::FAILURE
+    })
 }
 
 /// clap's error text up to its usage block, on one line.

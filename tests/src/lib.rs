@@ -24,8 +24,8 @@ pub use folded::{Stack, has_chain, head, is_kernel, parse_folded, read_folded, s
 pub use image::{PngSummary, png_summary, svg_frames, svg_titles};
 pub use privilege::{missing_privilege, require_bpf};
 pub use process::{
-    Fixture, Running, expect_success, profiler_bin, record, report, run_profiler, run_profiler_env,
-    run_program, spawn_fixture, spawn_fixture_args, wait_timeout,
+    Fixture, Running, doctor_findings, expect_success, profiler_bin, record, report, run_profiler,
+    run_profiler_env, run_program, spawn_fixture, spawn_fixture_args, wait_timeout,
 };
 pub use tempdir::TempDir;
 pub use tools::{

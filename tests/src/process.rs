@@ -98,6 +98,33 @@ pub fn report(args: &[&str]) -> Output {
     run_profiler(&[&["report"], args].concat(), PROFILER_TIMEOUT)
 }
 
+/// `profiler doctor --json`'s findings, once it is checked that the doctor ran to its
+/// verdict and that its exit status says that verdict (docs/doctor.md: 0 healthy, 3 a
+/// warning, 4 an alarm).
+pub fn doctor_findings(output: &Output) -> serde_json::Value {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let v: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json is not JSON ({e}); {}; stderr:\n{stderr}",
+            output.status
+        )
+    });
+    let want = match v["verdict"].as_str() {
+        Some("healthy") => 0,
+        Some("warning") => 3,
+        Some("alarm") => 4,
+        other => panic!("no verdict in the doctor's JSON: {other:?}"),
+    };
+    assert_eq!(
+        output.status.code(),
+        Some(want),
+        "verdict {} but {}; stderr:\n{stderr}",
+        v["verdict"],
+        output.status
+    );
+    v
+}
+
 /// Panics unless the run succeeded, showing its status and stderr.
 pub fn expect_success(output: &Output, what: &str) {
     assert!(

@@ -5,7 +5,9 @@
 use std::thread;
 use std::time::Duration;
 
-use profiler_tests::{exclusive, expect_success, require_bpf, run_profiler, run_program};
+use profiler_tests::{
+    doctor_findings, exclusive, expect_success, require_bpf, run_profiler, run_program,
+};
 use serde_json::Value;
 
 const LAB_COUNT: u64 = 500;
@@ -49,15 +51,6 @@ impl Drop for LabGuard {
     }
 }
 
-fn doctor_json(stdout: &[u8]) -> Value {
-    serde_json::from_slice(stdout).unwrap_or_else(|e| {
-        panic!(
-            "doctor --json is not JSON ({e}): {}",
-            String::from_utf8_lossy(stdout)
-        )
-    })
-}
-
 fn memory_dying(v: &Value) -> u64 {
     v["controllers"]
         .as_array()
@@ -85,10 +78,9 @@ fn doctor_finds_the_zombie_lab_and_cleanup_restores() {
     expect_success(&lab, "profiler-lab zombie");
     eprintln!("lab: {}", String::from_utf8_lossy(&lab.stdout));
     let out = doctor.join().unwrap();
-    expect_success(&out, "profiler doctor");
     let text = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!("{text}");
-    let v = doctor_json(&out.stdout);
+    let v = doctor_findings(&out);
 
     let dying = memory_dying(&v);
     assert!(
@@ -184,10 +176,9 @@ fn doctor_on_the_host_raises_no_alarm() {
     }
     let _lock = exclusive();
     let out = run_profiler(&["doctor", "--duration", "3s", "--json"], TIMEOUT);
-    expect_success(&out, "profiler doctor");
     let text = String::from_utf8_lossy(&out.stderr);
     eprintln!("{text}");
-    let v = doctor_json(&out.stdout);
+    let v = doctor_findings(&out);
     assert_ne!(v["verdict"], "alarm", "{text}");
     assert!(v["memcg_functions_present"].as_array().unwrap().len() >= 3);
     assert!(text.starts_with(&format!("verdict: {}", v["verdict"].as_str().unwrap())));

@@ -9,7 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use profiler_tests::{
-    Agent, TempDir, exclusive, expect_success, require_bpf, run_profiler, run_program,
+    Agent, TempDir, doctor_findings, exclusive, expect_success, require_bpf, run_profiler,
+    run_program,
 };
 use serde_json::Value;
 
@@ -45,15 +46,6 @@ fn has_memory_v1() -> bool {
         eprintln!("skipped: no v1 memory cgroup hierarchy on this host");
     }
     found
-}
-
-fn doctor_json(stdout: &[u8]) -> Value {
-    serde_json::from_slice(stdout).unwrap_or_else(|e| {
-        panic!(
-            "doctor --json is not JSON ({e}): {}",
-            String::from_utf8_lossy(stdout)
-        )
-    })
 }
 
 /// The lab's log: (pid, start ns) per start, and (pid -> wait status) per exit.
@@ -224,10 +216,9 @@ fn doctor_on_the_lab(lab_args: &[&str], duration: &str) -> LabRun {
     eprintln!("lab: {said}");
     let supervisor = supervisor_pid(&said);
     let out = run_profiler(&["doctor", "--duration", duration, "--json"], TIMEOUT);
-    expect_success(&out, "profiler doctor");
     let text = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!("{text}");
-    let json = doctor_json(&out.stdout);
+    let json = doctor_findings(&out);
     // Read before cleanup removes it.
     let (log_starts, log_exits) = read_log();
     LabRun {
@@ -356,10 +347,9 @@ fn doctor_on_a_host_without_the_lab_raises_no_crash_loop() {
     let _ = shell_loop.kill();
     let _ = shell_loop.wait();
     kill_group(&mut builds);
-    expect_success(&out, "profiler doctor");
     let text = String::from_utf8_lossy(&out.stderr);
     eprintln!("{text}");
-    let v = doctor_json(&out.stdout);
+    let v = doctor_findings(&out);
     assert_eq!(v["crash_loops"], 0, "{}", v["programs"]);
     assert!(!text.contains("CRASH LOOP"));
     // The lifecycle and cgroup moves are traced all the same.
@@ -533,10 +523,9 @@ fn a_network_watchdog_line_in_the_kernel_log_lands_on_the_doctors_timeline() {
     std::fs::write("/dev/kmsg", format!("<4>{msg}\n")).expect("write /dev/kmsg");
     let after = uptime_s();
     let out = doctor.join().unwrap();
-    expect_success(&out, "profiler doctor");
     let text = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!("{text}");
-    let v = doctor_json(&out.stdout);
+    let v = doctor_findings(&out);
     let e = v["kernel_events"]
         .as_array()
         .unwrap()

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use profiler_tests::{Agent, TempDir, exclusive, expect_success, require_bpf, run_profiler, tool};
+use profiler_tests::{
+    Agent, TempDir, doctor_findings, exclusive, expect_success, require_bpf, run_profiler, tool,
+};
 use serde_json::Value;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
@@ -164,10 +166,9 @@ fn realtime_ns() -> u64 {
 fn doctor(duration: &str) -> (Value, String, u64) {
     let since = realtime_ns();
     let out = run_profiler(&["doctor", "--duration", duration, "--json"], TIMEOUT);
-    expect_success(&out, "profiler doctor");
+    let json = doctor_findings(&out);
     let text = String::from_utf8_lossy(&out.stderr).into_owned();
     eprintln!("{text}");
-    let json = serde_json::from_slice(&out.stdout).expect("doctor --json is JSON");
     (json, text, since)
 }
 

@@ -242,7 +242,7 @@ fn the_agent_and_the_doctor_start_on_what_loads() {
         TIMEOUT,
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    profiler_tests::doctor_findings(&out);
     let lines = warnings(&stderr);
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(

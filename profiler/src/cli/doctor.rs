@@ -1,15 +1,20 @@
 //! `profiler doctor`: one command for a zombie-cgroup CPU drain (see docs/doctor.md).
-use crate::util::say;
-use std::time::Duration;
+use std::{process::ExitCode, time::Duration};
 
 use super::record::OnOff;
 use crate::{
     doctor::{self, DoctorConfig},
     unwind::UnwindMode,
-    util,
+    util::{self, say},
 };
 
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Exit status: 0 healthy, 3 a warning, 4 an alarm (the verdict); 1 the \
+                        doctor could not run, 2 a bad command line.\n\n\
+                        Example:\n  profiler doctor              # watch 10 s, then the report\n  \
+                        profiler doctor -d 30s --json > findings.json   # the report on stderr"
+)]
 pub struct DoctorArgs {
     /// How long to watch (profile and cgroup churn), e.g. 10s, 30s, 1m.
     #[arg(short, long, default_value = "10s", value_parser = util::parse_duration)]
@@ -32,7 +37,8 @@ pub struct DoctorArgs {
     pub python: OnOff,
 }
 
-pub(super) fn run(args: DoctorArgs, verbose: bool) -> anyhow::Result<()> {
+/// Runs the window and reports; the exit status says the verdict (`Level::exit_code`).
+pub(super) fn run(args: DoctorArgs, verbose: bool) -> anyhow::Result<ExitCode> {
     super::check_privileges()?;
     util::raise_fd_limit();
     let findings = doctor::examine(
@@ -53,5 +59,5 @@ pub(super) fn run(args: DoctorArgs, verbose: bool) -> anyhow::Result<()> {
     } else {
         let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
     }
-    Ok(())
+    Ok(ExitCode::from(verdict.level.exit_code()))
 }

@@ -61,7 +61,8 @@ pub enum Command {
 }
 
 /// Runs the parsed command, with the log level `-v` asks for.
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs the command; its exit status on success (only the doctor's says more than "done").
+pub fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
     let level = match cli.verbose {
         0 => "warn",
         1 => "info",
@@ -73,12 +74,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Record(args) => record::run(args),
         Command::Report(args) => report::run(args),
-        Command::Doctor(args) => doctor::run(args, cli.verbose > 0),
+        Command::Doctor(args) => return doctor::run(args, cli.verbose > 0),
         Command::Diff(args) => diff::run(args),
         Command::Agent(args) => agent::run(args),
         Command::Query(args) => query::run(args),
         Command::Check(args) => check::run(&args),
     }
+    .map(|()| std::process::ExitCode::SUCCESS)
 }
 
 /// `-o` values: outputs by extension (see `output::EXTENSIONS`), stacks rooted by `group_by`.

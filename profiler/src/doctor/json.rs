@@ -46,7 +46,7 @@ struct Report<'a> {
     attach_error: Option<&'a str>,
     kernel_events: Vec<KernelEvent<'a>>,
     kernel_log_error: Option<&'a str>,
-    cpus: Vec<Cpu>,
+    cpus: Vec<Cpu<'a>>,
     memcg: Vec<Memcg<'a>>,
     memcg_functions_present: &'a [&'static str],
     memcg_functions_absent: &'a [&'static str],
@@ -159,10 +159,19 @@ impl Subtree {
     clippy::struct_field_names,
     reason = "the names are doctor --json's schema"
 )]
-struct Cpu {
+struct Cpu<'a> {
     cpu: u32,
     busy_percent: f64,
     saturated: bool,
+    /// The processes that kept it busiest, busiest first.
+    top: Vec<CpuShare<'a>>,
+}
+
+#[derive(Serialize)]
+struct CpuShare<'a> {
+    comm: &'a str,
+    pid: u32,
+    percent: f64,
 }
 
 #[derive(Serialize)]
@@ -277,6 +286,18 @@ impl<'a> Report<'a> {
                     cpu,
                     busy_percent: round(busy, 1),
                     saturated: busy >= CPU_SATURATED,
+                    top: (f.cpu_top.iter()).find(|(c, _)| *c == cpu).map_or(
+                        Vec::new(),
+                        |(_, top)| {
+                            top.iter()
+                                .map(|p| CpuShare {
+                                    comm: &p.comm,
+                                    pid: p.pid,
+                                    percent: round(p.percent, 1),
+                                })
+                                .collect()
+                        },
+                    ),
                 })
                 .collect(),
             memcg: (f.memcg.iter())

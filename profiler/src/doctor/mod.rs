@@ -73,12 +73,17 @@ pub(crate) struct Findings {
     pub kernel_log_error: Option<String>,
     /// Per CPU: (cpu, busy percent).
     pub cpus: Vec<(u32, f64)>,
+    /// Per CPU, the processes that kept it busiest.
+    pub cpu_top: Vec<(u32, Vec<memcg::CpuShare>)>,
     /// Catalogue functions this kernel has / lacks.
     pub memcg_present: Vec<&'static str>,
     pub memcg_absent: Vec<&'static str>,
     /// Processes with CPU in memcg code, most samples first (at most 10).
     pub memcg: Vec<memcg::MemcgShare>,
 }
+
+/// Processes named per CPU (who kept it busy).
+const CPU_TOP: usize = 3;
 
 /// Programs listed besides crash loops.
 pub(crate) const PROGRAMS_SHOWN: usize = 10;
@@ -179,6 +184,7 @@ pub(crate) fn examine(
         timeline,
         kernel_log_error,
         cpus: memcg::cpu_busy(&profile),
+        cpu_top: memcg::cpu_top(&profile, CPU_TOP),
         memcg_present,
         memcg_absent,
         memcg: shares,

@@ -154,7 +154,7 @@ fn kernel_log_text(o: &mut String, f: &Findings) {
     }
 }
 
-/// `CPU`: how busy each CPU was, saturated ones flagged.
+/// `CPU`: how busy each CPU was, saturated ones flagged, and who kept each busy.
 fn cpu_text(o: &mut String, f: &Findings) {
     let _ = writeln!(o, "\nCPU ({} samples at {} Hz):", f.samples, f.frequency_hz);
     for (cpu, busy) in &f.cpus {
@@ -163,7 +163,23 @@ fn cpu_text(o: &mut String, f: &Findings) {
         } else {
             ""
         };
-        let _ = writeln!(o, "  cpu{cpu}: {busy:.0}% busy{flag}");
+        let top = f
+            .cpu_top
+            .iter()
+            .find(|(c, _)| c == cpu)
+            .map_or(String::new(), |(_, top)| {
+                let names: Vec<String> = top
+                    .iter()
+                    .filter(|p| p.percent >= 0.5)
+                    .map(|p| format!("{} (pid {}) {:.0}%", p.comm, p.pid, p.percent))
+                    .collect();
+                if names.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", names.join(", "))
+                }
+            });
+        let _ = writeln!(o, "  cpu{cpu}: {busy:.0}% busy{flag}{top}");
     }
 }
 

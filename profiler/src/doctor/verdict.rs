@@ -27,6 +27,16 @@ pub(crate) enum Level {
 }
 
 impl Level {
+    /// `profiler doctor`'s exit status for this verdict (docs/doctor.md): 0 healthy, 3 a
+    /// warning, 4 an alarm (1 is a failure to run, 2 a bad command line).
+    pub(crate) fn exit_code(self) -> u8 {
+        match self {
+            Level::Healthy => 0,
+            Level::Warning => 3,
+            Level::Alarm => 4,
+        }
+    }
+
     pub(crate) fn name(self) -> &'static str {
         match self {
             Level::Healthy => "healthy",

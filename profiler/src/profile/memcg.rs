@@ -174,6 +174,60 @@ pub(crate) fn cpu_busy(profile: &Profile) -> Vec<(u32, f64)> {
         .collect()
 }
 
+/// One process's share of one CPU.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct CpuShare {
+    pub comm: String,
+    pub pid: u32,
+    /// Of the CPU's ticks over the profile.
+    pub percent: f64,
+}
+
+/// Per CPU, the processes that kept it busiest over the profile, at most `n` each, busiest
+/// first; idle is no process.
+pub(crate) fn cpu_top(profile: &Profile, n: usize) -> Vec<(u32, Vec<CpuShare>)> {
+    let expected = f64::from(profile.meta.frequency_hz) * profile.meta.duration_ns as f64 / 1e9;
+    // cpu -> pid -> (samples, the comm at its last tick).
+    let mut by_cpu: BTreeMap<u32, HashMap<u32, (u64, &str)>> = profile
+        .meta
+        .cpus
+        .iter()
+        .map(|&cpu| (cpu, HashMap::new()))
+        .collect();
+    for s in profile
+        .samples
+        .iter()
+        .filter(|s| !crate::profile::is_idle(s))
+    {
+        let e = by_cpu.entry(s.cpu).or_default().entry(s.pid).or_default();
+        *e = (e.0 + 1, profile.str(s.comm));
+    }
+    by_cpu
+        .into_iter()
+        .map(|(cpu, pids)| {
+            let mut top: Vec<(u32, (u64, &str))> = pids.into_iter().collect();
+            top.sort_by_key(|&(pid, (k, _))| (std::cmp::Reverse(k), pid));
+            top.truncate(n);
+            let top = top
+                .into_iter()
+                .map(|(pid, (k, comm))| {
+                    let percent = if expected > 0.0 {
+                        (k as f64 * 100.0 / expected).min(100.0)
+                    } else {
+                        0.0
+                    };
+                    CpuShare {
+                        comm: comm.to_owned(),
+                        pid,
+                        percent,
+                    }
+                })
+                .collect();
+            (cpu, top)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

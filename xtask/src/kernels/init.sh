@@ -47,6 +47,16 @@ run() {
     timeout $LIMIT "$@" > "/tmp/$name.out" 2> "/tmp/$name.err"
 }
 
+# run_doctor NAME ARGS...: `run` for the doctor, whose exit status is its verdict (0 healthy,
+# 3 a warning, 4 an alarm; docs/doctor.md): true when it ran to one.
+run_doctor() {
+    run "$@"
+    case $? in
+    0 | 3 | 4) return 0 ;;
+    *) return 1 ;;
+    esac
+}
+
 # The chain every test looks for: fx-chain spends its time in main -> a -> b -> c.
 CHAIN='main;a;b;c'
 # fx-chain runs until the step that started it kills it (FX_LIFE is only a backstop): with a
@@ -190,7 +200,7 @@ wait $fx 2> /dev/null
     done
 ) &
 churner=$!
-if run doctor profiler doctor -d 3s --json; then
+if run_doctor doctor profiler doctor -d 3s --json; then
     pass doctor "exit 0, $(grep -c . /tmp/doctor.err) report lines"
     # Summed over processes: each busybox mkdir is a process of its own.
     mkdirs=$(grep -o '"mkdirs":[0-9]*' /tmp/doctor.out | sed 's/.*://' | awk '{ n += $1 } END { print n + 0 }')
@@ -235,7 +245,7 @@ elif
     # memory.stat (the kernel formats all of it on the first read) without a fork.
     ( while :; do read -r line < /sys/fs/cgroup/v2lab/memory.stat; done ) &
     poller=$!
-    run doctor-v2 profiler doctor -d 3s --json
+    run_doctor doctor-v2 profiler doctor -d 3s --json
     status=$?
     kill $poller
     wait $poller 2> /dev/null
@@ -270,34 +280,59 @@ rm -rf /tmp/v2lab
 # starts each attempt of zagent in a new cgroup, /zsvc/run-N, made by mkdir and removed by
 # rmdir; the other re-creates one cgroup, /zsvc-in/agent, for each attempt of zagent-in. The
 # child moves itself (writing 0 to cgroup.procs moves the writer) and execs the program, a
-# script that exits with status 2. The doctor must find both loops, by place, with their
-# status, and raise them as problems.
+# script that exits with status 2. Each supervisor logs its starts (uptime, by the `read`
+# builtin). The doctor must find both loops, by place, with their status and a restart rate
+# within 10% of the supervisor's own over the same time, and raise them as problems.
 printf '#!/bin/sh\nexit 2\n' > /bin/zagent
 cp /bin/zagent /bin/zagent-in
 chmod +x /bin/zagent /bin/zagent-in
-supervise() { # supervise PROGRAM CGROUP-OF-ATTEMPT-N (N in the name as @)
+supervise() { # supervise PROGRAM CGROUP-OF-ATTEMPT-N (N in the name as @) LOG
     i=0
     while [ ! -e /tmp/zsvc.stop ]; do
         d=$(echo "$2" | sed "s/@/$i/")
+        read -r up _ < /proc/uptime
+        echo "$up" >> "$3"
         mkdir -p "$d" && sh -c "echo 0 > $d/cgroup.procs && exec $1"
         rmdir "$d"
         i=$((i + 1))
         usleep 100000
     done
 }
-supervise /bin/zagent /sys/fs/cgroup/zsvc/run-@ &
+# rate_within LOG FROM TO DOCTOR-RATE: whether the log's starts a minute between FROM and TO
+# (uptime s) are within 10% of the doctor's; prints both.
+rate_within() {
+    awk -v from="$2" -v to="$3" -v doctor="$4" '
+        $1 >= from && $1 <= to { if (n == 0) first = $1; last = $1; n++ }
+        END {
+            logged = (n > 1 && last > first) ? (n - 1) * 60 / (last - first) : 0
+            printf "doctor %s/min, the supervisor %.0f/min", doctor, logged
+            d = doctor - logged; if (d < 0) d = -d
+            exit !(logged > 0 && d <= logged * 0.10)
+        }' "$1"
+}
+supervise /bin/zagent /sys/fs/cgroup/zsvc/run-@ /tmp/zsvc-new.log &
 per_attempt=$!
-supervise /bin/zagent-in /sys/fs/cgroup/zsvc-in/agent &
+supervise /bin/zagent-in /sys/fs/cgroup/zsvc-in/agent /tmp/zsvc-same.log &
 in_place=$!
-if run crashloop-v2 profiler doctor -d 3s --json; then
+read -r from _ < /proc/uptime
+run crashloop-v2 profiler doctor -d 5s --json
+status=$?
+if [ $status = 0 ] || [ $status = 3 ]; then
+    fail crashloop-v2 "exit status $status, not 4 (an alarm)" /tmp/crashloop-v2.err
+elif [ $status = 4 ]; then
+    read -r to _ < /proc/uptime
     out=/tmp/crashloop-v2.out
     # The name is `zagent (/bin/busybox)`: the script's interpreter is busybox's sh.
     new=$(grep -o '"crash loop: zagent [^"]*in cgroup /zsvc/run-\* (a new one each time: [0-9]* cgroups) exited with code 2[^"]*"' $out | head -n 1)
     same=$(grep -o '"crash loop: zagent-in [^"]*in cgroup /zsvc-in/agent exited with code 2[^"]*"' $out | head -n 1)
+    per_min() { echo "$1" | sed 's/.* times in [0-9.]* s (\([0-9]*\)\/min.*/\1/'; }
     if [ -z "$new" ] || [ -z "$same" ]; then
         fail crashloop-v2 "the doctor did not raise both crash loops (new: ${new:-none}; in place: ${same:-none})" /tmp/crashloop-v2.err
+    elif ! rates_new=$(rate_within /tmp/zsvc-new.log "$from" "$to" "$(per_min "$new")") ||
+        ! rates_same=$(rate_within /tmp/zsvc-same.log "$from" "$to" "$(per_min "$same")"); then
+        fail crashloop-v2 "restart rates off by more than 10%: new cgroups: $rates_new; in place: ${rates_same:-?}" /tmp/crashloop-v2.err
     else
-        pass crashloop-v2 "$(echo "$new" | cut -c1-160); $(echo "$same" | cut -c1-120)"
+        pass crashloop-v2 "$(echo "$new" | cut -c1-120) ($rates_new); $(echo "$same" | cut -c1-80) ($rates_same)"
     fi
 else
     fail crashloop-v2 "$(why crashloop-v2)" /tmp/crashloop-v2.err

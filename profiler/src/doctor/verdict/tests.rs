@@ -44,6 +44,17 @@ fn findings(dying: u64, kubelet_memcg: u64, mkdirs: u64) -> Findings {
         timeline: vec![],
         kernel_log_error: None,
         cpus: vec![(0, 100.0), (1, 5.0)],
+        cpu_top: vec![
+            (
+                0,
+                vec![crate::profile::memcg::CpuShare {
+                    comm: "kubelet".into(),
+                    pid: 5,
+                    percent: 87.0,
+                }],
+            ),
+            (1, vec![]),
+        ],
         memcg_present: vec!["memory_stat_show"],
         memcg_absent: vec![],
         memcg: vec![MemcgShare {
@@ -368,6 +379,7 @@ fn churn_warns_from_one_cgroup_per_second() {
 fn a_cpu_is_saturated_from_90_percent() {
     let mut f = findings(0, 0, 0);
     f.cpus = vec![(0, 89.9), (1, 90.0), (2, 90.1)];
+    f.cpu_top.clear();
     let v = judge(&f);
     let json = super::super::report::json(&f, &v);
     for (cpu, saturated) in [(0, false), (1, true), (2, true)] {
@@ -376,7 +388,7 @@ fn a_cpu_is_saturated_from_90_percent() {
             .find(&want)
             .unwrap_or_else(|| panic!("cpu {cpu} in {json}"));
         let rest = &json[at..];
-        let flag = &rest[..rest.find('}').unwrap()];
+        let flag = &rest[..rest.find(",\"top\"").unwrap()];
         assert!(
             flag.ends_with(&format!(r#""saturated":{saturated}"#)),
             "cpu {cpu}: {flag}"
@@ -490,4 +502,21 @@ fn cgroup2_figures_in_text_and_json() {
     // A host without memory on cgroup2 says so with null.
     let f = findings(0, 0, 0);
     assert!(super::super::report::json(&f, &judge(&f)).contains(r#""v2_memory":null"#));
+}
+
+/// A saturated CPU names who kept it busy, in the text and the JSON.
+#[test]
+fn a_cpu_names_who_kept_it_busy() {
+    let f = findings(0, 0, 0);
+    let v = judge(&f);
+    let text = super::super::report::text(&f, &v);
+    assert!(
+        text.contains("cpu0: 100% busy  SATURATED: kubelet (pid 5) 87%"),
+        "{text}"
+    );
+    let json = super::super::report::json(&f, &v);
+    assert!(
+        json.contains(r#""top":[{"comm":"kubelet","pid":5,"percent":87.0}]"#),
+        "{json}"
+    );
 }
