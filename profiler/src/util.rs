@@ -5,7 +5,9 @@ mod input;
 mod ticker;
 
 pub(crate) use dense::{Dense, FxDense, FxMap, FxSet};
-pub(crate) use input::{InputError, check_hz, duration_ns, parse_bytes, parse_duration, parse_hz};
+pub(crate) use input::{
+    InputError, check_hz, duration_ns, parse_bytes, parse_comm, parse_duration, parse_hz,
+};
 pub(crate) use ticker::Ticker;
 
 /// An error and its causes on one line, `: `-separated, for logs and HTTP bodies (the CLI

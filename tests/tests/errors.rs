@@ -184,3 +184,31 @@ fn a_cause_is_said_once() {
     assert_eq!(line.matches("No such file").count(), 1, "{line}");
     assert_eq!(line.matches(path).count(), 1, "{line}");
 }
+
+/// `--comm` takes what the kernel keeps of a thread's name (15 bytes): a longer one could never
+/// match, so it is refused up front, in every command that takes it.
+#[test]
+fn a_comm_longer_than_the_kernel_keeps_is_refused() {
+    let long = "a-name-of-16-byt";
+    expect_error(
+        &["record", "-d", "30s", "--comm", long, "-o", "x.svg"],
+        &[long, "15"],
+    );
+    expect_error(
+        &["query", "--since", "1h", "--comm", long, "-o", "x.svg"],
+        &[long, "15"],
+    );
+}
+
+/// Pids as a list (`-p 12,34`) are each checked; durations add their terms (`1m30s`).
+#[test]
+fn pid_lists_and_compound_durations_are_read() {
+    expect_error(
+        &["record", "-d", "1m30s", "-p", "1,999999", "-o", "x.svg"],
+        &["999999"],
+    );
+    expect_error(
+        &["record", "-d", "1m30x", "-o", "x.svg"],
+        &["1m30x", "unit"],
+    );
+}

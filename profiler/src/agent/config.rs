@@ -217,7 +217,10 @@ impl FileConfig {
             c.otlp_endpoint = otlp_endpoint;
         }
         if let Some(comm) = comm {
-            c.comms = comm;
+            c.comms = (comm.iter())
+                .map(|n| crate::util::parse_comm(n))
+                .collect::<Result<_, _>>()
+                .map_err(key("comm"))?;
         }
         if token_file.is_some() {
             c.token_file = token_file;

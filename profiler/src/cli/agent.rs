@@ -47,7 +47,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     /// Only threads with this comm (repeatable).
-    #[arg(long = "comm", value_name = "NAME")]
+    #[arg(long = "comm", value_name = "NAME", value_parser = crate::util::parse_comm)]
     pub comms: Vec<String>,
     /// File with the bearer token the API requires (all but /healthz); needed for a
     /// non-loopback --listen.

@@ -22,7 +22,7 @@ pub struct QueryArgs {
     #[arg(long, value_name = "TIME", default_value = "now")]
     pub until: String,
     /// Only threads with this comm (repeatable).
-    #[arg(long = "comm", value_name = "NAME")]
+    #[arg(long = "comm", value_name = "NAME", value_parser = crate::util::parse_comm)]
     pub comms: Vec<String>,
     /// Only this cgroup v2 path and those below it, e.g. /system.slice.
     #[arg(long, value_name = "PATH")]

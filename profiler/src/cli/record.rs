@@ -9,7 +9,7 @@ use crate::{
     record::{KERNEL_RECORD_BYTES, RecordConfig, record_blocking},
     session::SessionConfig,
     unwind::{TablePolicy, UnwindMode},
-    util::{self, InputError},
+    util::{self, InputError, status},
 };
 
 #[derive(Debug, clap::Args)]
@@ -23,11 +23,12 @@ pub struct RecordArgs {
     /// How long to record: 10s, 500ms, 2m... Ctrl-C stops earlier and still writes outputs.
     #[arg(short, long, default_value = "10s", value_parser = util::parse_duration)]
     pub duration: Duration,
-    /// Only this process (repeatable). Filtered in the kernel.
-    #[arg(short, long = "pid", value_name = "PID")]
+    /// Only this process (repeatable, or a list: -p 12,34). Filtered in the kernel.
+    #[arg(short, long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
-    /// Only threads with this comm (repeatable), e.g. --comm kubelet.
-    #[arg(long = "comm", value_name = "NAME")]
+    /// Only threads with this comm (repeatable), e.g. --comm kubelet: the kernel's name of a
+    /// thread, at most 15 bytes, matched whole.
+    #[arg(long = "comm", value_name = "NAME", value_parser = util::parse_comm)]
     pub comms: Vec<String>,
     /// Only tasks in this cgroup or below it (repeatable: any of them). PATH is relative to a
     /// hierarchy (/system.slice/kubelet.service, /kubepods/burstable/pod...) or a full path
@@ -105,6 +106,11 @@ pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
             bail!("no process with pid {pid} is running (check it with `ps -p {pid}`)");
         }
     }
+    for comm in &args.comms {
+        if let Some(hint) = comm_hint(comm) {
+            status!("warning: {hint}");
+        }
+    }
     let hierarchies = crate::cgroups::hierarchies();
     let mut cgroups = Vec::new();
     for path in &args.cgroups {
@@ -139,4 +145,50 @@ pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
     util::raise_fd_limit();
     let profile = record_blocking(&config, &mut super::progress::printer(true))?;
     super::write_outputs(&outputs, &profile)
+}
+
+/// What to tell a user whose `--comm NAME` matches no running thread (it may start later, so
+/// this is a warning): the running names that contain it or that it contains, if any.
+fn comm_hint(comm: &str) -> Option<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for pid in util::proc_pids().ok()? {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            if let Ok(name) = std::fs::read_to_string(task.path().join("comm")) {
+                names.insert(name.trim_end().to_owned());
+            }
+        }
+    }
+    if names.contains(comm) {
+        return None;
+    }
+    let near: Vec<&String> = names
+        .iter()
+        .filter(|n| n.contains(comm) || comm.contains(n.as_str()))
+        .take(5)
+        .collect();
+    let near = if near.is_empty() {
+        String::new()
+    } else {
+        let near: Vec<&str> = near.iter().map(|n| n.as_str()).collect();
+        format!("; running names like it: {}", near.join(", "))
+    };
+    Some(format!(
+        "no running thread is named `{comm}` (matched whole; it may start later){near}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    /// A running thread's own name needs no hint; a part of it gets one naming it.
+    #[test]
+    fn a_comm_no_thread_has_gets_the_names_like_it() {
+        let own = std::fs::read_to_string("/proc/thread-self/comm").unwrap();
+        let own = own.trim_end();
+        assert_eq!(super::comm_hint(own), None);
+        let hint = super::comm_hint(&own[..3]).expect("a hint");
+        assert!(hint.contains(own), "{hint}");
+    }
 }

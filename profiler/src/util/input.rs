@@ -7,10 +7,14 @@
 /// A value typed by a user that does not parse or is out of range.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InputError {
-    #[error("`{0}` is not a duration; write e.g. 10s, 500ms, 2m, 1d")]
+    #[error("`{0}` is not a duration; write e.g. 10s, 500ms, 2m, 1m30s, 1d")]
     NotDuration(String),
     #[error("`{text}`: unknown unit `{unit}`; use ms, s, m, h or d")]
     DurationUnit { text: String, unit: String },
+    #[error(
+        "`{0}`: a thread's name (comm) is 1 to 15 bytes (the kernel cuts longer ones); give the first 15"
+    )]
+    Comm(String),
     #[error("`{0}` must be a positive duration")]
     NotPositive(String),
     #[error("window `{0}` must be between 1s and 1h")]
@@ -83,7 +87,16 @@ pub(crate) fn check_hz(hz: u32, max: u32) -> Result<u32, InputError> {
     }
 }
 
-/// Parses a duration: `10s`, `500ms`, `2m`, `1h`, `7d`, or a bare number of seconds (`1.5`).
+/// A thread name to match (`--comm`): what the kernel keeps of one, 1 to 15 bytes.
+pub(crate) fn parse_comm(text: &str) -> Result<String, InputError> {
+    if text.is_empty() || text.len() > 15 {
+        return Err(InputError::Comm(text.to_owned()));
+    }
+    Ok(text.to_owned())
+}
+
+/// Parses a duration: `10s`, `500ms`, `2m`, `1h`, `7d`, `1m30s`, or a bare number of seconds
+/// (`1.5`).
 pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, InputError> {
     let ns = duration_ns(text)?;
     if !(0.5..1e18).contains(&ns) {
@@ -93,36 +106,69 @@ pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, InputErr
 }
 
 /// A duration in ns, unchecked beyond its syntax: `parse_duration` and the offsets of
-/// `report --from/--to` (where 0 is valid) share it. Units: us, ms, s (or none), m, min, h, d.
+/// `report --from/--to` (where 0 is valid) share it. Units: us, ms, s (or none), m, min, h, d;
+/// terms add up (`1m30s`, `1h30m`), a number without a unit only alone (`1.5`).
 pub(crate) fn duration_ns(text: &str) -> Result<f64, InputError> {
     let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| InputError::NotDuration(text.to_owned()))?;
-    let scale = match unit {
-        "" | "s" => 1e9,
-        "ms" => 1e6,
-        "us" => 1e3,
-        "m" | "min" => 60e9,
-        "h" => 3600e9,
-        "d" => 86400e9,
-        _ => {
-            return Err(InputError::DurationUnit {
-                text: text.to_owned(),
-                unit: unit.to_owned(),
-            });
-        }
-    };
-    Ok(value * scale)
+    let mut rest = t;
+    let mut total = 0.0;
+    while !rest.is_empty() {
+        let split = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (num, after) = rest.split_at(split);
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        let value: f64 = num
+            .parse()
+            .map_err(|_| InputError::NotDuration(text.to_owned()))?;
+        let scale = match unit {
+            "" if rest.len() == t.len() => 1e9,
+            "" => return Err(InputError::NotDuration(text.to_owned())),
+            "s" => 1e9,
+            "ms" => 1e6,
+            "us" => 1e3,
+            "m" | "min" => 60e9,
+            "h" => 3600e9,
+            "d" => 86400e9,
+            _ => {
+                return Err(InputError::DurationUnit {
+                    text: text.to_owned(),
+                    unit: unit.to_owned(),
+                });
+            }
+        };
+        total += value * scale;
+        rest = next;
+    }
+    if t.is_empty() {
+        return Err(InputError::NotDuration(text.to_owned()));
+    }
+    Ok(total)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_add_their_terms() {
+        for (text, s) in [
+            ("1m30s", 90.0),
+            ("1h30m", 5400.0),
+            ("2h15m10s", 8110.0),
+            ("1s500ms", 1.5),
+            ("1.5", 1.5),
+            ("10s", 10.0),
+        ] {
+            assert_eq!(duration_ns(text), Ok(s * 1e9), "{text}");
+        }
+        for bad in ["", "1m30", "s", "1m 30s", "1x"] {
+            assert!(duration_ns(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn sizes_in_every_unit_the_flags_and_keys_take() {
