@@ -271,6 +271,44 @@ fn sample_count_follows_frequency_and_duration() {
     }
 }
 
+/// `report CAPTURE` alone prints the top table: its hottest function by self share is the
+/// folded output's most frequent leaf, at the same share, and the process is all of it.
+fn check_top_table(capture: &str, folded: &str) {
+    let out = report(&[capture, "--top", "5"]);
+    expect_success(&out, "profiler report a.capture");
+    let table = String::from_utf8_lossy(&out.stdout);
+    let (text, _) = read_folded(Path::new(folded));
+    let mut leaves: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    let mut total = 0;
+    for line in text.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        *leaves.entry(stack.rsplit(';').next().unwrap()).or_default() += n;
+        total += n;
+    }
+    let (leaf, n) = leaves
+        .iter()
+        .max_by_key(|(name, n)| (**n, std::cmp::Reverse(**name)))
+        .unwrap();
+    let share = *n as f64 * 100.0 / total as f64;
+    let first = table
+        .lines()
+        .skip_while(|l| !l.contains("function (top 5 by self)"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no function line:\n{table}"));
+    let fields: Vec<&str> = first.split_whitespace().collect();
+    assert_eq!(fields.last(), Some(leaf), "{table}");
+    let shown: f64 = fields[0].parse().unwrap();
+    assert!(
+        (shown - share).abs() < 0.01,
+        "{shown} vs {share:.2}:\n{table}"
+    );
+    assert!(
+        table.lines().any(|l| l.trim() == "100.00  fx-chain"),
+        "fx-chain is not all of the busy samples:\n{table}"
+    );
+}
+
 #[test]
 fn capture_round_trip_gives_identical_folded() {
     if !require_bpf() {
@@ -341,6 +379,8 @@ fn capture_round_trip_gives_identical_folded() {
             ours.join("\n")
         );
     }
+
+    check_top_table(&a_capture, &a_folded);
 
     let stats = report(&[&a_capture, "--stats"]);
     expect_success(&stats, "profiler report a.capture --stats");

@@ -31,15 +31,15 @@ pub struct ReportArgs {
     /// Keep samples before this time (same forms as --from).
     #[arg(long, value_name = "TIME")]
     pub to: Option<String>,
+    /// Lines of the terminal table (no -o, --stats or --cpus): the N hottest functions and
+    /// processes.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub top: usize,
 }
 
 pub(super) fn run(args: ReportArgs) -> anyhow::Result<()> {
-    if args.outputs.is_empty() && !args.stats && !args.cpus {
-        bail!(
-            "nothing to do: give -o FILE ({}), --stats or --cpus",
-            crate::output::EXTENSIONS
-        );
-    }
+    // Nothing asked for: the hottest functions and processes, in the terminal.
+    let table = args.outputs.is_empty() && !args.stats && !args.cpus;
     let outputs = super::parse_outputs(&args.outputs, args.group_by)?;
     let same_file = |p: &std::path::Path| {
         p.canonicalize()
@@ -73,6 +73,11 @@ pub(super) fn run(args: ReportArgs) -> anyhow::Result<()> {
             );
         }
         profile = profile.slice(from, to);
+    }
+    if table {
+        let top = crate::output::top_table(&profile, args.top);
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), top.as_bytes());
+        return Ok(());
     }
     // Built before anything is printed, so a refused table prints nothing half-way.
     let cpus = args.cpus.then(|| cpus::cpu_report(&profile)).transpose()?;

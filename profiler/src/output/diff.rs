@@ -156,9 +156,11 @@ pub struct TopChanges {
 }
 
 /// Shares per name for one profile: (self, inclusive, root), percent of its samples.
-type Shares = [HashMap<String, f64>; 3];
+pub(crate) type Shares = [HashMap<String, f64>; 3];
 
-fn shares(f: &Folded) -> Shares {
+/// Self (leaf), inclusive (anywhere below the root, once per stack) and root shares per name,
+/// percent of `f`'s samples (also `report`'s top table).
+pub(crate) fn shares(f: &Folded) -> Shares {
     let total = f.values().sum::<u64>().max(1) as f64;
     let mut out: Shares = Default::default();
     for (stack, &n) in f {

@@ -7,6 +7,7 @@ mod perf_text;
 mod pprof;
 mod protobuf;
 mod svg;
+mod top;
 
 use std::{
     collections::HashMap,
@@ -22,6 +23,7 @@ pub(crate) use otlp::encode_otlp;
 pub use perf_text::write_perf_text;
 pub use pprof::write_pprof;
 pub(crate) use svg::{write_svg, write_svg_lines};
+pub(crate) use top::top_table;
 
 use crate::profile::{self, GroupBy, Profile};
 
