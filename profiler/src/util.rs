@@ -185,6 +185,28 @@ pub(crate) fn unix_now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// Unix ns -> `YYYYMMDD-HHMMSS` (UTC): a name's timestamp that sorts as time does.
+pub(crate) fn utc_stamp(unix_ns: u64) -> String {
+    let secs = unix_ns / 1_000_000_000;
+    let (days, s) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        s / 3600,
+        s / 60 % 60,
+        s % 60
+    )
+}
+
 /// CLOCK_MONOTONIC now, ns: the clock of `bpf_ktime_get_ns`, which stamps every sample.
 pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -354,6 +376,14 @@ mod tests {
 
     /// A render that fails half-way leaves the previous output whole and no temporary file;
     /// one that succeeds replaces it; a device is written in place, not replaced.
+    #[test]
+    fn utc_stamps_sort_as_time_does() {
+        assert_eq!(utc_stamp(0), "19700101-000000");
+        // 2026-11-30T16:00:01Z; a leap day.
+        assert_eq!(utc_stamp(1_796_054_401 * 1_000_000_000), "20261130-160001");
+        assert_eq!(utc_stamp(1_709_208_000 * 1_000_000_000), "20240229-120000");
+    }
+
     #[test]
     fn a_directory_is_no_output_file() {
         let dir = tempfile::Builder::new()

@@ -531,3 +531,36 @@ fn closed_pipes_lose_nothing() {
         "report --stats with closed pipes: {status}"
     );
 }
+
+/// With no `-o`, `record` keeps its data: a capture and its SVG named by the time, and a
+/// second recording beside the first, not over it.
+#[test]
+fn record_without_outputs_keeps_every_recording() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("default-outputs");
+    for _ in 0..2 {
+        let out = std::process::Command::new(profiler_tests::profiler_bin())
+            .args(["record", "-d", "1s"])
+            .current_dir(dir.path())
+            .output()
+            .expect("running the profiler");
+        expect_success(&out, "profiler record -d 1s");
+    }
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 4, "{names:?}");
+    for pair in names.chunks(2) {
+        let base = pair[0].strip_suffix(".capture").expect("a capture");
+        assert!(base.starts_with("profile-20"), "{names:?}");
+        assert_eq!(pair[1], format!("{base}.svg"), "{names:?}");
+    }
+    let capture = dir.path().join(&names[0]);
+    let stats = report(&[capture.to_str().unwrap(), "--stats"]);
+    expect_success(&stats, "profiler report on the default capture");
+}

@@ -93,7 +93,7 @@ pub(crate) fn parse_frequency(text: &str) -> Result<u32, InputError> {
 pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
     // Every check that can fail happens before sampling starts, so no recording is wasted.
     let paths = if args.outputs.is_empty() {
-        vec![PathBuf::from("profile.svg")]
+        default_outputs(std::path::Path::new(""))
     } else {
         args.outputs.clone()
     };
@@ -147,6 +147,22 @@ pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
     super::write_outputs(&outputs, &profile)
 }
 
+/// With no `-o`: a capture (to re-render, slice or diff later) and its flame graph, named by
+/// the time (UTC) so that no earlier recording is overwritten: `profile-20261207-193500.capture`
+/// and `.svg` in `dir`, with `-2`, `-3`... when those names are taken.
+fn default_outputs(dir: &std::path::Path) -> Vec<PathBuf> {
+    let stamp = util::utc_stamp(util::unix_now_ns());
+    (1..)
+        .map(|n| match n {
+            1 => format!("profile-{stamp}"),
+            n => format!("profile-{stamp}-{n}"),
+        })
+        .map(|base| ["capture", "svg"].map(|ext| dir.join(format!("{base}.{ext}"))))
+        .find(|paths| paths.iter().all(|p| !p.exists()))
+        .expect("an unused name")
+        .to_vec()
+}
+
 /// What to tell a user whose `--comm NAME` matches no running thread (it may start later, so
 /// this is a warning): the running names that contain it or that it contains, if any.
 fn comm_hint(comm: &str) -> Option<String> {
@@ -182,6 +198,24 @@ fn comm_hint(comm: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    /// Default outputs are a capture and an SVG named by the time, never an existing file.
+    #[test]
+    fn default_outputs_are_new_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = super::default_outputs(dir.path());
+        let names: Vec<String> = (first.iter())
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names[0].starts_with("profile-2") && names[0].ends_with(".capture"),
+            "{names:?}"
+        );
+        assert!(names[1].ends_with(".svg"), "{names:?}");
+        std::fs::write(&first[1], "").unwrap();
+        let second = super::default_outputs(dir.path());
+        assert!(second.iter().all(|p| !p.exists()), "{second:?}");
+    }
+
     /// A running thread's own name needs no hint; a part of it gets one naming it.
     #[test]
     fn a_comm_no_thread_has_gets_the_names_like_it() {

@@ -56,7 +56,10 @@ macro_rules! output_help {
     };
 }
 pub(crate) const OUTPUT_HELP: &str = output_help!();
-pub(crate) const RECORD_OUTPUT_HELP: &str = concat!(output_help!(), " Default: profile.svg.");
+pub(crate) const RECORD_OUTPUT_HELP: &str = concat!(
+    output_help!(),
+    " Default: profile-YYYYMMDD-HHMMSS.capture and .svg (UTC) here, never an existing file."
+);
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum OutputError {
