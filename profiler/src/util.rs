@@ -188,22 +188,22 @@ pub(crate) fn unix_now_ns() -> u64 {
 /// Unix ns -> `YYYYMMDD-HHMMSS` (UTC): a name's timestamp that sorts as time does.
 pub(crate) fn utc_stamp(unix_ns: u64) -> String {
     let secs = unix_ns / 1_000_000_000;
-    let (days, s) = (secs / 86_400, secs % 86_400);
+    let (days, of_day) = (secs / 86_400, secs % 86_400);
     // Howard Hinnant's civil_from_days.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
+    let shifted = days as i64 + 719_468;
+    let era = shifted.div_euclid(146_097);
+    let doe = shifted - era * 146_097;
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
     format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        s / 3600,
-        s / 60 % 60,
-        s % 60
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
+        of_day / 3600,
+        of_day / 60 % 60,
+        of_day % 60
     )
 }
 

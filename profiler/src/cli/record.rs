@@ -152,7 +152,7 @@ pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
 /// and `.svg` in `dir`, with `-2`, `-3`... when those names are taken.
 fn default_outputs(dir: &std::path::Path) -> Vec<PathBuf> {
     let stamp = util::utc_stamp(util::unix_now_ns());
-    (1..)
+    (1..u32::MAX)
         .map(|n| match n {
             1 => format!("profile-{stamp}"),
             n => format!("profile-{stamp}-{n}"),
@@ -210,7 +210,11 @@ mod tests {
             names[0].starts_with("profile-2") && names[0].ends_with(".capture"),
             "{names:?}"
         );
-        assert!(names[1].ends_with(".svg"), "{names:?}");
+        assert_eq!(
+            first[1].extension().and_then(|e| e.to_str()),
+            Some("svg"),
+            "{names:?}"
+        );
         std::fs::write(&first[1], "").unwrap();
         let second = super::default_outputs(dir.path());
         assert!(second.iter().all(|p| !p.exists()), "{second:?}");
