@@ -106,3 +106,10 @@ pub fn get(port: u16, path: &str) -> Option<(u16, Vec<u8>)> {
     let status = head.split(' ').nth(1)?.parse().ok()?;
     Some((status, raw[split + 4..].to_vec()))
 }
+
+/// The value of a series (`name` with its labels, as written) in Prometheus text.
+pub fn metric_series(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}

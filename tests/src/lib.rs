@@ -17,15 +17,16 @@ mod process;
 mod tempdir;
 mod tools;
 
-pub use agent::{Agent, free_port, get};
+pub use agent::{Agent, free_port, get, metric_series};
 pub use cpu::{CpuUsage, cpu_seconds};
 pub use debugfile::{InstalledDebugFile, build_id};
 pub use folded::{Stack, has_chain, head, is_kernel, parse_folded, read_folded, samples};
 pub use image::{PngSummary, png_summary, svg_frames, svg_titles};
 pub use privilege::{missing_privilege, require_bpf};
 pub use process::{
-    Fixture, Running, doctor_findings, expect_success, profiler_bin, record, report, run_profiler,
-    run_profiler_env, run_program, spawn_fixture, spawn_fixture_args, wait_timeout,
+    Fixture, Running, doctor_findings, doctor_problem, expect_success, profiler_bin, record,
+    report, run_profiler, run_profiler_env, run_program, spawn_fixture, spawn_fixture_args,
+    wait_timeout,
 };
 pub use tempdir::TempDir;
 pub use tools::{

@@ -125,6 +125,17 @@ pub fn doctor_findings(output: &Output) -> serde_json::Value {
     v
 }
 
+/// The doctor's problem that starts with `prefix`; panics, listing them, if there is none.
+pub fn doctor_problem<'a>(v: &'a serde_json::Value, prefix: &str) -> &'a str {
+    v["problems"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(serde_json::Value::as_str)
+        .find(|p| p.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no problem `{prefix}...` in {}", v["problems"]))
+}
+
 /// Panics unless the run succeeded, showing its status and stderr.
 pub fn expect_success(output: &Output, what: &str) {
     assert!(

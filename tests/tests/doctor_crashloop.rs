@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use profiler_tests::{
-    Agent, TempDir, doctor_findings, exclusive, expect_success, require_bpf, run_profiler,
-    run_program,
+    Agent, TempDir, doctor_findings, doctor_problem, exclusive, expect_success, metric_series,
+    require_bpf, run_profiler, run_program,
 };
 use serde_json::Value;
 
@@ -164,15 +164,7 @@ fn check_restart_rate(p: &Value, log_starts: &[(u32, u64)], first: usize, n: usi
 /// its line in the text report.
 fn check_verdict_and_text(v: &Value, text: &str, sh: &Path, n: usize, place: &str) {
     assert_eq!(v["verdict"], "alarm");
-    assert!(
-        v["problems"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|x| x.as_str().unwrap().starts_with("crash loop: crashy-agent")),
-        "{}",
-        v["problems"]
-    );
+    doctor_problem(v, "crash loop: crashy-agent");
     assert!(
         v["remedies"]
             .as_array()
@@ -450,13 +442,6 @@ fn report_stats_of_a_capture_names_the_crash_loop() {
     assert!(line.contains("started by supervisor (pid "), "{line}");
 }
 
-/// A value of an unlabelled or labelled series in Prometheus text.
-fn series(metrics: &str, name: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-}
-
 #[test]
 fn agent_metrics_count_the_loops_starts_and_failing_exits() {
     if !require_bpf() || !has_memory_v1() {
@@ -470,7 +455,7 @@ fn agent_metrics_count_the_loops_starts_and_failing_exits() {
     let start = std::time::Instant::now();
     let m = loop {
         let m = String::from_utf8_lossy(&agent.get("/metrics").1).into_owned();
-        if series(&m, "profiler_windows_total{outcome=\"stored\"}").unwrap_or(0.0) >= 2.0 {
+        if metric_series(&m, "profiler_windows_total{outcome=\"stored\"}").unwrap_or(0.0) >= 2.0 {
             break m;
         }
         assert!(
@@ -479,10 +464,10 @@ fn agent_metrics_count_the_loops_starts_and_failing_exits() {
         );
         std::thread::sleep(Duration::from_millis(500));
     };
-    let loops = series(&m, "profiler_crash_loops").expect("profiler_crash_loops");
-    let starts = series(&m, "profiler_process_starts_total").expect("starts");
-    let failing =
-        series(&m, "profiler_process_exits_total{reason=\"exit_nonzero\"}").expect("exit_nonzero");
+    let loops = metric_series(&m, "profiler_crash_loops").expect("profiler_crash_loops");
+    let starts = metric_series(&m, "profiler_process_starts_total").expect("starts");
+    let failing = metric_series(&m, "profiler_process_exits_total{reason=\"exit_nonzero\"}")
+        .expect("exit_nonzero");
     eprintln!("crash loops {loops}, starts {starts}, failing exits {failing}");
     // The gauge is of the last window: the lab loops in every one.
     assert!(loops >= 1.0, "{m}");

@@ -12,7 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use profiler_tests::{
-    Agent, TempDir, doctor_findings, exclusive, expect_success, require_bpf, run_profiler, tool,
+    Agent, TempDir, doctor_findings, doctor_problem, exclusive, expect_success, metric_series,
+    require_bpf, run_profiler, tool,
 };
 use serde_json::Value;
 
@@ -252,15 +253,7 @@ fn check_doctor(lab: &RuncLab, per_attempt: bool) {
         "{creator}"
     );
     assert_eq!(v["verdict"], "alarm");
-    assert!(
-        v["problems"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|x| x.as_str().unwrap().starts_with("crash loop: zagent")),
-        "{}",
-        v["problems"]
-    );
+    doctor_problem(&v, "crash loop: zagent");
     let how = if per_attempt {
         format!("restarts it in a new cgroup under {PARENT} each time: ")
     } else {
@@ -285,11 +278,8 @@ fn check_agent(place: &str, supervisor: u32) {
     let start = Instant::now();
     let programs = loop {
         let metrics = String::from_utf8_lossy(&agent.get("/metrics").1).into_owned();
-        let cut = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("profiler_windows_total{outcome=\"stored\"} "))
-            .and_then(|n| n.parse::<f64>().ok())
-            .unwrap_or(0.0);
+        let cut =
+            metric_series(&metrics, "profiler_windows_total{outcome=\"stored\"}").unwrap_or(0.0);
         let (status, body) = agent.get("/api/programs");
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
         let v: Value = serde_json::from_slice(&body).expect("/api/programs is JSON");
