@@ -351,13 +351,13 @@ mod tests {
         let lines: Vec<String> = errors.iter().map(|e| chain(e.as_ref())).collect();
         assert_eq!(
             lines[0],
-            "retention: `ten` is not a duration; write e.g. 10s, 500ms, 2m, 1d"
+            "retention: `ten` is not a duration; write e.g. 10s, 500ms, 2m, 1m30s, 1d"
         );
         assert_eq!(lines[3], "cannot read config /: a directory; give a file");
         assert_eq!(
             lines[4],
             "a time is `now` or a duration ago such as 1h, 30m: \
-             `yesterday` is not a duration; write e.g. 10s, 500ms, 2m, 1d"
+             `yesterday` is not a duration; write e.g. 10s, 500ms, 2m, 1m30s, 1d"
         );
         assert_eq!(lines[5], "--otlp-endpoint: push url `http://` has no host");
     }
