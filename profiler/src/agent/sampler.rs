@@ -90,19 +90,15 @@ impl Stage {
         };
         runtime.block_on(async move {
             let mut session = match Session::start(&self.config, &mut log_notice) {
-                Ok(s) => {
-                    let (variant, refused) = s.sampler_variant();
-                    self.shared.metrics().sampler = Some((variant.program(), refused));
-                    let _ = started.send(Ok(s.cpus().len()));
-                    s
-                }
+                Ok(s) => s,
                 Err(e) => {
                     let _ = started.send(Err(e));
                     return;
                 }
             };
             // Which process went into which cgroup groups crash loops as the doctor does;
-            // without it they are grouped by supervisor.
+            // without it they are grouped by supervisor. Loaded before the agent says it has
+            // started: from then on its programs are all there.
             let mut churn = ChurnTracer::start()
                 .map(CgroupMoves::new)
                 .map_err(|e| {
@@ -113,6 +109,9 @@ impl Stage {
                     );
                 })
                 .ok();
+            let (variant, refused) = session.sampler_variant();
+            self.shared.metrics().sampler = Some((variant.program(), refused));
+            let _ = started.send(Ok(session.cpus().len()));
             if let Err(e) = self.sample(&mut session, churn.as_mut()).await {
                 log::error!("sampling failed: {}", util::chain(&e));
             }
