@@ -9,10 +9,12 @@ use crate::{
     unwind::LoaderStats,
 };
 
-/// A progress callback that prints: warnings always; with `verbose`, what is going on and
-/// a summary (tests and `cargo xtask bench symbolize` read some of these lines).
+/// A progress callback that prints: warnings always; the time and samples so far on a
+/// terminal (the doctor's window too, which says nothing else until its report); with
+/// `verbose`, what is going on and a summary (tests and `cargo xtask bench symbolize` read
+/// some of these lines).
 pub(super) fn printer(verbose: bool) -> impl FnMut(Progress<'_>) {
-    let tty = verbose && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     move |p| match p {
         // Loading and attaching take a while (the verifier); say that we are alive and
         // that Ctrl-C is safe already. Tests wait for this line to signal at start-up.
