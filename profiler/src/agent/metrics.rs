@@ -209,7 +209,7 @@ impl Metrics {
         attaches: Option<&[(u32, String)]>,
         window_s: f64,
     ) {
-        let mut programs = match attaches {
+        let programs = match attaches {
             Some(a) => {
                 let cgroups = lifecycle::cgroup_of(lifetimes, a);
                 lifecycle::programs(lifetimes, &cgroups, false, window_s)
@@ -222,11 +222,7 @@ impl Metrics {
                 self.process_exits[exit_reason(how)] += n;
             }
         }
-        let mut kept = 0;
-        programs.retain(|p| {
-            kept += usize::from(!p.crash_loop);
-            p.crash_loop || kept <= PROGRAMS_KEPT
-        });
+        let mut programs = lifecycle::loops_and_top(programs, PROGRAMS_KEPT);
         programs.sort_by_key(|p| !p.crash_loop);
         for p in &mut programs {
             p.name_starters(crate::util::proc_comm);

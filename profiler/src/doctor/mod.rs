@@ -98,7 +98,52 @@ pub(crate) fn examine(
     let tracer = ChurnTracer::start();
     let kmsg = kmsg::KmsgWatch::start();
     let dying_at_start = dying_memory();
-    let profile = record_blocking(
+    let profile = record_window(config, progress)?;
+    let traced = Traced::read(&tracer);
+    drop(tracer);
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").map_err(SessionError::Kallsyms)?;
+    let memcg_present = memcg::present_in_kallsyms(&kallsyms);
+    let memcg_absent = memcg::CATALOGUE
+        .iter()
+        .copied()
+        .filter(|n| !memcg_present.contains(n))
+        .collect();
+    let duration_s = profile.meta.duration_ns as f64 / 1e9;
+    let (kernel_events, kernel_log_error) = match kmsg {
+        Ok(k) => (k.finish(profile.meta.start_mono_ns), None),
+        Err(e) => (Vec::new(), Some(format!("/dev/kmsg: {e}"))),
+    };
+    let timeline = kmsg::timeline(&kernel_events, &profile);
+    let mut shares = memcg::shares(&profile, &memcg_present);
+    shares.truncate(10);
+    Ok(Findings {
+        duration_s,
+        samples: profile.samples.len() as u64,
+        frequency_hz: profile.meta.frequency_hz,
+        kernel: profile.meta.kernel_release.clone(),
+        cgroups: cgroups::snapshot(),
+        dying_memory: dying_at_start.zip(dying_memory()),
+        programs: programs_in(&profile, &traced.attaches, duration_s),
+        churn: churn_by_causer(traced.churn, &profile.lifetimes),
+        churn_error: traced.churn_error,
+        attach_error: traced.attach_error,
+        kernel_events,
+        timeline,
+        kernel_log_error,
+        cpus: memcg::cpu_busy(&profile),
+        cpu_top: memcg::cpu_top(&profile, CPU_TOP),
+        memcg_present,
+        memcg_absent,
+        memcg: shares,
+    })
+}
+
+/// The profile of the doctor's window: every CPU, every process.
+fn record_window(
+    config: &DoctorConfig,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<crate::profile::Profile, SessionError> {
+    record_blocking(
         &RecordConfig {
             session: SessionConfig {
                 event: Event::CpuClock,
@@ -119,76 +164,73 @@ pub(crate) fn examine(
             inline: false,
         },
         progress,
-    )?;
-    let (churn, churn_error) = match &tracer {
-        Ok(t) => (t.counts(), None),
-        Err(e) => (Vec::new(), Some(crate::util::chain(&e))),
-    };
-    let (attaches, attach_error) = match tracer.as_ref().map(ChurnTracer::attaches) {
-        Ok(Some(a)) => (a, None),
-        Ok(None) => (
-            Vec::new(),
-            Some("the kernel refused the cgroup_attach_task tracer (see the warning)".to_owned()),
-        ),
-        Err(e) => (Vec::new(), Some(crate::util::chain(e))),
-    };
-    drop(tracer);
-    let kallsyms = std::fs::read_to_string("/proc/kallsyms").map_err(SessionError::Kallsyms)?;
-    let memcg_present = memcg::present_in_kallsyms(&kallsyms);
-    let memcg_absent = memcg::CATALOGUE
-        .iter()
-        .copied()
-        .filter(|n| !memcg_present.contains(n))
-        .collect();
-    let duration_s = profile.meta.duration_ns as f64 / 1e9;
-    let cgroup_of = lifecycle::cgroup_of(&profile.lifetimes, &attaches);
-    let mut programs = lifecycle::programs(&profile.lifetimes, &cgroup_of, false, duration_s);
-    let mut shown = 0;
-    programs.retain(|p| {
-        shown += usize::from(!p.crash_loop);
-        p.crash_loop || shown <= PROGRAMS_SHOWN
-    });
-    // Supervisors usually started before the window: name them from /proc while they live.
+    )
+}
+
+/// What the churn tracer saw over the window, or why it could not.
+struct Traced {
+    churn: Vec<ChurnCount>,
+    churn_error: Option<String>,
+    /// (pid, cgroup path) moves.
+    attaches: Vec<(u32, String)>,
+    attach_error: Option<String>,
+}
+
+impl Traced {
+    fn read(tracer: &Result<ChurnTracer, crate::bpf::BpfError>) -> Self {
+        let (churn, churn_error) = match tracer {
+            Ok(t) => (t.counts(), None),
+            Err(e) => (Vec::new(), Some(crate::util::chain(e))),
+        };
+        let (attaches, attach_error) = match tracer.as_ref().map(ChurnTracer::attaches) {
+            Ok(Some(a)) => (a, None),
+            Ok(None) => (
+                Vec::new(),
+                Some(
+                    "the kernel refused the cgroup_attach_task tracer (see the warning)".to_owned(),
+                ),
+            ),
+            Err(e) => (Vec::new(), Some(crate::util::chain(e))),
+        };
+        Traced {
+            churn,
+            churn_error,
+            attaches,
+            attach_error,
+        }
+    }
+}
+
+/// The window's programs by cgroup place: every crash loop and the `PROGRAMS_SHOWN` others
+/// with the most failing exits, their starters named from /proc (supervisors usually started
+/// before the window).
+fn programs_in(
+    profile: &crate::profile::Profile,
+    attaches: &[(u32, String)],
+    duration_s: f64,
+) -> Vec<Program> {
+    let cgroup_of = lifecycle::cgroup_of(&profile.lifetimes, attaches);
+    let programs = lifecycle::programs(&profile.lifetimes, &cgroup_of, false, duration_s);
+    let mut programs = lifecycle::loops_and_top(programs, PROGRAMS_SHOWN);
     for p in &mut programs {
         p.name_starters(crate::util::proc_comm);
     }
+    programs
+}
+
+/// The tracer's churn charged to who causes it (`churn::charge_to_supervisors`), the
+/// processes the records did not name named from /proc.
+fn churn_by_causer(
+    churn: Vec<ChurnCount>,
+    lifetimes: &[crate::profile::Lifetime],
+) -> Vec<ChurnCount> {
     let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
-    let mut churn = churn::charge_to_supervisors(
-        churn,
-        &profile.lifetimes,
-        cgroups::hierarchies().len(),
-        alive,
-    );
+    let mut churn =
+        churn::charge_to_supervisors(churn, lifetimes, cgroups::hierarchies().len(), alive);
     for c in churn.iter_mut().filter(|c| c.comm.is_empty()) {
         c.comm = crate::util::proc_comm(c.pid).unwrap_or_default();
     }
-    let (kernel_events, kernel_log_error) = match kmsg {
-        Ok(k) => (k.finish(profile.meta.start_mono_ns), None),
-        Err(e) => (Vec::new(), Some(format!("/dev/kmsg: {e}"))),
-    };
-    let timeline = kmsg::timeline(&kernel_events, &profile);
-    let mut shares = memcg::shares(&profile, &memcg_present);
-    shares.truncate(10);
-    Ok(Findings {
-        duration_s,
-        samples: profile.samples.len() as u64,
-        frequency_hz: profile.meta.frequency_hz,
-        kernel: profile.meta.kernel_release.clone(),
-        cgroups: cgroups::snapshot(),
-        dying_memory: dying_at_start.zip(dying_memory()),
-        churn,
-        churn_error,
-        programs,
-        attach_error,
-        kernel_events,
-        timeline,
-        kernel_log_error,
-        cpus: memcg::cpu_busy(&profile),
-        cpu_top: memcg::cpu_top(&profile, CPU_TOP),
-        memcg_present,
-        memcg_absent,
-        memcg: shares,
-    })
+    churn
 }
 
 /// Dying memory cgroups now: the v1 memory controller's, else cgroup2's root count (memcgs

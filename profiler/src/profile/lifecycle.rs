@@ -326,6 +326,17 @@ pub fn programs<S: std::hash::BuildHasher>(
     out
 }
 
+/// `programs` cut to what a report shows: every crash loop, and the `n` others first in
+/// order (the most failing exits).
+pub fn loops_and_top(mut programs: Vec<Program>, n: usize) -> Vec<Program> {
+    let mut others = 0;
+    programs.retain(|p| {
+        others += usize::from(!p.crash_loop);
+        p.crash_loop || others <= n
+    });
+    programs
+}
+
 /// The lifetimes as the window saw them. Records read after the window closed (the last
 /// drain) belong to no window: a start after it is dropped, an exit after it is not yet an
 /// exit (the exit-status tracepoint is detached by then, so its status would read as
