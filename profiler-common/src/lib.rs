@@ -607,3 +607,157 @@ pub mod exits {
     // SAFETY: repr(C), integers only, no padding (size asserted above).
     unsafe impl aya::Pod for ExitEvent {}
 }
+
+/// Run-queue latency (profiler-ebpf `runq`): raw tracepoints on sched_switch, sched_wakeup and
+/// sched_wakeup_new time each thread's waits from becoming runnable (woken, or preempted) to
+/// running. State and totals are kept per thread (`Thread`), not per CPU, so a thread that
+/// migrates while it waits is counted once and exactly; histograms per CPU and per cgroup.
+pub mod runq {
+    use super::COMM_LEN;
+
+    /// LruHashMap<u32 tid, Thread>: every thread's state and totals. Threads that exited are
+    /// the least recently used, so they go first when it is full.
+    pub const MAP_THREADS: &str = "RUNQ_THREADS";
+    pub const MAX_THREADS: u32 = 32768;
+    /// Array<u64> of `MAX_CPUS * BUCKETS`: waits per CPU (the one the thread then ran on) and
+    /// log2 bucket. Only that CPU writes its row (the switch runs there), so no atomics.
+    pub const MAP_CPU_HIST: &str = "RUNQ_CPU_HIST";
+    pub const MAX_CPUS: u32 = 1024;
+    /// HashMap<CgroupBucket, u64>: waits per cgroup (cgroup2 id of the waiting thread, as
+    /// of its last switch-out) and log2 bucket.
+    pub const MAP_CGROUP_HIST: &str = "RUNQ_CGROUP_HIST";
+    pub const MAX_CGROUP_BUCKETS: u32 = 16384;
+    /// PerCpuArray<u64> of `counter::COUNT`.
+    pub const MAP_COUNTERS: &str = "RUNQ_COUNTERS";
+    /// Buckets of a histogram: bucket 0 holds waits under 2 us, bucket b >= 1 waits in
+    /// [2^b, 2^(b+1)) us, the last everything longer (over 2^31 us: half an hour).
+    pub const BUCKETS: usize = 32;
+    pub const PROGRAM_SWITCH: &str = "runq_switch";
+    pub const PROGRAM_WAKEUP: &str = "runq_wakeup";
+    pub const PROGRAM_WAKEUP_NEW: &str = "runq_wakeup_new";
+    /// Load-time globals (u64): offsets in the running kernel's `task_struct` (from its BTF,
+    /// as `exits` does): `pid` (the thread id), and `__state` (5.14+) or `state`. The state's
+    /// low bits are the same in both (an int, or the low half of a long on little-endian).
+    /// A zero `pid` offset leaves the programs idle.
+    pub const GLOBAL_PID_OFFSET: &str = "RUNQ_PID_OFFSET";
+    pub const GLOBAL_STATE_OFFSET: &str = "RUNQ_STATE_OFFSET";
+
+    /// Counters of the runq programs.
+    pub mod counter {
+        /// Switches seen.
+        pub const SWITCHES: u32 = 0;
+        /// Waits timed.
+        pub const WAITS: u32 = 1;
+        /// A thread could not be added to `MAP_THREADS` (its wait is not timed).
+        pub const THREADS_FULL: u32 = 2;
+        /// A wait could not be added to `MAP_CGROUP_HIST` (it is in the CPU's histogram).
+        pub const CGROUP_HIST_FULL: u32 = 3;
+        pub const COUNT: u32 = 4;
+    }
+
+    /// One thread, as the programs keep it.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Thread {
+        /// CLOCK_MONOTONIC ns since it is runnable and waits for a CPU; 0 when it is not.
+        pub queued_ns: u64,
+        /// When it got its CPU; 0 when it is not running (or ran before tracing started).
+        pub on_ns: u64,
+        /// Time on a CPU, counted at each switch-out.
+        pub runtime_ns: u64,
+        /// Time waited in run queues, in all.
+        pub delay_ns: u64,
+        /// The longest wait: how long, when it ended, on which CPU.
+        pub max_delay_ns: u64,
+        pub max_end_ns: u64,
+        /// cgroup2 id as of its last switch-out (0 before the first).
+        pub cgroup_id: u64,
+        /// Process id (tgid) as of its last switch-out (0 before the first).
+        pub pid: u32,
+        pub max_cpu: u32,
+        /// Times it got a CPU.
+        pub switches: u32,
+        /// Waits timed.
+        pub waits: u32,
+        /// Waits that began with a preemption (the rest began with a wake-up).
+        pub preempted: u32,
+        /// 1 when its current wait began with a preemption.
+        pub queued_preempted: u32,
+        /// Thread comm as of its last switch-out, NUL padded.
+        pub comm: [u8; COMM_LEN],
+    }
+    const _: () = assert!(core::mem::size_of::<Thread>() == 96);
+
+    /// Key of `MAP_CGROUP_HIST`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct CgroupBucket {
+        pub cgroup_id: u64,
+        pub bucket: u64,
+    }
+    const _: () = assert!(core::mem::size_of::<CgroupBucket>() == 16);
+
+    /// The bucket of a wait of `ns` nanoseconds (see `BUCKETS`).
+    #[inline]
+    pub fn bucket(ns: u64) -> u32 {
+        // A binary search over the bits (no loop: every kernel's verifier checks it once).
+        let mut us = ns / 1000;
+        if us >= 1 << 32 {
+            return BUCKETS as u32 - 1;
+        }
+        let mut b = 0u32;
+        if us >= 1 << 16 {
+            us >>= 16;
+            b += 16;
+        }
+        if us >= 1 << 8 {
+            us >>= 8;
+            b += 8;
+        }
+        if us >= 1 << 4 {
+            us >>= 4;
+            b += 4;
+        }
+        if us >= 1 << 2 {
+            us >>= 2;
+            b += 2;
+        }
+        if us >= 2 {
+            b += 1;
+        }
+        b
+    }
+
+    /// The smallest wait, ns, of bucket `b`.
+    pub const fn bucket_floor_ns(b: usize) -> u64 {
+        if b == 0 { 0 } else { (1u64 << b) * 1000 }
+    }
+
+    #[cfg(feature = "user")]
+    // SAFETY: repr(C), integers only, no padding (sizes asserted above).
+    unsafe impl aya::Pod for Thread {}
+    #[cfg(feature = "user")]
+    // SAFETY: as above.
+    unsafe impl aya::Pod for CgroupBucket {}
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn buckets_are_log2_of_microseconds() {
+            assert_eq!(bucket(0), 0);
+            assert_eq!(bucket(1_999), 0);
+            assert_eq!(bucket(2_000), 1);
+            assert_eq!(bucket(3_999), 1);
+            assert_eq!(bucket(4_000), 2);
+            assert_eq!(bucket(1_000_000), 9); // 1 ms = 2^9.97 us
+            assert_eq!(bucket(1_000_000_000), 19); // 1 s = 2^19.93 us
+            assert_eq!(bucket(u64::MAX), BUCKETS as u32 - 1);
+            for b in 1..BUCKETS - 1 {
+                assert_eq!(bucket(bucket_floor_ns(b)), b as u32);
+                assert_eq!(bucket(bucket_floor_ns(b + 1) - 1000), b as u32);
+            }
+        }
+    }
+}

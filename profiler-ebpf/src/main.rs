@@ -15,6 +15,8 @@ mod python;
 #[cfg(target_arch = "bpf")]
 mod python_exec;
 #[cfg(target_arch = "bpf")]
+mod runq;
+#[cfg(target_arch = "bpf")]
 mod sampler;
 #[cfg(target_arch = "bpf")]
 mod unwind;

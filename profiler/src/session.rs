@@ -54,6 +54,9 @@ pub(crate) struct SessionConfig {
     pub unwind_cache: Option<std::path::PathBuf>,
     /// Name Python frames in CPython processes.
     pub python: bool,
+    /// Time every thread's run-queue waits (`bpf::runq`); a kernel that refuses it is told
+    /// in a warning and the recording goes on without.
+    pub runq: bool,
     /// Bytes of ring per CPU for the kernel's process records: enough for the process
     /// churn between two drains.
     pub kernel_record_bytes: usize,
@@ -83,6 +86,8 @@ pub(crate) enum Notice {
 pub(crate) struct Window {
     pub collected: Collected,
     pub meta: Meta,
+    /// Run-queue waits, when traced (`finish` only: they are totals since the start).
+    pub runq: Option<crate::profile::runq::RunQueue>,
     /// Changes when the session's process table starts afresh: names a `Symbolizer` kept
     /// across windows must then go (their keys are the table's file ids).
     pub table_generation: u64,
@@ -91,7 +96,9 @@ pub(crate) struct Window {
 impl Window {
     /// Names every frame: the profile of this window.
     pub(crate) fn symbolize(self, symbolizer: &mut Symbolizer) -> Profile {
-        symbolizer.profile(self.collected, self.meta, self.table_generation)
+        let mut profile = symbolizer.profile(self.collected, self.meta, self.table_generation);
+        profile.runq = self.runq;
+        profile
     }
 }
 
@@ -148,6 +155,7 @@ pub(crate) struct Session {
     table_generation: u64,
     /// `SessionConfig::settle_delay`.
     settle_delay: Option<Duration>,
+    runq: Option<crate::bpf::runq::RunqTracer>,
 }
 
 impl Session {
@@ -235,7 +243,21 @@ impl Session {
             tracker.register_running(&config.pids);
             collection = collection.with_python(tracker);
         }
+        // After the sampler: its window starts now, and the tracer is a nicety.
+        let runq = config
+            .runq
+            .then(crate::bpf::runq::RunqTracer::start)
+            .and_then(|r| {
+                r.map_err(|e| {
+                    notice(Notice::Warning(format!(
+                        "run-queue waits are not recorded: {}",
+                        crate::util::chain(&e)
+                    )));
+                })
+                .ok()
+            });
         Ok(Self {
+            runq,
             last_counters: sampler.counters()?,
             sampler,
             ring,
@@ -340,6 +362,7 @@ impl Session {
         Ok(Window {
             collected,
             meta,
+            runq: None,
             table_generation: self.table_generation,
         })
     }
@@ -370,6 +393,7 @@ impl Session {
         Ok(Window {
             collected,
             meta,
+            runq: None,
             table_generation: self.table_generation,
         })
     }
@@ -378,6 +402,7 @@ impl Session {
     /// whole recording), with how the unwinder and the Python walk did.
     pub(crate) async fn finish(mut self) -> Result<(Window, SessionReport), SessionError> {
         self.sampler.detach();
+        let runq = (self.runq.take()).map(|t| t.read(&self.sampler.cpus, self.start_mono_ns));
         let drained = self.settle().await?;
         let (meta, _) = self.meta(drained)?;
         let counts = self.collection.counts();
@@ -403,6 +428,7 @@ impl Session {
         let window = Window {
             collected: self.collection.cut(meta.start_mono_ns),
             meta,
+            runq,
             table_generation: self.table_generation,
         };
         Ok((window, report))

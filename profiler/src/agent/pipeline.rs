@@ -417,6 +417,7 @@ mod tests {
                 start_mono_ns,
                 ..Meta::default()
             },
+            runq: None,
             table_generation: 0,
         }
     }

@@ -2,18 +2,13 @@
 //! object onto the cgroup_mkdir / cgroup_rmdir raw tracepoints and reads the counts; and
 //! `churn_attach` on cgroup_attach_task, which says which process went into which cgroup.
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf,
     maps::{HashMap, MapData},
     programs::RawTracePoint,
 };
-use profiler_common::{
-    MAP_SAMPLES,
-    churn::{
-        AttachKey, ChurnKey, ChurnPathKey, EVENT_MKDIR, GLOBAL_TGID_OFFSET, MAP_ATTACH, MAP_CHURN,
-        MAP_CHURN_PATHS, PROGRAM_ATTACH, PROGRAM_MKDIR, PROGRAM_RMDIR,
-    },
-    exits::MAP_EXITS,
-    unwind::{MAP_ROWS, MAP_RULES},
+use profiler_common::churn::{
+    AttachKey, ChurnKey, ChurnPathKey, EVENT_MKDIR, MAP_ATTACH, MAP_CHURN, MAP_CHURN_PATHS,
+    PROGRAM_ATTACH, PROGRAM_MKDIR, PROGRAM_RMDIR,
 };
 
 use super::BpfError;
@@ -49,18 +44,8 @@ pub(crate) struct ChurnTracer {
 impl ChurnTracer {
     /// Loads and attaches both programs. Needs CAP_BPF + CAP_PERFMON (or root).
     pub(crate) fn start() -> Result<Self, BpfError> {
-        // The object also holds the sampler's maps (an 8 MiB ring buffer, 64 MiB of unwind
-        // rows): this tracer needs none of them, so each is made as small as it can be.
-        let tgid_offset = std::fs::read("/sys/kernel/btf/vmlinux")
-            .ok()
-            .and_then(|btf| super::exits::member_offset(&btf, "task_struct", "tgid"));
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(MAP_SAMPLES, 4096)
-            .map_max_entries(MAP_EXITS, 4096)
-            .map_max_entries(MAP_ROWS, 1)
-            .map_max_entries(MAP_RULES, 1)
-            .override_global(GLOBAL_TGID_OFFSET, &tgid_offset.unwrap_or(0), true)
-            .load(super::SAMPLER_OBJECT)?;
+        let mut ebpf = super::load_tracer(&[MAP_CHURN_PATHS, MAP_ATTACH])?;
+        let tgid_offset = super::task::TaskOffsets::get().tgid;
         for (name, tracepoint) in [
             (PROGRAM_MKDIR, "cgroup_mkdir"),
             (PROGRAM_RMDIR, "cgroup_rmdir"),

@@ -5,6 +5,8 @@ pub(crate) mod churn;
 mod ebpf_log;
 mod exits;
 pub(crate) mod features;
+pub(crate) mod runq;
+mod task;
 pub(crate) mod variant;
 
 use std::path::{Path, PathBuf};
@@ -86,7 +88,7 @@ struct Settings {
     ring_bytes: u32,
     unwind_rows: u32,
     unwind_rules: u32,
-    exit_code_offset: u64,
+    task: task::TaskOffsets,
     fsbase_offset: u32,
     filter_pids: u8,
     filter_cgroups: u32,
@@ -123,7 +125,7 @@ impl Settings {
             ring_bytes,
             unwind_rows,
             unwind_rules,
-            exit_code_offset: exits::exit_code_offset().unwrap_or(0),
+            task: task::TaskOffsets::get(),
             fsbase_offset: if variant.python {
                 config.python_fsbase_offset.unwrap_or(0)
             } else {
@@ -143,7 +145,7 @@ impl Settings {
             ring_bytes: ring_buffer_bytes(1, 1),
             unwind_rows: 1,
             unwind_rules: 1,
-            exit_code_offset: exits::exit_code_offset().unwrap_or(1),
+            task: task::TaskOffsets::worst_case(),
             // Any offset makes the Python walk live; its value is only read at run time.
             fsbase_offset: 8,
             filter_pids: 1,
@@ -154,26 +156,70 @@ impl Settings {
     }
 }
 
-/// Parses the object and creates its maps with their load-time sizes and values.
+/// Parses the object and creates its maps with their load-time sizes and values; the
+/// tracers' maps at their smallest (each tracer loads the object again: `load_tracer`).
 fn load_object(settings: &Settings) -> Result<Ebpf, BpfError> {
     let s = settings;
     let wakeup_bytes = u64::from(s.ring_bytes / WAKEUP_FRACTION);
-    Ok(EbpfLoader::new()
+    let task = s.task.globals();
+    let mut loader = EbpfLoader::new();
+    for (global, offset) in &task {
+        loader.override_global(global, offset, true);
+    }
+    shrink(&mut loader, TRACER_MAPS);
+    Ok(loader
         .override_global(ebpf_log::GLOBAL_LOG_LEVEL, &s.log_level, true)
         .override_global(py::GLOBAL_FSBASE_OFFSET, &s.fsbase_offset, true)
         .override_global(GLOBAL_FILTER_PIDS, &s.filter_pids, true)
         .override_global(GLOBAL_FILTER_CGROUPS, &s.filter_cgroups, true)
         .override_global(GLOBAL_WAKEUP_BYTES, &wakeup_bytes, true)
         .override_global(GLOBAL_WAKE_FOR_PROCESSES, &s.wake_for_processes, true)
-        .override_global(
-            profiler_common::exits::GLOBAL_EXIT_CODE_OFFSET,
-            &s.exit_code_offset,
-            true,
-        )
         .map_max_entries(MAP_SAMPLES, s.ring_bytes)
         .map_max_entries(unwind::MAP_ROWS, s.unwind_rows)
         .map_max_entries(unwind::MAP_RULES, s.unwind_rules)
         .load(SAMPLER_OBJECT)?)
+}
+
+/// The maps of the tracers that load the object on their own (`churn`, `runq`), and the
+/// sampler's largest: each load makes the ones it does not use as small as they can be.
+const TRACER_MAPS: &[&str] = &[
+    profiler_common::churn::MAP_CHURN_PATHS,
+    profiler_common::churn::MAP_ATTACH,
+    profiler_common::runq::MAP_THREADS,
+    profiler_common::runq::MAP_CPU_HIST,
+    profiler_common::runq::MAP_CGROUP_HIST,
+];
+const SAMPLER_MAPS: &[&str] = &[
+    MAP_SAMPLES,
+    profiler_common::exits::MAP_EXITS,
+    unwind::MAP_ROWS,
+    unwind::MAP_RULES,
+];
+
+/// Makes `maps` as small as the kernel allows: one entry, a page of ring buffer.
+fn shrink(loader: &mut EbpfLoader<'_>, maps: &[&'static str]) {
+    for &name in maps {
+        let ring = name == MAP_SAMPLES || name == profiler_common::exits::MAP_EXITS;
+        loader.map_max_entries(name, if ring { 4096 } else { 1 });
+    }
+}
+
+/// The object for a tracer that uses the maps `keep` of `TRACER_MAPS` and none of the
+/// sampler's, every other large map at its smallest.
+fn load_tracer(keep: &[&str]) -> Result<Ebpf, BpfError> {
+    let task = task::TaskOffsets::get().globals();
+    let mut loader = EbpfLoader::new();
+    for (global, offset) in &task {
+        loader.override_global(global, offset, true);
+    }
+    shrink(&mut loader, SAMPLER_MAPS);
+    let others: Vec<&'static str> = TRACER_MAPS
+        .iter()
+        .copied()
+        .filter(|m| !keep.contains(m))
+        .collect();
+    shrink(&mut loader, &others);
+    Ok(loader.load(SAMPLER_OBJECT)?)
 }
 
 /// Fills the in-kernel filters: the cgroups of `--cgroup` and the pids of `--pid`.
@@ -466,7 +512,10 @@ impl Sampler {
             )?;
         }
         // Exit statuses are a nicety: a kernel that refuses the tracepoint still samples.
-        let exits = (settings.exit_code_offset != 0)
+        let exits = settings
+            .task
+            .exit_code
+            .is_some()
             .then(|| exits::attach(&mut ebpf))
             .and_then(|r| {
                 r.map_err(|e| {

@@ -73,6 +73,12 @@ pub struct RecordArgs {
     /// the `qualname (file.py:LINE)` frames it ran. `off` shows the eval loop only.
     #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
     pub python: OnOff,
+    /// Time every thread's waits for a CPU (run-queue latency: from its wake-up or
+    /// preemption until it runs), per CPU and per cgroup, with each thread's longest wait and
+    /// who ran on that CPU meanwhile: `report CAPTURE --runq`. Costs two map lookups per
+    /// context switch.
+    #[arg(long, value_enum, default_value_t = OnOff::On, value_name = "on|off")]
+    pub runq: OnOff,
 }
 
 /// A feature switch given as `on` or `off`.
@@ -134,6 +140,7 @@ pub(super) fn run(args: RecordArgs) -> anyhow::Result<()> {
                 None => crate::unwind::cache::TableCache::default_dir(),
             },
             python: args.python == OnOff::On,
+            runq: args.runq == OnOff::On,
             kernel_record_bytes: KERNEL_RECORD_BYTES,
             wake_for_processes: true,
             settle_delay: None,

@@ -35,11 +35,16 @@ pub struct ReportArgs {
     /// processes.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
+    /// Print who waited for a CPU (`record --runq`), as `perf sched latency`: each thread's
+    /// runtime, switches, average and longest wait (when, on which CPU) and who ran on that
+    /// CPU meanwhile; then the waits' histogram, per CPU and per cgroup. --top threads.
+    #[arg(long)]
+    pub runq: bool,
 }
 
 pub(super) fn run(args: ReportArgs) -> anyhow::Result<()> {
     // Nothing asked for: the hottest functions and processes, in the terminal.
-    let table = args.outputs.is_empty() && !args.stats && !args.cpus;
+    let table = args.outputs.is_empty() && !args.stats && !args.cpus && !args.runq;
     let outputs = super::parse_outputs(&args.outputs, args.group_by)?;
     let same_file = |p: &std::path::Path| {
         p.canonicalize()
@@ -81,10 +86,20 @@ pub(super) fn run(args: ReportArgs) -> anyhow::Result<()> {
     }
     // Built before anything is printed, so a refused table prints nothing half-way.
     let cpus = args.cpus.then(|| cpus::cpu_report(&profile)).transpose()?;
+    let runq = if args.runq {
+        Some(crate::output::runq_table(&profile, args.top).with_context(|| {
+            format!(
+                "{} has no run-queue waits: record with `--runq on` (the default) on a kernel that allows it",
+                args.capture.display()
+            )
+        })?)
+    } else {
+        None
+    };
     if args.stats {
         print_stats(&profile);
     }
-    if let Some(table) = cpus {
+    for table in [cpus, runq].into_iter().flatten() {
         let _ = std::io::Write::write_all(&mut std::io::stdout(), table.as_bytes());
     }
     super::write_outputs(&outputs, &profile)
@@ -165,6 +180,11 @@ fn print_stats(p: &profile::Profile) {
     }
     for (name, value) in &p.meta.named_counters {
         say!("{name}: {value}");
+    }
+    if let Some(rq) = &p.runq {
+        for (name, value) in crate::output::runq_stats(rq) {
+            say!("{name}: {value}");
+        }
     }
 }
 

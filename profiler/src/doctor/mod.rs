@@ -155,6 +155,8 @@ fn record_window(
                 unwind_memory: config.unwind_memory,
                 unwind_tables: crate::unwind::TablePolicy::All,
                 python: config.python,
+                // Who waited for a CPU, and behind whom: the starved threads' finding.
+                runq: true,
                 unwind_cache: None,
                 kernel_record_bytes: KERNEL_RECORD_BYTES,
                 wake_for_processes: true,

@@ -6,6 +6,7 @@ mod otlp;
 mod perf_text;
 mod pprof;
 mod protobuf;
+mod runq;
 mod svg;
 mod top;
 
@@ -22,6 +23,7 @@ pub(crate) use heatmap::write_heatmap;
 pub(crate) use otlp::encode_otlp;
 pub use perf_text::write_perf_text;
 pub use pprof::write_pprof;
+pub(crate) use runq::{runq_stats, runq_table};
 pub(crate) use svg::{write_svg, write_svg_lines};
 pub(crate) use top::top_table;
 

@@ -10,6 +10,8 @@ use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 
 use super::leb128::{Counting, Reader, Writer, corrupt};
 
+use super::runq::{Histogram, RunQueue, ThreadWaits};
+
 use super::model::{
     Binary, Cgroup, Counters, Frame, FrameKind, Lifetime, Meta, Process, Profile, Sample, Stack,
 };
@@ -20,7 +22,8 @@ pub const MAGIC: &[u8; 8] = b"PROFCAP\0";
 /// 3: process lifetimes (fork, exec, exit times and exit status) after the samples.
 /// 4: the untimed ranges (`Meta::untimed`) and named counters (`Meta::named_counters`) after
 /// the lifetimes.
-pub const CAPTURE_VERSION: u32 = 4;
+/// 5: the run-queue waits (`Profile::runq`) after the named counters.
+pub const CAPTURE_VERSION: u32 = 5;
 
 // Bounds on what a capture may make the reader do (docs/capture-format.md, "Bounds"). A
 // capture is a file a user hands us, possibly crafted: gzip alone inflates up to ~1000x.
@@ -103,6 +106,7 @@ pub fn encode(p: &Profile, out: &mut impl Write) -> io::Result<()> {
     write_lifetimes(&mut w, &p.lifetimes)?;
     write_untimed(&mut w, &p.meta.untimed)?;
     write_named_counters(&mut w, &p.meta.named_counters)?;
+    write_runq(&mut w, p.runq.as_ref())?;
     w.0.into_inner()
         .map_err(io::IntoInnerError::into_error)?
         .finish()?
@@ -187,6 +191,7 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
         meta.untimed = read_untimed(r)?;
         meta.named_counters = read_named_counters(r)?;
     }
+    let runq = if version >= 5 { read_runq(r)? } else { None };
     Ok(Profile {
         meta,
         strings,
@@ -197,6 +202,7 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> io::Result<Profile> {
         lifetimes,
         cgroups,
         binaries,
+        runq,
     })
 }
 
@@ -636,6 +642,108 @@ fn write_named_counters(
 fn read_named_counters(r: &mut Reader<'_>) -> io::Result<Vec<(String, u64)>> {
     let n = r.items::<(String, u64)>()?;
     (0..n).map(|_| Ok((r.s()?, r.u()?))).collect()
+}
+
+/// Run-queue waits (version 5): 0 when not traced, else 1, the switches and losses, the
+/// histograms (per CPU, per cgroup: key and `BUCKETS` counts), then the threads.
+fn write_runq(w: &mut Writer<impl Write>, runq: Option<&RunQueue>) -> io::Result<()> {
+    let Some(rq) = runq else {
+        return w.u(0);
+    };
+    w.u(1)?;
+    w.u(rq.switches)?;
+    w.u(rq.threads_lost)?;
+    w.u(rq.cgroup_waits_lost)?;
+    for hists in [
+        rq.cpus
+            .iter()
+            .map(|(c, h)| (u64::from(*c), h))
+            .collect::<Vec<_>>(),
+        rq.cgroups.iter().map(|(c, h)| (*c, h)).collect(),
+    ] {
+        w.u(hists.len() as u64)?;
+        for (key, h) in hists {
+            w.u(key)?;
+            for b in 0..BUCKETS {
+                w.u(h.get(b).copied().unwrap_or(0))?;
+            }
+        }
+    }
+    w.u(rq.threads.len() as u64)?;
+    for t in &rq.threads {
+        w.u(t.tid.into())?;
+        w.u(t.pid.into())?;
+        w.s(&t.comm)?;
+        for v in [
+            t.cgroup_id,
+            t.runtime_ns,
+            t.switches,
+            t.waits,
+            t.preempted,
+            t.delay_ns,
+            t.max_delay_ns,
+            t.max_end_ns,
+        ] {
+            w.u(v)?;
+        }
+        w.u(t.max_cpu.into())?;
+    }
+    Ok(())
+}
+
+const BUCKETS: usize = profiler_common::runq::BUCKETS;
+
+fn read_runq(r: &mut Reader<'_>) -> io::Result<Option<RunQueue>> {
+    if r.u()? == 0 {
+        return Ok(None);
+    }
+    let mut rq = RunQueue {
+        switches: r.u()?,
+        threads_lost: r.u()?,
+        cgroup_waits_lost: r.u()?,
+        ..RunQueue::default()
+    };
+    let read_hists = |r: &mut Reader<'_>| -> io::Result<Vec<(u64, Histogram)>> {
+        let n = r.items::<(u64, [u64; BUCKETS])>()?;
+        (0..n)
+            .map(|_| {
+                Ok((
+                    r.u()?,
+                    (0..BUCKETS).map(|_| r.u()).collect::<io::Result<_>>()?,
+                ))
+            })
+            .collect()
+    };
+    rq.cpus = read_hists(r)?
+        .into_iter()
+        .map(|(c, h)| {
+            Ok((
+                u32::try_from(c).map_err(|_| corrupt("CPU out of range"))?,
+                h,
+            ))
+        })
+        .collect::<io::Result<_>>()?;
+    rq.cgroups = read_hists(r)?;
+    let n = r.items::<ThreadWaits>()?;
+    rq.threads = (0..n)
+        .map(|_| {
+            Ok(ThreadWaits {
+                tid: r.u32()?,
+                pid: r.u32()?,
+                comm: r.s()?,
+                cgroup_id: r.u()?,
+                runtime_ns: r.u()?,
+                switches: r.u()?,
+                waits: r.u()?,
+                preempted: r.u()?,
+                delay_ns: r.u()?,
+                max_delay_ns: r.u()?,
+                max_end_ns: r.u()?,
+                max_cpu: r.u32()?,
+            })
+        })
+        .collect::<io::Result<_>>()?;
+    Ok(Some(rq))
 }
 
 #[cfg(test)]

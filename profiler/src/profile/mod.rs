@@ -7,6 +7,7 @@ pub mod lifecycle;
 mod lifetimes;
 pub(crate) mod memcg;
 mod model;
+pub mod runq;
 mod timeline;
 
 pub use attribution::GroupBy;

@@ -202,6 +202,8 @@ pub struct Profile {
     /// Files that frames point into; entry 0 is the empty "no binary" (when built by
     /// `Interner`).
     pub binaries: Vec<Binary>,
+    /// Run-queue waits, when they were traced (capture version 5).
+    pub runq: Option<super::runq::RunQueue>,
 }
 
 /// How a frame that could not be named reads, in the model and in every output (perf's

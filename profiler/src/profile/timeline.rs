@@ -372,6 +372,8 @@ impl Profile {
             lifetimes: self.lifetimes.clone(),
             cgroups: self.cgroups.clone(),
             binaries: self.binaries.clone(),
+            // Totals of the whole recording: a slice keeps them as they are.
+            runq: self.runq.clone(),
         }
     }
 }

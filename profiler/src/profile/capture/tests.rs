@@ -10,7 +10,41 @@ fn sample_profile() -> Profile {
     add_samples(&mut i, stacks);
     add_process_and_cgroup(&mut i);
     add_lifetimes(&mut i);
-    i.finish()
+    let mut p = i.finish();
+    p.runq = Some(sample_runq());
+    p
+}
+
+/// Waits on two CPUs and in one cgroup, of two threads.
+fn sample_runq() -> crate::profile::runq::RunQueue {
+    use crate::profile::runq::{RunQueue, ThreadWaits};
+    let mut h = vec![0; profiler_common::runq::BUCKETS];
+    h[3] = 5;
+    h[19] = 1;
+    RunQueue {
+        cpus: vec![(0, h.clone()), (1, h.clone())],
+        cgroups: vec![(42, h)],
+        threads: vec![
+            ThreadWaits {
+                tid: 11,
+                pid: 10,
+                comm: "ksoftirqd/1".into(),
+                cgroup_id: 42,
+                runtime_ns: 5_000,
+                switches: 7,
+                waits: 6,
+                preempted: 2,
+                delay_ns: 1_000_050_000,
+                max_delay_ns: 1_000_000_000,
+                max_end_ns: 1_500_000_000,
+                max_cpu: 1,
+            },
+            ThreadWaits::default(),
+        ],
+        switches: 1_000,
+        threads_lost: 1,
+        cgroup_waits_lost: 2,
+    }
 }
 
 /// 2 s at 99 Hz on two CPUs, with counters, an untimed range and two named counters.
@@ -201,13 +235,15 @@ fn reads_version_1() {
 }
 
 /// Version 2 ended with the samples: it reads with no lifetimes; version 3 ended with the
-/// lifetimes: it reads with no untimed ranges.
+/// lifetimes: it reads with no untimed ranges; version 4 with the named counters: it reads
+/// with no run-queue waits.
 #[test]
-fn reads_versions_2_and_3() {
+fn reads_versions_2_to_4() {
     let mut p = sample_profile();
+    p.runq = None;
     p.meta.untimed.clear();
     p.meta.named_counters.clear();
-    for version in [3u32, 2] {
+    for version in [4u32, 3, 2] {
         if version == 2 {
             p.lifetimes.clear();
         }
@@ -215,10 +251,19 @@ fn reads_versions_2_and_3() {
         encode(&p, &mut bytes).unwrap();
         let mut body = Vec::new();
         GzDecoder::new(&bytes[12..]).read_to_end(&mut body).unwrap();
-        for list in ["named counters", "untimed ranges", "lifetimes"]
-            .iter()
-            .take(5 - version as usize)
-        {
+        for list in [
+            "run-queue waits",
+            "named counters",
+            "untimed ranges",
+            "lifetimes",
+        ]
+        .iter()
+        // Version 4 added two sections, 5 one.
+        .take(match version {
+            4 => 1,
+            3 => 3,
+            _ => 4,
+        }) {
             assert_eq!(body.pop(), Some(0), "the body ends with empty {list}");
         }
         let mut old = MAGIC.to_vec();

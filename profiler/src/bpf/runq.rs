@@ -1,0 +1,134 @@
+//! The run-queue tracer, user side of profiler-ebpf `runq`: loads its three programs onto the
+//! sched_switch, sched_wakeup and sched_wakeup_new raw tracepoints and reads what they kept
+//! into a `RunQueue` (threads, histograms per CPU and per cgroup, counters).
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap},
+    programs::RawTracePoint,
+};
+use profiler_common::runq::{
+    BUCKETS, CgroupBucket, MAP_CGROUP_HIST, MAP_COUNTERS, MAP_CPU_HIST, MAP_THREADS, MAX_CPUS,
+    PROGRAM_SWITCH, PROGRAM_WAKEUP, PROGRAM_WAKEUP_NEW, Thread, counter,
+};
+
+use super::BpfError;
+use crate::profile::runq::{Histogram, RunQueue, ThreadWaits};
+
+/// The tracer, attached while it lives.
+pub(crate) struct RunqTracer {
+    // Kept for the links: dropping it detaches.
+    _ebpf: Ebpf,
+    /// An LRU hash map: aya reads it as a `HashMap`.
+    threads: HashMap<MapData, u32, Thread>,
+    cpu_hist: Array<MapData, u64>,
+    cgroup_hist: PerCpuHashMap<MapData, CgroupBucket, u64>,
+    counters: PerCpuArray<MapData, u64>,
+}
+
+impl RunqTracer {
+    /// Loads and attaches the programs. Needs CAP_BPF + CAP_PERFMON (or root), and the
+    /// kernel's BTF for `task_struct.pid` and its state.
+    pub(crate) fn start() -> Result<Self, BpfError> {
+        let task = super::task::TaskOffsets::get();
+        if task.pid.is_none() || task.state.is_none() {
+            return Err(BpfError::Missing(
+                "task_struct.pid or its state in the kernel's BTF",
+            ));
+        }
+        let mut ebpf = super::load_tracer(&[MAP_THREADS, MAP_CPU_HIST, MAP_CGROUP_HIST])?;
+        for (name, tracepoint) in [
+            (PROGRAM_WAKEUP, "sched_wakeup"),
+            (PROGRAM_WAKEUP_NEW, "sched_wakeup_new"),
+            (PROGRAM_SWITCH, "sched_switch"),
+        ] {
+            let program: &mut RawTracePoint = ebpf
+                .program_mut(name)
+                .ok_or(BpfError::Missing("run-queue program"))?
+                .try_into()?;
+            program.load().map_err(|e| super::rejected(name, e))?;
+            program.attach(tracepoint)?;
+        }
+        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(BpfError::Missing(name));
+        Ok(Self {
+            threads: HashMap::try_from(take(MAP_THREADS)?)?,
+            cpu_hist: Array::try_from(take(MAP_CPU_HIST)?)?,
+            cgroup_hist: PerCpuHashMap::try_from(take(MAP_CGROUP_HIST)?)?,
+            counters: PerCpuArray::try_from(take(MAP_COUNTERS)?)?,
+            _ebpf: ebpf,
+        })
+    }
+
+    /// What the programs kept since they were attached, times as offsets from
+    /// `start_mono_ns` (the recording's start).
+    pub(crate) fn read(&self, cpus: &[u32], start_mono_ns: u64) -> RunQueue {
+        let counter = |i: u32| {
+            self.counters
+                .get(&i, 0)
+                .map_or(0, |per_cpu| per_cpu.iter().sum::<u64>())
+        };
+        RunQueue {
+            cpus: self.cpu_histograms(cpus),
+            cgroups: self.cgroup_histograms(),
+            threads: self.threads(start_mono_ns),
+            switches: counter(counter::SWITCHES),
+            threads_lost: counter(counter::THREADS_FULL),
+            cgroup_waits_lost: counter(counter::CGROUP_HIST_FULL),
+        }
+    }
+
+    fn cpu_histograms(&self, cpus: &[u32]) -> Vec<(u32, Histogram)> {
+        cpus.iter()
+            .filter(|&&c| c < MAX_CPUS)
+            .map(|&cpu| {
+                let h: Histogram = (0..BUCKETS as u32)
+                    .map(|b| {
+                        self.cpu_hist
+                            .get(&(cpu * BUCKETS as u32 + b), 0)
+                            .unwrap_or(0)
+                    })
+                    .collect();
+                (cpu, h)
+            })
+            .filter(|(_, h)| h.iter().any(|&n| n > 0))
+            .collect()
+    }
+
+    fn cgroup_histograms(&self) -> Vec<(u64, Histogram)> {
+        let mut by_cgroup = std::collections::BTreeMap::<u64, Histogram>::new();
+        for (key, per_cpu) in self.cgroup_hist.iter().flatten() {
+            let h = by_cgroup
+                .entry(key.cgroup_id)
+                .or_insert_with(|| vec![0; BUCKETS]);
+            if let Some(slot) = h.get_mut(key.bucket as usize) {
+                *slot += per_cpu.iter().sum::<u64>();
+            }
+        }
+        by_cgroup.into_iter().collect()
+    }
+
+    /// Threads that ran or waited, most waited first.
+    fn threads(&self, start_mono_ns: u64) -> Vec<ThreadWaits> {
+        let mut v: Vec<ThreadWaits> = self
+            .threads
+            .iter()
+            .flatten()
+            .filter(|(_, t)| t.switches > 0 || t.runtime_ns > 0)
+            .map(|(tid, t)| ThreadWaits {
+                tid,
+                pid: t.pid,
+                comm: crate::util::comm_str(&t.comm),
+                cgroup_id: t.cgroup_id,
+                runtime_ns: t.runtime_ns,
+                switches: t.switches.into(),
+                waits: t.waits.into(),
+                preempted: t.preempted.into(),
+                delay_ns: t.delay_ns,
+                max_delay_ns: t.max_delay_ns,
+                max_end_ns: t.max_end_ns.saturating_sub(start_mono_ns),
+                max_cpu: t.max_cpu,
+            })
+            .collect();
+        v.sort_by_key(|t| (std::cmp::Reverse(t.delay_ns), t.tid));
+        v
+    }
+}
