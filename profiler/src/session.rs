@@ -243,21 +243,9 @@ impl Session {
             tracker.register_running(&config.pids);
             collection = collection.with_python(tracker);
         }
-        // After the sampler: its window starts now, and the tracer is a nicety.
-        let runq = config
-            .runq
-            .then(crate::bpf::runq::RunqTracer::start)
-            .and_then(|r| {
-                r.map_err(|e| {
-                    notice(Notice::Warning(format!(
-                        "run-queue waits are not recorded: {}",
-                        crate::util::chain(&e)
-                    )));
-                })
-                .ok()
-            });
         Ok(Self {
-            runq,
+            // After the sampler: the window starts now.
+            runq: config.runq.then(|| start_runq(notice)).flatten(),
             last_counters: sampler.counters()?,
             sampler,
             ring,
@@ -490,6 +478,18 @@ impl Session {
         self.start_mono_ns = end_mono_ns;
         Ok((meta, k))
     }
+}
+
+/// The run-queue tracer, a nicety: a kernel that refuses it is told in a warning.
+fn start_runq(notice: &mut dyn FnMut(Notice)) -> Option<crate::bpf::runq::RunqTracer> {
+    crate::bpf::runq::RunqTracer::start()
+        .map_err(|e| {
+            notice(Notice::Warning(format!(
+                "run-queue waits are not recorded: {}",
+                crate::util::chain(&e)
+            )));
+        })
+        .ok()
 }
 
 /// The table walk's loader over the sampler's unwind maps, with its disk cache and the

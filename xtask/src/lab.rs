@@ -1,4 +1,4 @@
-//! `cargo xtask lab zombie` / `crashloop` (`--cleanup`): incidents for the doctor to find. The lab is test
+//! `cargo xtask lab zombie` / `crashloop` / `starve` (`--cleanup`): incidents for the doctor to find. The lab is test
 //! support, not part of the profiler: it lives in the tests crate (tests/src/lab, the
 //! `profiler-lab` binary) so the integration tests drive the same code; this task builds it
 //! and runs it.

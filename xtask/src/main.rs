@@ -76,7 +76,7 @@ enum Task {
     #[command(subcommand)]
     Bench(Bench),
     /// Reproducible incidents for `profiler doctor` (root; see docs/doctor.md): `zombie
-    /// [--count N]`, `crashloop`, each with `--cleanup`; the arguments go to `profiler-lab`.
+    /// [--count N]`, `crashloop`, `starve [--cpu N]`, each with `--cleanup`; the arguments go to `profiler-lab`.
     Lab {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,

@@ -50,6 +50,46 @@ struct Report<'a> {
     memcg: Vec<Memcg<'a>>,
     memcg_functions_present: &'a [&'static str],
     memcg_functions_absent: &'a [&'static str],
+    /// Threads that waited `STARVED_WARN` or more for a CPU; null when not traced.
+    starved: Option<Vec<StarvedJson<'a>>>,
+}
+
+#[derive(Serialize)]
+struct StarvedJson<'a> {
+    tid: u32,
+    pid: u32,
+    comm: &'a str,
+    wait_s: f64,
+    cpu: u32,
+    at_s: f64,
+    ran_instead: Vec<RanInsteadJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct RanInsteadJson<'a> {
+    pid: u32,
+    comm: &'a str,
+    percent: f64,
+    function: &'a str,
+}
+
+fn starved_json(s: &super::Starved) -> StarvedJson<'_> {
+    StarvedJson {
+        tid: s.tid,
+        pid: s.pid,
+        comm: &s.comm,
+        wait_s: round(s.wait_s, 3),
+        cpu: s.cpu,
+        at_s: round(s.at_s, 3),
+        ran_instead: (s.instead.iter())
+            .map(|r| RanInsteadJson {
+                pid: r.pid,
+                comm: &r.comm,
+                percent: round(r.percent(), 1),
+                function: &r.function,
+            })
+            .collect(),
+    }
 }
 
 #[derive(Serialize)]
@@ -319,6 +359,7 @@ impl<'a> Report<'a> {
                 .collect(),
             memcg_functions_present: &f.memcg_present,
             memcg_functions_absent: &f.memcg_absent,
+            starved: (f.starved.as_ref()).map(|v| v.iter().map(starved_json).collect()),
         }
     }
 }

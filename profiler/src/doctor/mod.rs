@@ -80,6 +80,47 @@ pub(crate) struct Findings {
     pub memcg_absent: Vec<&'static str>,
     /// Processes with CPU in memcg code, most samples first (at most 10).
     pub memcg: Vec<memcg::MemcgShare>,
+    /// Threads that waited at least `verdict::STARVED_WARN` for a CPU, longest first, with
+    /// who ran there meanwhile; None when run-queue waits could not be traced.
+    pub starved: Option<Vec<Starved>>,
+}
+
+/// A thread's longest wait for a CPU, and who held that CPU meanwhile.
+#[derive(Clone, Debug)]
+pub(crate) struct Starved {
+    pub tid: u32,
+    pub pid: u32,
+    pub comm: String,
+    pub wait_s: f64,
+    pub cpu: u32,
+    /// When the wait began, s from the window's start.
+    pub at_s: f64,
+    /// At most `CPU_TOP`, most first.
+    pub instead: Vec<crate::profile::runq::RanInstead>,
+}
+
+/// Starved threads named at most.
+const STARVED_SHOWN: usize = 10;
+
+/// The window's starved threads (see `Findings::starved`).
+fn starved(profile: &crate::profile::Profile) -> Option<Vec<Starved>> {
+    profile.runq.as_ref()?;
+    let min_ns = (verdict::STARVED_WARN * 1e9) as u64;
+    let waits = crate::profile::runq::longest_waits(profile, min_ns, STARVED_SHOWN);
+    Some(
+        waits
+            .into_iter()
+            .map(|w| Starved {
+                tid: w.thread.tid,
+                pid: w.thread.pid,
+                comm: w.thread.comm.clone(),
+                wait_s: w.thread.max_delay_ns as f64 / 1e9,
+                cpu: w.thread.max_cpu,
+                at_s: w.thread.max_start_ns() as f64 / 1e9,
+                instead: w.instead.into_iter().take(CPU_TOP).collect(),
+            })
+            .collect(),
+    )
 }
 
 /// Processes named per CPU (who kept it busy).
@@ -135,6 +176,7 @@ pub(crate) fn examine(
         memcg_present,
         memcg_absent,
         memcg: shares,
+        starved: starved(&profile),
     })
 }
 

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 pub(crate) use super::json::json;
 use super::{
     Findings,
-    verdict::{CPU_SATURATED, Verdict, cpu_percent, crash_loop_line},
+    verdict::{CPU_SATURATED, STARVED_WARN, Verdict, cpu_percent, crash_loop_line, starved_line},
 };
 use crate::cgroups::MemorySubtree;
 
@@ -20,6 +20,7 @@ pub(crate) fn text(f: &Findings, v: &Verdict) -> String {
     lifecycle_text(&mut o, f);
     kernel_log_text(&mut o, f);
     cpu_text(&mut o, f);
+    starved_text(&mut o, f);
     memcg_text(&mut o, f);
     remedies_text(&mut o, v);
     o
@@ -180,6 +181,38 @@ fn cpu_text(o: &mut String, f: &Findings) {
                 }
             });
         let _ = writeln!(o, "  cpu{cpu}: {busy:.0}% busy{flag}{top}");
+    }
+}
+
+/// `Waited for a CPU`: threads whose run-queue wait passed `STARVED_WARN`, and who ran.
+fn starved_text(o: &mut String, f: &Findings) {
+    let _ = writeln!(
+        o,
+        "\nWaited for a CPU ({:.0} ms or more in one wait):",
+        STARVED_WARN * 1e3
+    );
+    match &f.starved {
+        None => {
+            let _ = writeln!(o, "  not traced on this kernel");
+        }
+        Some(v) if v.is_empty() => {
+            let _ = writeln!(o, "  none");
+        }
+        Some(v) => {
+            for s in v {
+                let _ = writeln!(o, "  {}", starved_line(s, f));
+                for r in s.instead.iter().skip(1) {
+                    let _ = writeln!(
+                        o,
+                        "      also {} (pid {}) {:.0}%: {}",
+                        r.comm,
+                        r.pid,
+                        r.percent(),
+                        r.function
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -17,6 +17,12 @@ pub(crate) const MEMCG_CPU_HOT: f64 = 10.0;
 pub(crate) const CHURN_RATE_WARN: f64 = 1.0;
 /// A CPU this busy, percent, is saturated.
 pub(crate) const CPU_SATURATED: f64 = 90.0;
+/// A thread that waited this long for a CPU, s, is starved: a warning (a driver's softirq
+/// or a NAPI thread that waits this long drops packets, a watchdog may fire)...
+pub(crate) const STARVED_WARN: f64 = 0.1;
+/// ...and an alarm from this long (network drivers' transmit watchdogs fire from 5 s; RCU
+/// stall warnings from 21 s).
+pub(crate) const STARVED_ALARM: f64 = 1.0;
 
 /// How bad.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -312,6 +318,7 @@ pub(crate) fn judge(f: &Findings) -> Verdict {
     v.judge_hot_pollers(f, dying);
     v.judge_churners(f, &churners, dying);
     v.judge_kernel_log(f);
+    v.judge_starved(f);
     let loops = v.judge_crash_loops(f);
     if dying >= DYING_WARN && churners.is_empty() && loops == 0 {
         v.remedies.push(
@@ -441,6 +448,35 @@ impl Verdict {
         }
     }
 
+    /// Threads that waited long for a CPU, linked to who held it and to what else we know
+    /// of that program (its memcg share, a crash loop it belongs to).
+    fn judge_starved(&mut self, f: &Findings) {
+        // One remedy per program and CPU it held, naming every thread that waited there.
+        let mut held: Vec<((u32, u32), &str, Vec<&str>)> = Vec::new();
+        for s in f.starved.iter().flatten() {
+            self.raise(if s.wait_s >= STARVED_ALARM {
+                Level::Alarm
+            } else {
+                Level::Warning
+            });
+            self.problems.push(starved_line(s, f));
+            if let Some(h) = s.instead.first() {
+                match held.iter_mut().find(|(key, _, _)| *key == (h.pid, s.cpu)) {
+                    Some((_, _, waiters)) => waiters.push(&s.comm),
+                    None => held.push(((h.pid, s.cpu), &h.comm, vec![&s.comm])),
+                }
+            }
+        }
+        for ((pid, cpu), comm, waiters) in held {
+            let waiters = waiters.join(", ");
+            self.remedies.push(format!(
+                "{comm} (pid {pid}) held CPU {cpu} while {waiters} waited: limit it (its \
+                 cgroup's cpu.max, a lower priority or no real-time class), or move the \
+                 waiting work off CPU {cpu} (taskset, irq affinity)"
+            ));
+        }
+    }
+
     /// Crash loops are alarms, with the program as root cause and its manager as creator.
     /// Returns how many there are.
     fn judge_crash_loops(&mut self, f: &Findings) -> usize {
@@ -453,6 +489,42 @@ impl Verdict {
         }
         loops.len()
     }
+}
+
+/// `ksoftirqd/1 (tid 20) waited up to 2.3 s for CPU 1 at 4.1 s while kubelet (pid 7) ran
+/// mem_cgroup_nr_lru_pages there (87% of CPU 1); kubelet spends 62% of its CPU in
+/// memory-cgroup kernel code`.
+pub(crate) fn starved_line(s: &super::Starved, f: &Findings) -> String {
+    let mut line = format!(
+        "{} (tid {}) waited up to {:.2} s for CPU {} at {:.1} s",
+        s.comm, s.tid, s.wait_s, s.cpu, s.at_s
+    );
+    let Some(h) = s.instead.first() else {
+        line.push_str(" (no busy samples there meanwhile: raise -F)");
+        return line;
+    };
+    line.push_str(&format!(
+        " while {} (pid {}) ran {} there ({:.0}% of CPU {})",
+        h.comm,
+        h.pid,
+        h.function,
+        h.percent(),
+        s.cpu
+    ));
+    if let Some(m) = f.hot_memcg().into_iter().find(|m| m.pid == h.pid) {
+        line.push_str(&format!(
+            "; {} spends {:.0}% of its CPU in memory-cgroup kernel code",
+            m.comm,
+            m.percent()
+        ));
+    }
+    if let Some(p) = f.programs.iter().find(|p| p.crash_loop && p.comm == h.comm) {
+        line.push_str(&format!(
+            "; it is in a crash loop: {}",
+            crash_loop_line(p, f)
+        ));
+    }
+    line
 }
 
 /// `root cause: PROGRAM keeps failing ...`: fix the program, or stop it in its manager.

@@ -4,7 +4,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::Parser as _;
-use profiler_tests::lab::{crashloop, synth, zombie};
+use profiler_tests::lab::{crashloop, starve, synth, zombie};
 
 /// Reproducible incidents for testing the doctor, and synthetic captures.
 #[derive(Debug, clap::Parser)]
@@ -39,6 +39,32 @@ enum LabCommand {
         restart_ms: u64,
         #[arg(long)]
         per_attempt: bool,
+    },
+    /// Starve a thread of its CPU: a SCHED_FIFO `rt-spinner` pinned to CPU N beside a normal
+    /// `waker` thread pinned there that wakes every 10 ms. RT throttling lets the waker run
+    /// 50 ms a second: it waits up to ~950 ms (--cleanup stops it).
+    Starve {
+        /// The CPU to take (default: the last online one).
+        #[arg(long)]
+        cpu: Option<u32>,
+        #[arg(long)]
+        cleanup: bool,
+    },
+    /// The starve lab itself (started by `profiler-lab starve`).
+    #[command(hide = true)]
+    Starver {
+        #[arg(long)]
+        cpu: u32,
+    },
+    /// THREADS threads pinned to CPU N, busy for MS ms (wall time); prints `tid run_delay_ns` of
+    /// each from the kernel's schedstat (the run-queue test's reference).
+    Contend {
+        #[arg(long)]
+        cpu: u32,
+        #[arg(long, default_value_t = 2)]
+        threads: u32,
+        #[arg(long, default_value_t = 2000)]
+        ms: u64,
     },
     /// Write a synthetic capture of CPUS x HZ x SECONDS samples (`cargo xtask bench heatmap`).
     Synth {
@@ -123,6 +149,29 @@ fn run(cmd: LabCommand) -> anyhow::Result<()> {
             restart_ms,
             per_attempt,
         } => crashloop::supervisor(restart_ms, per_attempt)?,
+        LabCommand::Starve { cleanup: true, .. } => {
+            let was = starve::cleanup()?;
+            println!(
+                "{}",
+                if was {
+                    "starve lab stopped"
+                } else {
+                    "no starve lab was running"
+                }
+            );
+        }
+        LabCommand::Starve { cpu, .. } => {
+            let cpu = cpu.unwrap_or_else(starve::default_cpu);
+            let pid = starve::starve(cpu)?;
+            println!(
+                "{} (pid {pid}) spins at SCHED_FIFO on CPU {cpu}; {} (tid {}) waits there up to ~950 ms a second",
+                starve::SPINNER,
+                starve::WAKER,
+                std::fs::read_to_string(starve::waker_tid_file())?.trim()
+            );
+        }
+        LabCommand::Starver { cpu } => starve::starver(cpu)?,
+        LabCommand::Contend { cpu, threads, ms } => starve::contend(cpu, threads, ms)?,
         LabCommand::Synth {
             cpus,
             hz,

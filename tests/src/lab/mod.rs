@@ -4,6 +4,7 @@
 //! What the zombie and crash-loop labs share (their v1 memory parent, a helper process in its
 //! own session found again by pid file and comm, emptying the parent) lives here.
 pub mod crashloop;
+pub mod starve;
 pub mod synth;
 pub mod zombie;
 

@@ -64,7 +64,65 @@ fn findings(dying: u64, kubelet_memcg: u64, mkdirs: u64) -> Findings {
             memcg_samples: kubelet_memcg,
             functions: vec![("memory_stat_show".into(), kubelet_memcg)],
         }],
+        starved: Some(vec![]),
     }
+}
+
+fn ksoftirqd_waited(wait_s: f64) -> crate::doctor::Starved {
+    crate::doctor::Starved {
+        tid: 20,
+        pid: 20,
+        comm: "ksoftirqd/0".into(),
+        wait_s,
+        cpu: 0,
+        at_s: 4.1,
+        instead: vec![crate::profile::runq::RanInstead {
+            pid: 5,
+            comm: "kubelet".into(),
+            samples: 87,
+            of: 100,
+            function: "mem_cgroup_nr_lru_pages".into(),
+        }],
+    }
+}
+
+#[test]
+fn a_starved_thread_warns_from_100ms_and_alarms_from_1s_naming_who_held_its_cpu() {
+    for (wait_s, level) in [
+        (0.099, Level::Healthy),
+        (0.1, Level::Warning),
+        (0.99, Level::Warning),
+        (1.0, Level::Alarm),
+    ] {
+        let mut f = findings(28, 10, 0);
+        // `starved` holds only the waits past the threshold (`doctor::starved`).
+        f.starved = Some(if wait_s >= STARVED_WARN {
+            vec![ksoftirqd_waited(wait_s)]
+        } else {
+            vec![]
+        });
+        assert_eq!(judge(&f).level, level, "{wait_s} s");
+    }
+    // Linked to the holder's memcg share when it is hot there.
+    let mut f = findings(28, 600, 0);
+    f.starved = Some(vec![ksoftirqd_waited(2.3)]);
+    let v = judge(&f);
+    let line = v
+        .problems
+        .iter()
+        .find(|p| p.starts_with("ksoftirqd/0"))
+        .unwrap();
+    assert_eq!(
+        line,
+        "ksoftirqd/0 (tid 20) waited up to 2.30 s for CPU 0 at 4.1 s while kubelet (pid 5) ran \
+         mem_cgroup_nr_lru_pages there (87% of CPU 0); kubelet spends 60% of its CPU in \
+         memory-cgroup kernel code"
+    );
+    assert!(
+        v.remedies
+            .iter()
+            .any(|r| r.starts_with("kubelet (pid 5) held CPU 0"))
+    );
 }
 
 #[test]
