@@ -30,17 +30,48 @@ fn each_threads_waits_match_the_kernels_run_delay() {
         return;
     }
     let _lock = exclusive();
+    // Three threads share CPU 0 for 1.5 s: each waits for about two thirds of it.
+    let (capture, _dir, lab) = record_contention(&[]);
+    check_against_schedstat(&capture, &lab);
+}
+
+/// Threads moved between two CPUs every 15 ms while they wait there: each wait is still
+/// counted once, whole, wherever it began and ended.
+#[test]
+fn waits_of_threads_that_migrate_are_counted_once() {
+    if !require_bpf() {
+        return;
+    }
+    let cpus = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    if cpus.trim() == "0" {
+        profiler_tests::cannot_run("one CPU: nothing to migrate to");
+        return;
+    }
+    let _lock = exclusive();
+    let (capture, _dir, lab) = record_contention(&["--migrate-to", "1"]);
+    check_against_schedstat(&capture, &lab);
+}
+
+/// `profiler record` while `profiler-lab contend` runs three threads on CPU 0 (with `more`
+/// options); the capture's path, its directory and the lab's output.
+fn record_contention(more: &[&str]) -> (String, TempDir, std::process::Output) {
     let dir = TempDir::new("runq");
     let capture = dir.file("out.capture");
     let mut profiler = Running::start(&["record", "-d", "120s", "-o", &capture]);
     profiler.wait_for("sampling");
-    // Three threads share CPU 0 for 1.5 s: each waits for about two thirds of it.
-    let lab = run_lab(&["contend", "--cpu", "0", "--threads", "3", "--ms", "1500"]);
+    let mut args = vec!["contend", "--cpu", "0", "--threads", "3", "--ms", "1500"];
+    args.extend(more);
+    let lab = run_lab(&args);
     expect_success(&lab, "profiler-lab contend");
     profiler.signal("INT");
     let (status, stderr) = profiler.finish();
     assert!(status.success(), "record failed with {status}:\n{stderr}");
-    let p = profiler::profile::read_file(Path::new(&capture)).expect("reading the capture");
+    (capture, dir, lab)
+}
+
+/// Each contender's waits in the capture against what the kernel counted (the lab's output).
+fn check_against_schedstat(capture: &str, lab: &std::process::Output) {
+    let p = profiler::profile::read_file(Path::new(capture)).expect("reading the capture");
     let rq = p.runq.as_ref().expect("the capture has run-queue waits");
     assert!(rq.switches > 0 && rq.threads_lost == 0, "{rq:?}");
     let kernel = String::from_utf8_lossy(&lab.stdout);
@@ -72,7 +103,7 @@ fn each_threads_waits_match_the_kernels_run_delay() {
     assert_eq!(checked, 3, "the lab printed:\n{kernel}");
     // The table names them, and who ran instead: mostly the other contenders (the profiler's
     // own threads ran on CPU 0 too, while it loaded tables).
-    let table = run_profiler(&["report", &capture, "--runq"], TIMEOUT);
+    let table = run_profiler(&["report", capture, "--runq"], TIMEOUT);
     expect_success(&table, "report --runq");
     let text = String::from_utf8_lossy(&table.stdout);
     let rows: Vec<&str> = (text.lines())

@@ -6,6 +6,7 @@ mod bench_agent_probe;
 mod bench_heatmap;
 mod bench_kernel_cost;
 mod bench_python;
+mod bench_runq;
 mod bench_support;
 mod bench_symbolize;
 mod bench_unwind;
@@ -127,6 +128,10 @@ enum Bench {
         #[arg(last = true)]
         record_args: Vec<String>,
     },
+    /// Run-queue latency's cost to a switch-heavy load (`perf bench sched pipe`): its
+    /// throughput alone, beside the sampler, beside the sampler and the run-queue tracer, and
+    /// beside bpftrace's runqlat; BPF ns per event.
+    Runq,
     /// Python frames: BPF and userspace cost per sample on a 60-frame Python stack, with and
     /// without the walk, and top-10 shares and cost against `py-spy record --rate 99`.
     Python {
@@ -221,6 +226,7 @@ fn dispatch(task: Task) -> Result<ExitCode> {
             bench_kernel_cost::kernel_cost(seconds, frequency, &record_args)?;
         }
         Task::Bench(Bench::Python { seconds }) => bench_python::python(seconds)?,
+        Task::Bench(Bench::Runq) => bench_runq::runq()?,
         Task::Bench(Bench::Symbolize {
             seconds,
             frequency,

@@ -65,6 +65,9 @@ enum LabCommand {
         threads: u32,
         #[arg(long, default_value_t = 2000)]
         ms: u64,
+        /// Move them all between CPU N and this one every 15 ms meanwhile.
+        #[arg(long, value_name = "CPU")]
+        migrate_to: Option<u32>,
     },
     /// Write a synthetic capture of CPUS x HZ x SECONDS samples (`cargo xtask bench heatmap`).
     Synth {
@@ -149,29 +152,14 @@ fn run(cmd: LabCommand) -> anyhow::Result<()> {
             restart_ms,
             per_attempt,
         } => crashloop::supervisor(restart_ms, per_attempt)?,
-        LabCommand::Starve { cleanup: true, .. } => {
-            let was = starve::cleanup()?;
-            println!(
-                "{}",
-                if was {
-                    "starve lab stopped"
-                } else {
-                    "no starve lab was running"
-                }
-            );
-        }
-        LabCommand::Starve { cpu, .. } => {
-            let cpu = cpu.unwrap_or_else(starve::default_cpu);
-            let pid = starve::starve(cpu)?;
-            println!(
-                "{} (pid {pid}) spins at SCHED_FIFO on CPU {cpu}; {} (tid {}) waits there up to ~950 ms a second",
-                starve::SPINNER,
-                starve::WAKER,
-                std::fs::read_to_string(starve::waker_tid_file())?.trim()
-            );
-        }
+        LabCommand::Starve { cpu, cleanup } => run_starve(cpu, cleanup)?,
         LabCommand::Starver { cpu } => starve::starver(cpu)?,
-        LabCommand::Contend { cpu, threads, ms } => starve::contend(cpu, threads, ms)?,
+        LabCommand::Contend {
+            cpu,
+            threads,
+            ms,
+            migrate_to,
+        } => starve::contend(cpu, threads, ms, migrate_to)?,
         LabCommand::Synth {
             cpus,
             hz,
@@ -196,5 +184,30 @@ fn run(cmd: LabCommand) -> anyhow::Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// `profiler-lab starve [--cpu N] [--cleanup]`.
+fn run_starve(cpu: Option<u32>, cleanup: bool) -> anyhow::Result<()> {
+    if cleanup {
+        let was = starve::cleanup()?;
+        println!(
+            "{}",
+            if was {
+                "starve lab stopped"
+            } else {
+                "no starve lab was running"
+            }
+        );
+        return Ok(());
+    }
+    let cpu = cpu.unwrap_or_else(starve::default_cpu);
+    let pid = starve::starve(cpu)?;
+    println!(
+        "{} (pid {pid}) spins at SCHED_FIFO on CPU {cpu}; {} (tid {}) waits there up to ~950 ms a second",
+        starve::SPINNER,
+        starve::WAKER,
+        std::fs::read_to_string(starve::waker_tid_file())?.trim()
+    );
     Ok(())
 }

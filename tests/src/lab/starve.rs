@@ -71,7 +71,7 @@ pub fn starve(cpu: u32) -> anyhow::Result<u32> {
 
 /// The lab's body: the waker in a thread of its own, then this thread spins at SCHED_FIFO.
 pub fn starver(cpu: u32) -> anyhow::Result<()> {
-    pin_to(cpu)?;
+    pin_to(0, cpu)?;
     std::thread::spawn(move || {
         set_comm(c"waker");
         // SAFETY: gettid has no preconditions.
@@ -111,19 +111,23 @@ pub fn cleanup() -> anyhow::Result<bool> {
     Ok(pid.is_some())
 }
 
-/// `threads` threads pinned to `cpu`, busy for `ms` ms of wall time, named `contend-N`; prints `tid
-/// run_delay_ns` of each (the kernel's schedstat, read by the thread at its end: its whole
-/// life's waits).
-pub fn contend(cpu: u32, threads: u32, ms: u64) -> anyhow::Result<()> {
+/// `threads` threads pinned to `cpu`, busy for `ms` ms of wall time, named `contend-N`;
+/// prints `tid run_delay_ns` of each (the kernel's schedstat, read by the thread at its end:
+/// its whole life's waits). With `migrate_to`, this thread moves them all between `cpu` and
+/// that CPU every 15 ms, so that waits begin on one CPU and end on the other.
+pub fn contend(cpu: u32, threads: u32, ms: u64, migrate_to: Option<u32>) -> anyhow::Result<()> {
+    let (tids, tid_rx) = std::sync::mpsc::channel();
     let handles: Vec<_> = (0..threads)
         .map(|i| {
+            let tids = tids.clone();
             std::thread::spawn(move || -> anyhow::Result<(i32, u64)> {
-                pin_to(cpu)?;
+                pin_to(0, cpu)?;
                 let name = std::ffi::CString::new(format!("contend-{i}"))?;
                 set_comm(&name);
-                spin_for(Duration::from_millis(ms));
                 // SAFETY: gettid has no preconditions.
                 let tid = unsafe { libc::gettid() };
+                let _ = tids.send(tid);
+                spin_for(Duration::from_millis(ms));
                 let stat = fs::read_to_string("/proc/thread-self/schedstat")?;
                 let delay = stat
                     .split_whitespace()
@@ -134,6 +138,21 @@ pub fn contend(cpu: u32, threads: u32, ms: u64) -> anyhow::Result<()> {
             })
         })
         .collect();
+    drop(tids);
+    if let Some(other) = migrate_to {
+        let tids: Vec<i32> = tid_rx.iter().collect();
+        let end = Instant::now() + Duration::from_millis(ms);
+        for to in [other, cpu].into_iter().cycle() {
+            if Instant::now() >= end {
+                break;
+            }
+            for &tid in &tids {
+                // A thread that already ended is gone: nothing to move.
+                let _ = pin_to(tid, to);
+            }
+            std::thread::sleep(Duration::from_millis(15));
+        }
+    }
     for h in handles {
         let (tid, delay) = h
             .join()
@@ -143,16 +162,16 @@ pub fn contend(cpu: u32, threads: u32, ms: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Keeps this thread on `cpu` only.
-fn pin_to(cpu: u32) -> anyhow::Result<()> {
+/// Keeps thread `tid` (0: this one) on `cpu` only.
+fn pin_to(tid: i32, cpu: u32) -> anyhow::Result<()> {
     // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays inside it for cpu < 1024.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     if cpu >= 1024 {
         bail!("CPU {cpu} is out of range");
     }
     unsafe { libc::CPU_SET(cpu as usize, &mut set) };
-    // SAFETY: a valid set of the size given, for this thread (0).
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &raw const set) } != 0 {
+    // SAFETY: a valid set of the size given.
+    if unsafe { libc::sched_setaffinity(tid, std::mem::size_of_val(&set), &raw const set) } != 0 {
         bail!(
             "cannot pin to CPU {cpu}: {}",
             std::io::Error::last_os_error()
