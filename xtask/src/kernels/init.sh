@@ -171,6 +171,26 @@ else
     fail report "record-$first wrote no capture"
 fi
 
+# runq: the same recording timed every thread's run-queue waits (`--runq on` is the default;
+# a kernel that refuses the tracer says so in one warning line and records the rest).
+if [ -s "/tmp/record-$first.capture" ]; then
+    if grep -q 'run-queue waits are not recorded' "/tmp/record-$first.err"; then
+        fail runq "$(grep -m1 'run-queue waits are not recorded' "/tmp/record-$first.err")" "/tmp/record-$first.err"
+    elif run runq profiler report "/tmp/record-$first.capture" --stats --runq; then
+        waits=$(sed -n 's/^runq_waits: //p' /tmp/runq.out)
+        threads=$(sed -n 's/^runq_threads: //p' /tmp/runq.out)
+        if [ "${waits:-0}" -gt 0 ] && grep -q 'run-queue waits over' /tmp/runq.out; then
+            pass runq "$waits waits of $threads threads"
+        else
+            fail runq "runq_waits: ${waits:-none}, or no table" /tmp/runq.out
+        fi
+    else
+        fail runq "$(why runq)" /tmp/runq.err
+    fi
+else
+    fail runq "record-$first wrote no capture"
+fi
+
 # record --cgroup: fx-chain in a cgroup2 child, sampled through the in-kernel cgroup filter.
 mkdir -p /sys/fs/cgroup/matrix
 sh -c 'echo $$ > /sys/fs/cgroup/matrix/cgroup.procs && exec fx-chain '$FX_LIFE &

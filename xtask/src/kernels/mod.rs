@@ -74,6 +74,7 @@ const UNWIND_MODES: &[UnwindMode] = &[
 const SUITE: &[&str] = &[
     report::CHECK_TEST,
     "report",
+    "runq",
     "record-cgroup",
     "doctor",
     "churn",
