@@ -619,10 +619,13 @@ pub mod runq {
     /// the least recently used, so they go first when it is full.
     pub const MAP_THREADS: &str = "RUNQ_THREADS";
     pub const MAX_THREADS: u32 = 32768;
-    /// Array<u64> of `MAX_CPUS * BUCKETS`: waits per CPU (the one the thread then ran on) and
-    /// log2 bucket. Only that CPU writes its row (the switch runs there), so no atomics.
+    /// PerCpuArray<CpuRow> of one entry: each CPU's waits (of threads that then ran there)
+    /// per log2 bucket, and their sum in ns. A CPU writes only its own row, so no atomics, and
+    /// userspace reads every CPU's in one lookup.
     pub const MAP_CPU_HIST: &str = "RUNQ_CPU_HIST";
-    pub const MAX_CPUS: u32 = 1024;
+    /// `CpuRow`: `BUCKETS` counts, then the waits' sum, ns.
+    pub const CPU_ROW: usize = BUCKETS + 1;
+    pub type CpuRow = [u64; CPU_ROW];
     /// HashMap<CgroupBucket, u64>: waits per cgroup (cgroup2 id of the waiting thread, as
     /// of its last switch-out) and log2 bucket.
     pub const MAP_CGROUP_HIST: &str = "RUNQ_CGROUP_HIST";

@@ -10,18 +10,18 @@ use aya_ebpf::{
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::{map, raw_tracepoint},
-    maps::{Array, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::RawTracePointContext,
 };
 use profiler_common::runq::{
-    BUCKETS, CgroupBucket, MAX_CGROUP_BUCKETS, MAX_CPUS, MAX_THREADS, Thread, bucket, counter,
+    BUCKETS, CgroupBucket, CpuRow, MAX_CGROUP_BUCKETS, MAX_THREADS, Thread, bucket, counter,
 };
 
 #[map(name = "RUNQ_THREADS")]
 static THREADS: LruHashMap<u32, Thread> = LruHashMap::with_max_entries(MAX_THREADS, 0);
 
 #[map(name = "RUNQ_CPU_HIST")]
-static CPU_HIST: Array<u64> = Array::with_max_entries(MAX_CPUS * BUCKETS as u32, 0);
+static CPU_HIST: PerCpuArray<CpuRow> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per CPU, so that an increment needs no atomic instruction (5.10 has no fetch-and-add for
 /// BPF); userspace sums the CPUs' values.
@@ -149,9 +149,11 @@ fn switched_in(tid: u32, now: u64, cpu: u32) {
     }
     count(counter::WAITS);
     let b = bucket(wait);
-    if let Some(slot) = CPU_HIST.get_ptr_mut((cpu & (MAX_CPUS - 1)) * BUCKETS as u32 + b) {
-        // SAFETY: only this CPU writes its row, and not nested (the scheduler's lock is held).
-        unsafe { *slot += 1 };
+    if let Some(row) = CPU_HIST.get_ptr_mut(0) {
+        // SAFETY: this CPU's row, not nested (the scheduler's lock is held).
+        let row = unsafe { &mut *row };
+        row[(b as usize) & (BUCKETS - 1)] += 1;
+        row[BUCKETS] += wait;
     }
     let key = CgroupBucket {
         cgroup_id: t.cgroup_id,

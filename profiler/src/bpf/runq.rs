@@ -3,16 +3,16 @@
 //! into a `RunQueue` (threads, histograms per CPU and per cgroup, counters).
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
     programs::RawTracePoint,
 };
 use profiler_common::runq::{
-    BUCKETS, CgroupBucket, MAP_CGROUP_HIST, MAP_COUNTERS, MAP_CPU_HIST, MAP_THREADS, MAX_CPUS,
+    BUCKETS, CgroupBucket, CpuRow, MAP_CGROUP_HIST, MAP_COUNTERS, MAP_CPU_HIST, MAP_THREADS,
     PROGRAM_SWITCH, PROGRAM_WAKEUP, PROGRAM_WAKEUP_NEW, Thread, counter,
 };
 
 use super::BpfError;
-use crate::profile::runq::{Histogram, RunQueue, ThreadWaits};
+use crate::profile::runq::{CpuWaits, Histogram, RunQueue, ThreadWaits};
 
 /// The tracer, attached while it lives.
 pub(crate) struct RunqTracer {
@@ -20,7 +20,7 @@ pub(crate) struct RunqTracer {
     _ebpf: Ebpf,
     /// An LRU hash map: aya reads it as a `HashMap`.
     threads: HashMap<MapData, u32, Thread>,
-    cpu_hist: Array<MapData, u64>,
+    cpu_hist: PerCpuArray<MapData, CpuRow>,
     cgroup_hist: PerCpuHashMap<MapData, CgroupBucket, u64>,
     counters: PerCpuArray<MapData, u64>,
 }
@@ -51,7 +51,7 @@ impl RunqTracer {
         let mut take = |name: &'static str| ebpf.take_map(name).ok_or(BpfError::Missing(name));
         Ok(Self {
             threads: HashMap::try_from(take(MAP_THREADS)?)?,
-            cpu_hist: Array::try_from(take(MAP_CPU_HIST)?)?,
+            cpu_hist: PerCpuArray::try_from(take(MAP_CPU_HIST)?)?,
             cgroup_hist: PerCpuHashMap::try_from(take(MAP_CGROUP_HIST)?)?,
             counters: PerCpuArray::try_from(take(MAP_COUNTERS)?)?,
             _ebpf: ebpf,
@@ -61,6 +61,16 @@ impl RunqTracer {
     /// What the programs kept since they were attached, times as offsets from
     /// `start_mono_ns` (the recording's start).
     pub(crate) fn read(&self, cpus: &[u32], start_mono_ns: u64) -> RunQueue {
+        RunQueue {
+            cgroups: self.cgroup_histograms(),
+            threads: self.threads(start_mono_ns),
+            ..self.totals(cpus)
+        }
+    }
+
+    /// The per-CPU histograms and the counters only: a few lookups, whatever the number of
+    /// threads (the agent's metrics read them every window).
+    pub(crate) fn totals(&self, cpus: &[u32]) -> RunQueue {
         let counter = |i: u32| {
             self.counters
                 .get(&i, 0)
@@ -68,28 +78,27 @@ impl RunqTracer {
         };
         RunQueue {
             cpus: self.cpu_histograms(cpus),
-            cgroups: self.cgroup_histograms(),
-            threads: self.threads(start_mono_ns),
             switches: counter(counter::SWITCHES),
             threads_lost: counter(counter::THREADS_FULL),
             cgroup_waits_lost: counter(counter::CGROUP_HIST_FULL),
+            ..RunQueue::default()
         }
     }
 
-    fn cpu_histograms(&self, cpus: &[u32]) -> Vec<(u32, Histogram)> {
+    fn cpu_histograms(&self, cpus: &[u32]) -> Vec<CpuWaits> {
+        let Ok(rows) = self.cpu_hist.get(&0, 0) else {
+            return Vec::new();
+        };
         cpus.iter()
-            .filter(|&&c| c < MAX_CPUS)
-            .map(|&cpu| {
-                let h: Histogram = (0..BUCKETS as u32)
-                    .map(|b| {
-                        self.cpu_hist
-                            .get(&(cpu * BUCKETS as u32 + b), 0)
-                            .unwrap_or(0)
-                    })
-                    .collect();
-                (cpu, h)
+            .filter_map(|&cpu| {
+                let row = rows.get(cpu as usize)?;
+                let histogram: Histogram = row[..BUCKETS].to_vec();
+                histogram.iter().any(|&n| n > 0).then(|| CpuWaits {
+                    cpu,
+                    histogram,
+                    delay_ns: row[BUCKETS],
+                })
             })
-            .filter(|(_, h)| h.iter().any(|&n| n > 0))
             .collect()
     }
 

@@ -69,7 +69,7 @@ pub(crate) fn runq_table(profile: &Profile, threads: usize) -> Option<String> {
     o.push_str(&histogram(&total));
     o.push_str(&by_key(
         "cpu",
-        rq.cpus.iter().map(|(c, h)| (c.to_string(), h)),
+        rq.cpus.iter().map(|c| (c.cpu.to_string(), &c.histogram)),
     ));
     o.push_str(&by_key(
         "cgroup",

@@ -10,7 +10,7 @@ use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 
 use super::leb128::{Counting, Reader, Writer, corrupt};
 
-use super::runq::{Histogram, RunQueue, ThreadWaits};
+use super::runq::{CpuWaits, Histogram, RunQueue, ThreadWaits};
 
 use super::model::{
     Binary, Cgroup, Counters, Frame, FrameKind, Lifetime, Meta, Process, Profile, Sample, Stack,
@@ -645,7 +645,8 @@ fn read_named_counters(r: &mut Reader<'_>) -> io::Result<Vec<(String, u64)>> {
 }
 
 /// Run-queue waits (version 5): 0 when not traced, else 1, the switches and losses, the
-/// histograms (per CPU, per cgroup: key and `BUCKETS` counts), then the threads.
+/// per-CPU histograms (CPU, sum of waits, `BUCKETS` counts), the per-cgroup ones (id,
+/// `BUCKETS` counts), then the threads.
 fn write_runq(w: &mut Writer<impl Write>, runq: Option<&RunQueue>) -> io::Result<()> {
     let Some(rq) = runq else {
         return w.u(0);
@@ -654,20 +655,22 @@ fn write_runq(w: &mut Writer<impl Write>, runq: Option<&RunQueue>) -> io::Result
     w.u(rq.switches)?;
     w.u(rq.threads_lost)?;
     w.u(rq.cgroup_waits_lost)?;
-    for hists in [
-        rq.cpus
-            .iter()
-            .map(|(c, h)| (u64::from(*c), h))
-            .collect::<Vec<_>>(),
-        rq.cgroups.iter().map(|(c, h)| (*c, h)).collect(),
-    ] {
-        w.u(hists.len() as u64)?;
-        for (key, h) in hists {
-            w.u(key)?;
-            for b in 0..BUCKETS {
-                w.u(h.get(b).copied().unwrap_or(0))?;
-            }
+    let histogram = |w: &mut Writer<_>, h: &Histogram| -> io::Result<()> {
+        for b in 0..BUCKETS {
+            w.u(h.get(b).copied().unwrap_or(0))?;
         }
+        Ok(())
+    };
+    w.u(rq.cpus.len() as u64)?;
+    for c in &rq.cpus {
+        w.u(c.cpu.into())?;
+        w.u(c.delay_ns)?;
+        histogram(w, &c.histogram)?;
+    }
+    w.u(rq.cgroups.len() as u64)?;
+    for (id, h) in &rq.cgroups {
+        w.u(*id)?;
+        histogram(w, h)?;
     }
     w.u(rq.threads.len() as u64)?;
     for t in &rq.threads {
@@ -703,27 +706,22 @@ fn read_runq(r: &mut Reader<'_>) -> io::Result<Option<RunQueue>> {
         cgroup_waits_lost: r.u()?,
         ..RunQueue::default()
     };
-    let read_hists = |r: &mut Reader<'_>| -> io::Result<Vec<(u64, Histogram)>> {
-        let n = r.items::<(u64, [u64; BUCKETS])>()?;
-        (0..n)
-            .map(|_| {
-                Ok((
-                    r.u()?,
-                    (0..BUCKETS).map(|_| r.u()).collect::<io::Result<_>>()?,
-                ))
+    let histogram =
+        |r: &mut Reader<'_>| -> io::Result<Histogram> { (0..BUCKETS).map(|_| r.u()).collect() };
+    let n = r.items::<(u64, [u64; BUCKETS + 1])>()?;
+    rq.cpus = (0..n)
+        .map(|_| {
+            Ok(CpuWaits {
+                cpu: r.u32()?,
+                delay_ns: r.u()?,
+                histogram: histogram(r)?,
             })
-            .collect()
-    };
-    rq.cpus = read_hists(r)?
-        .into_iter()
-        .map(|(c, h)| {
-            Ok((
-                u32::try_from(c).map_err(|_| corrupt("CPU out of range"))?,
-                h,
-            ))
         })
         .collect::<io::Result<_>>()?;
-    rq.cgroups = read_hists(r)?;
+    let n = r.items::<(u64, [u64; BUCKETS])>()?;
+    rq.cgroups = (0..n)
+        .map(|_| Ok((r.u()?, histogram(r)?)))
+        .collect::<io::Result<_>>()?;
     let n = r.items::<ThreadWaits>()?;
     rq.threads = (0..n)
         .map(|_| {

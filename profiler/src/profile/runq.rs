@@ -13,7 +13,7 @@ pub type Histogram = Vec<u64>;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunQueue {
     /// Per CPU the thread then ran on, CPUs with waits only.
-    pub cpus: Vec<(u32, Histogram)>,
+    pub cpus: Vec<CpuWaits>,
     /// Per cgroup2 id of the waiting thread (0: not known, it had not run yet).
     pub cgroups: Vec<(u64, Histogram)>,
     /// Threads that ran or waited, most waited first.
@@ -24,6 +24,15 @@ pub struct RunQueue {
     /// left out of the cgroup histograms (its map full): nothing is lost silently.
     pub threads_lost: u64,
     pub cgroup_waits_lost: u64,
+}
+
+/// The waits of threads that then ran on one CPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CpuWaits {
+    pub cpu: u32,
+    pub histogram: Histogram,
+    /// Their sum, ns.
+    pub delay_ns: u64,
 }
 
 /// One thread's waits and time on CPU during the recording.
@@ -62,8 +71,8 @@ impl RunQueue {
     /// All waits, summed over CPUs.
     pub fn total(&self) -> Histogram {
         let mut sum = vec![0; profiler_common::runq::BUCKETS];
-        for (_, h) in &self.cpus {
-            for (s, n) in sum.iter_mut().zip(h) {
+        for c in &self.cpus {
+            for (s, n) in sum.iter_mut().zip(&c.histogram) {
                 *s += n;
             }
         }

@@ -17,12 +17,23 @@ fn sample_profile() -> Profile {
 
 /// Waits on two CPUs and in one cgroup, of two threads.
 fn sample_runq() -> crate::profile::runq::RunQueue {
-    use crate::profile::runq::{RunQueue, ThreadWaits};
+    use crate::profile::runq::{CpuWaits, RunQueue, ThreadWaits};
     let mut h = vec![0; profiler_common::runq::BUCKETS];
     h[3] = 5;
     h[19] = 1;
     RunQueue {
-        cpus: vec![(0, h.clone()), (1, h.clone())],
+        cpus: vec![
+            CpuWaits {
+                cpu: 0,
+                histogram: h.clone(),
+                delay_ns: 1_000_050_000,
+            },
+            CpuWaits {
+                cpu: 1,
+                histogram: h.clone(),
+                delay_ns: 7,
+            },
+        ],
         cgroups: vec![(42, h)],
         threads: vec![
             ThreadWaits {
