@@ -117,11 +117,16 @@ fn switched_out(ids: u64, now: u64, runnable: bool) {
     t.on_ns = 0;
     t.queued_ns = if runnable { now } else { 0 };
     t.queued_preempted = runnable as u32;
-    t.pid = (ids >> 32) as u32;
-    t.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    if let Ok(comm) = bpf_get_current_comm() {
-        t.comm = comm;
+    let pid = (ids >> 32) as u32;
+    // The comm changes rarely (exec, prctl): read at a thread's first switch-out, after an
+    // exec made it a new process, and every 256th switch, not at every one.
+    if t.pid != pid || t.switches & 255 == 0 {
+        if let Ok(comm) = bpf_get_current_comm() {
+            t.comm = comm;
+        }
     }
+    t.pid = pid;
+    t.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
 }
 
 #[inline(always)]

@@ -1,6 +1,8 @@
 //! `cargo xtask bench runq`: what timing every run-queue wait costs a switch-heavy load.
-//! `perf bench sched pipe` (two processes ping-ponging through pipes: well over 100,000
-//! context switches a second here) runs alone, beside `profiler record --runq off` (the
+//! `perf bench sched pipe` (two processes ping-ponging through pipes), pinned to CPU 0: each
+//! round trip is two switches on that CPU, over 300,000 a second here. Unpinned, the two land
+//! on one CPU or on two from run to run, and a wake-up across CPUs in a VM (an IPI, an exit
+//! from idle) makes the load 7 times slower: the spread would hide any cost. It runs alone, beside `profiler record --runq off` (the
 //! sampler only), beside `profiler record` (the sampler and the run-queue tracer, the
 //! default), and beside bpftrace's runqlat (the same three tracepoints, a hash map and a
 //! histogram), in alternating rounds. Reported: the load's throughput in each, and the BPF ns
@@ -21,7 +23,7 @@ use crate::util;
 
 /// Round trips of one `perf bench sched pipe` run (about 2.5 s here).
 const LOOPS: u64 = 400_000;
-const ROUNDS: u32 = 3;
+const ROUNDS: u32 = 5;
 /// Target: the load's throughput with our run-queue tracer at most this much lower than with
 /// the sampler alone.
 const MAX_SLOWDOWN_PERCENT: f64 = 5.0;
@@ -93,21 +95,39 @@ pub(crate) fn runq() -> Result<()> {
 }
 
 fn measure(bin: &Path, tmp: &Path) -> Result<Vec<Figures>> {
-    let _stats = BpfStatsEnabled::enable()?;
     let mut figures: Vec<Figures> = Beside::ALL.iter().map(|_| Figures::default()).collect();
-    for round in 1..=ROUNDS {
+    // Throughput with the kernel's run-time accounting off (it reads the clock twice a run
+    // of every program, which would be charged to the tools); then one run each with it on,
+    // for the BPF time per event.
+    for round in 0..=ROUNDS {
+        let stats = if round == 0 {
+            Some(BpfStatsEnabled::enable()?)
+        } else {
+            None
+        };
         for (i, &beside) in Beside::ALL.iter().enumerate() {
+            if stats.is_some() && beside == Beside::Nothing {
+                continue;
+            }
+            let what = if stats.is_some() {
+                "BPF time per event".to_owned()
+            } else {
+                format!("round {round}/{ROUNDS}")
+            };
             println!(
-                "==> round {round}/{ROUNDS}: perf bench sched pipe -l {LOOPS}, {}",
+                "==> {what}: taskset -c 0 perf bench sched pipe -l {LOOPS}, {}",
                 beside.name()
             );
             let tool = start(bin, tmp, beside)?;
             let before = tool.as_ref().map(|t| counted(t, beside)).transpose()?;
             let ops = pipe_ops_per_sec()?;
-            if let (Some(t), Some(before)) = (&tool, before) {
-                figures[i].bpf = figures[i].bpf.plus(counted(t, beside)?.since(before));
+            if stats.is_some() {
+                if let (Some(t), Some(before)) = (&tool, before) {
+                    figures[i].bpf = counted(t, beside)?.since(before);
+                }
+            } else {
+                figures[i].ops_per_sec.push(ops);
             }
-            figures[i].ops_per_sec.push(ops);
             if let Some(mut t) = tool {
                 t.interrupt();
                 t.wait(EXIT_GRACE)?;
@@ -178,7 +198,10 @@ fn counted(tool: &Proc, beside: Beside) -> Result<ProgStats> {
 
 /// One `perf bench sched pipe` run's `ops/sec`.
 fn pipe_ops_per_sec() -> Result<f64> {
-    let text = util::output(Command::new("perf").args([
+    let text = util::output(Command::new("taskset").args([
+        "-c",
+        "0",
+        "perf",
         "bench",
         "sched",
         "pipe",
