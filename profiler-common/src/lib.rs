@@ -608,15 +608,17 @@ pub mod exits {
     unsafe impl aya::Pod for ExitEvent {}
 }
 
-/// Run-queue latency (profiler-ebpf `runq`): raw tracepoints on sched_switch, sched_wakeup and
-/// sched_wakeup_new time each thread's waits from becoming runnable (woken, or preempted) to
-/// running. State and totals are kept per thread (`Thread`), not per CPU, so a thread that
-/// migrates while it waits is counted once and exactly; histograms per CPU and per cgroup.
+/// Run-queue latency (profiler-ebpf `runq`): a raw tracepoint on sched_switch reads, from the
+/// task being switched out, what the kernel itself counts of its waits in run queues (its
+/// `sched_info`: the waits' sum and the number of times it got a CPU, the schedstat of
+/// /proc/PID/schedstat), and keeps the difference since the thread's previous switch-out:
+/// its last wait, whole, wherever it began. One map lookup a switch and no wake-up hook.
+/// Histograms per CPU and per cgroup.
 pub mod runq {
     use super::COMM_LEN;
 
-    /// LruHashMap<u32 tid, Thread>: every thread's state and totals. Threads that exited are
-    /// the least recently used, so they go first when it is full.
+    /// LruHashMap<u32 tid, Thread>: every thread's baseline and totals. Threads that exited
+    /// are the least recently used, so they go first when it is full.
     pub const MAP_THREADS: &str = "RUNQ_THREADS";
     pub const MAX_THREADS: u32 = 32768;
     /// PerCpuArray<CpuRow> of one entry: each CPU's waits (of threads that then ran there)
@@ -626,70 +628,78 @@ pub mod runq {
     /// `CpuRow`: `BUCKETS` counts, then the waits' sum, ns.
     pub const CPU_ROW: usize = BUCKETS + 1;
     pub type CpuRow = [u64; CPU_ROW];
-    /// HashMap<CgroupBucket, u64>: waits per cgroup (cgroup2 id of the waiting thread, as
-    /// of its last switch-out) and log2 bucket.
+    /// PerCpuHashMap<CgroupBucket, u64>: waits per cgroup (cgroup2 id of the waiting thread)
+    /// and log2 bucket; per CPU so that an increment needs no atomic instruction (5.10 has
+    /// no fetch-and-add for BPF), summed by userspace.
     pub const MAP_CGROUP_HIST: &str = "RUNQ_CGROUP_HIST";
-    pub const MAX_CGROUP_BUCKETS: u32 = 16384;
+    pub const MAX_CGROUP_BUCKETS: u32 = 4096;
     /// PerCpuArray<u64> of `counter::COUNT`.
     pub const MAP_COUNTERS: &str = "RUNQ_COUNTERS";
     /// Buckets of a histogram: bucket 0 holds waits under 2 us, bucket b >= 1 waits in
     /// [2^b, 2^(b+1)) us, the last everything longer (over 2^31 us: half an hour).
     pub const BUCKETS: usize = 32;
     pub const PROGRAM_SWITCH: &str = "runq_switch";
-    pub const PROGRAM_WAKEUP: &str = "runq_wakeup";
-    pub const PROGRAM_WAKEUP_NEW: &str = "runq_wakeup_new";
-    /// Load-time globals (u64): offsets in the running kernel's `task_struct` (from its BTF,
-    /// as `exits` does): `pid` (the thread id), and `__state` (5.14+) or `state`. The state's
-    /// low bits are the same in both (an int, or the low half of a long on little-endian).
-    /// A zero `pid` offset leaves the programs idle.
-    pub const GLOBAL_PID_OFFSET: &str = "RUNQ_PID_OFFSET";
-    pub const GLOBAL_STATE_OFFSET: &str = "RUNQ_STATE_OFFSET";
+    /// Load-time globals (u64), offsets in the running kernel's `task_struct` from its BTF
+    /// (as `exits` does): of `sched_info.pcount`, `sched_info.run_delay`,
+    /// `sched_info.last_arrival`, `se.exec_start`, `se.sum_exec_runtime` and `start_time`. A
+    /// zero `run_delay` offset leaves the program idle.
+    pub const GLOBAL_PCOUNT_OFFSET: &str = "RUNQ_PCOUNT_OFFSET";
+    pub const GLOBAL_RUN_DELAY_OFFSET: &str = "RUNQ_RUN_DELAY_OFFSET";
+    pub const GLOBAL_ARRIVAL_OFFSET: &str = "RUNQ_ARRIVAL_OFFSET";
+    pub const GLOBAL_EXEC_START_OFFSET: &str = "RUNQ_EXEC_START_OFFSET";
+    pub const GLOBAL_SUM_EXEC_OFFSET: &str = "RUNQ_SUM_EXEC_OFFSET";
+    pub const GLOBAL_START_TIME_OFFSET: &str = "RUNQ_START_TIME_OFFSET";
+    /// Load-time global (u64): CLOCK_MONOTONIC ns when the tracer starts. A thread first seen
+    /// that started after it has all its waits counted; an older one from its next wait on.
+    pub const GLOBAL_TRACE_START: &str = "RUNQ_TRACE_START";
 
-    /// Counters of the runq programs.
+    /// Counters of the runq program.
     pub mod counter {
         /// Switches seen.
         pub const SWITCHES: u32 = 0;
         /// Waits timed.
         pub const WAITS: u32 = 1;
-        /// A thread could not be added to `MAP_THREADS` (its wait is not timed).
+        /// A thread could not be added to `MAP_THREADS` (its waits are not timed).
         pub const THREADS_FULL: u32 = 2;
         /// A wait could not be added to `MAP_CGROUP_HIST` (it is in the CPU's histogram).
         pub const CGROUP_HIST_FULL: u32 = 3;
         pub const COUNT: u32 = 4;
     }
 
-    /// One thread, as the programs keep it.
+    /// One thread, as the program keeps it.
     #[repr(C)]
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct Thread {
-        /// CLOCK_MONOTONIC ns since it is runnable and waits for a CPU; 0 when it is not.
-        pub queued_ns: u64,
-        /// When it got its CPU; 0 when it is not running (or ran before tracing started).
-        pub on_ns: u64,
-        /// Time on a CPU, counted at each switch-out.
+        /// The kernel's counts at its last switch-out (`sched_info.pcount` and `run_delay`,
+        /// `se.sum_exec_runtime`): the next switch-out's difference is what happened since.
+        pub seen_pcount: u64,
+        pub seen_run_delay: u64,
+        pub seen_runtime: u64,
+        /// CLOCK_MONOTONIC ns of its last switch-out.
+        pub seen_ns: u64,
+        /// Time on a CPU and in run queues, counted since tracing started.
         pub runtime_ns: u64,
-        /// Time waited in run queues, in all.
         pub delay_ns: u64,
         /// The longest wait: how long, when it ended, on which CPU.
         pub max_delay_ns: u64,
         pub max_end_ns: u64,
-        /// cgroup2 id as of its last switch-out (0 before the first).
+        /// cgroup2 id as of its last switch-out.
         pub cgroup_id: u64,
-        /// Process id (tgid) as of its last switch-out (0 before the first).
+        /// Process id (tgid) as of its last switch-out.
         pub pid: u32,
         pub max_cpu: u32,
-        /// Times it got a CPU.
-        pub switches: u32,
-        /// Waits timed.
+        /// Waits counted (the times it got a CPU).
         pub waits: u32,
-        /// Waits that began with a preemption (the rest began with a wake-up).
+        /// Waits that began with a preemption (the rest with a wake-up or a yield).
         pub preempted: u32,
-        /// 1 when its current wait began with a preemption.
-        pub queued_preempted: u32,
-        /// Thread comm as of its last switch-out, NUL padded.
+        /// 1 when its last switch-out was a preemption: the wait it began is one.
+        pub out_preempted: u32,
+        /// Keeps `comm` 8-byte aligned with no hidden padding.
+        pub pad: u32,
+        /// Thread comm, NUL padded (read now and then: `runq_switch`).
         pub comm: [u8; COMM_LEN],
     }
-    const _: () = assert!(core::mem::size_of::<Thread>() == 96);
+    const _: () = assert!(core::mem::size_of::<Thread>() == 112);
 
     /// Key of `MAP_CGROUP_HIST`.
     #[repr(C)]

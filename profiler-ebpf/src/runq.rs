@@ -1,9 +1,10 @@
-//! Run-queue latency: raw tracepoints on sched_switch, sched_wakeup and sched_wakeup_new. A
-//! thread's wait starts when it becomes runnable (woken, or switched out while still
-//! runnable: preempted) and ends when sched_switch gives it a CPU. Everything is kept per
-//! thread in one LRU map (state and totals, one lookup a side of a switch), so a thread that
-//! migrates while it waits is counted once and exactly, and nothing is sent per event:
-//! userspace reads the maps (the thread's longest wait is kept whole, with its CPU and end).
+//! Run-queue latency: a raw tracepoint on sched_switch. The kernel counts every task's waits
+//! in run queues itself (`sched_info`, what /proc/PID/schedstat shows: the number of times it
+//! got a CPU and the waits' sum); this program reads them from the task being switched out
+//! and keeps the difference since that thread's previous switch-out, which is its last wait
+//! (from its wake-up or preemption to its switch-in), whole, on whatever CPU it began. So a
+//! switch costs one map lookup and a few reads, and wake-ups need no hook at all; a thread
+//! that migrates while it waits is counted once, and exactly. Userspace reads the maps.
 use aya_ebpf::{
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
@@ -23,8 +24,6 @@ static THREADS: LruHashMap<u32, Thread> = LruHashMap::with_max_entries(MAX_THREA
 #[map(name = "RUNQ_CPU_HIST")]
 static CPU_HIST: PerCpuArray<CpuRow> = PerCpuArray::with_max_entries(1, 0);
 
-/// Per CPU, so that an increment needs no atomic instruction (5.10 has no fetch-and-add for
-/// BPF); userspace sums the CPUs' values.
 #[map(name = "RUNQ_CGROUP_HIST")]
 static CGROUP_HIST: PerCpuHashMap<CgroupBucket, u64> =
     PerCpuHashMap::with_max_entries(MAX_CGROUP_BUCKETS, 0);
@@ -32,11 +31,21 @@ static CGROUP_HIST: PerCpuHashMap<CgroupBucket, u64> =
 #[map(name = "RUNQ_COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 
-/// Set at load time: offsets in `struct task_struct` (profiler_common::runq).
+// Set at load time (profiler_common::runq).
 #[unsafe(no_mangle)]
-static RUNQ_PID_OFFSET: u64 = 0;
+static RUNQ_PCOUNT_OFFSET: u64 = 0;
 #[unsafe(no_mangle)]
-static RUNQ_STATE_OFFSET: u64 = 0;
+static RUNQ_RUN_DELAY_OFFSET: u64 = 0;
+#[unsafe(no_mangle)]
+static RUNQ_ARRIVAL_OFFSET: u64 = 0;
+#[unsafe(no_mangle)]
+static RUNQ_EXEC_START_OFFSET: u64 = 0;
+#[unsafe(no_mangle)]
+static RUNQ_SUM_EXEC_OFFSET: u64 = 0;
+#[unsafe(no_mangle)]
+static RUNQ_START_TIME_OFFSET: u64 = 0;
+#[unsafe(no_mangle)]
+static RUNQ_TRACE_START: u64 = 0;
 
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn runq_switch(ctx: RawTracePointContext) -> i32 {
@@ -44,118 +53,87 @@ pub fn runq_switch(ctx: RawTracePointContext) -> i32 {
     0
 }
 
-#[raw_tracepoint(tracepoint = "sched_wakeup")]
-pub fn runq_wakeup(ctx: RawTracePointContext) -> i32 {
-    woken(&ctx);
-    0
+/// What the kernel counted of a task, read at its switch-out.
+struct Counted {
+    pcount: u64,
+    run_delay: u64,
+    runtime: u64,
 }
 
-#[raw_tracepoint(tracepoint = "sched_wakeup_new")]
-pub fn runq_wakeup_new(ctx: RawTracePointContext) -> i32 {
-    woken(&ctx);
-    0
-}
-
-/// TP_PROTO(struct task_struct *p): `p` is runnable from now (it is not current).
+/// TP_PROTO(bool preempt, struct task_struct *prev, ...): prev is still current, and its
+/// `sched_info` already holds the wait that ended at its switch-in.
 #[inline(always)]
-fn woken(ctx: &RawTracePointContext) {
-    let Some(tid) = task_u32(ctx.arg(0), pid_offset()) else {
+fn switched(ctx: &RawTracePointContext) {
+    // SAFETY: a load-time constant; read_volatile keeps the compiler from folding the 0.
+    if unsafe { core::ptr::read_volatile(&RUNQ_RUN_DELAY_OFFSET) } == 0 {
         return;
-    };
+    }
+    count(counter::SWITCHES);
+    let ids = bpf_get_current_pid_tgid();
+    let tid = ids as u32;
     if tid == 0 {
         return;
     }
-    let Some(t) = thread(tid) else {
-        return;
-    };
-    // SAFETY: a map value of this program's.
-    let t = unsafe { &mut *t };
-    t.queued_ns = unsafe { bpf_ktime_get_ns() };
-    t.queued_preempted = 0;
-}
-
-/// TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, ...): prev is
-/// still current.
-#[inline(always)]
-fn switched(ctx: &RawTracePointContext) {
-    let pid_offset = pid_offset();
-    if pid_offset == 0 {
-        return;
-    }
-    let now = unsafe { bpf_ktime_get_ns() };
-    count(counter::SWITCHES);
     let preempt: u64 = ctx.arg(0);
-    let prev: *const u8 = ctx.arg(1);
-    let next: *const u8 = ctx.arg(2);
-    let ids = bpf_get_current_pid_tgid();
-    if ids as u32 != 0 {
-        // Switched out while runnable (preempted, or woken before it got to sleep): it waits
-        // from now. Any other state sleeps until a wake-up.
-        // SAFETY: a load-time constant.
-        let state_offset = unsafe { core::ptr::read_volatile(&RUNQ_STATE_OFFSET) };
-        let runnable = preempt & 1 != 0 || task_u32(prev, state_offset) == Some(0);
-        switched_out(ids, now, runnable);
-    }
-    if let Some(tid) = task_u32(next, pid_offset)
-        && tid != 0
-    {
-        let cpu = unsafe { bpf_get_smp_processor_id() };
-        switched_in(tid, now, cpu);
-    }
-}
-
-#[inline(always)]
-fn switched_out(ids: u64, now: u64, runnable: bool) {
-    let Some(t) = thread(ids as u32) else {
+    let task: *const u8 = ctx.arg(1);
+    let now = unsafe { bpf_ktime_get_ns() };
+    let counted = Counted {
+        pcount: task_u64(task, &RUNQ_PCOUNT_OFFSET),
+        run_delay: task_u64(task, &RUNQ_RUN_DELAY_OFFSET),
+        runtime: task_u64(task, &RUNQ_SUM_EXEC_OFFSET),
+    };
+    let Some(t) = thread(tid, task, &counted) else {
         return;
     };
     // SAFETY: a map value of this program's.
     let t = unsafe { &mut *t };
-    if t.on_ns != 0 && now > t.on_ns {
-        t.runtime_ns += now - t.on_ns;
+    let waits = counted.pcount.saturating_sub(t.seen_pcount);
+    let wait = counted.run_delay.saturating_sub(t.seen_run_delay);
+    t.runtime_ns += counted.runtime.saturating_sub(t.seen_runtime);
+    if waits > 0 {
+        let cpu = unsafe { bpf_get_smp_processor_id() };
+        waited(t, task, wait, waits, now, cpu);
     }
-    t.on_ns = 0;
-    t.queued_ns = if runnable { now } else { 0 };
-    t.queued_preempted = runnable as u32;
+    t.seen_pcount = counted.pcount;
+    t.seen_run_delay = counted.run_delay;
+    t.seen_runtime = counted.runtime;
+    t.seen_ns = now;
+    t.out_preempted = (preempt & 1) as u32;
     let pid = (ids >> 32) as u32;
-    // The comm changes rarely (exec, prctl): read at a thread's first switch-out, after an
-    // exec made it a new process, and every 256th switch, not at every one.
-    if t.pid != pid || t.switches & 255 == 0 {
+    // The comm and the cgroup change rarely: read at a thread's first switch-outs (a new
+    // thread names itself, a runtime moves it into its container's cgroup, as it starts),
+    // after an exec made it a new process, and every 256th wait.
+    if t.pid != pid || t.waits < 8 || t.waits & 255 == 0 {
         if let Ok(comm) = bpf_get_current_comm() {
             t.comm = comm;
         }
+        t.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     }
     t.pid = pid;
-    t.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
 }
 
+/// Counts the wait (`waits` of them when the kernel counted more, which one switch-out does
+/// not see: they are taken as one) that ended at this run's start on `cpu`.
 #[inline(always)]
-fn switched_in(tid: u32, now: u64, cpu: u32) {
-    let Some(t) = thread(tid) else {
-        return;
-    };
-    // SAFETY: a map value of this program's.
-    let t = unsafe { &mut *t };
-    t.switches += 1;
-    t.on_ns = now;
-    let queued = t.queued_ns;
-    t.queued_ns = 0;
-    if queued == 0 || now < queued {
-        return;
-    }
-    let wait = now - queued;
+fn waited(t: &mut Thread, task: *const u8, wait: u64, waits: u64, now: u64, cpu: u32) {
     t.delay_ns += wait;
-    t.waits += 1;
-    t.preempted += t.queued_preempted;
+    t.waits += waits as u32;
+    t.preempted += t.out_preempted;
+    count(counter::WAITS);
     if wait > t.max_delay_ns {
+        // It ended when this run began: how long the task ran since, on the run queue's
+        // clock (its last update at this switch, less the arrival), at most the time since
+        // its last switch-out.
+        let ran = task_u64(task, &RUNQ_EXEC_START_OFFSET)
+            .saturating_sub(task_u64(task, &RUNQ_ARRIVAL_OFFSET));
+        let since_out = now.saturating_sub(t.seen_ns);
         t.max_delay_ns = wait;
-        t.max_end_ns = now;
+        t.max_end_ns = now - if ran < since_out { ran } else { since_out };
         t.max_cpu = cpu;
     }
-    count(counter::WAITS);
     let b = bucket(wait);
     if let Some(row) = CPU_HIST.get_ptr_mut(0) {
-        // SAFETY: this CPU's row, not nested (the scheduler's lock is held).
+        // SAFETY: this CPU's row; the program does not nest on a CPU (the runqueue lock).
         let row = unsafe { &mut *row };
         row[(b as usize) & (BUCKETS - 1)] += 1;
         row[BUCKETS] += wait;
@@ -175,36 +153,44 @@ fn switched_in(tid: u32, now: u64, cpu: u32) {
     }
 }
 
-/// The thread's entry, made (zeroed) on first sight.
+/// The thread's entry. Userspace made one for every thread there was before it attached
+/// (`bpf::runq`), from its schedstat. One seen for the first time starts from zero when it
+/// was created after tracing started (every wait of its life is ours), else (one userspace
+/// missed) from what the kernel counted so far: its next wait is the first counted.
 #[inline(always)]
-fn thread(tid: u32) -> Option<*mut Thread> {
+fn thread(tid: u32, task: *const u8, counted: &Counted) -> Option<*mut Thread> {
     if let Some(t) = THREADS.get_ptr_mut(&tid) {
         return Some(t);
     }
-    if THREADS.insert(&tid, &Thread::default(), 0).is_err() {
+    // SAFETY: a load-time constant.
+    let trace_start = unsafe { core::ptr::read_volatile(&RUNQ_TRACE_START) };
+    let mut t = Thread::default();
+    if task_u64(task, &RUNQ_START_TIME_OFFSET) < trace_start {
+        t.seen_pcount = counted.pcount;
+        t.seen_run_delay = counted.run_delay;
+        t.seen_runtime = counted.runtime;
+    }
+    t.seen_ns = trace_start;
+    if THREADS.insert(&tid, &t, 0).is_err() {
         count(counter::THREADS_FULL);
         return None;
     }
     THREADS.get_ptr_mut(&tid)
 }
 
+/// The u64 at the offset `offset` holds in a task_struct (0 when unreadable).
 #[inline(always)]
-fn pid_offset() -> u64 {
-    // SAFETY: a load-time constant; read_volatile keeps the compiler from folding the 0.
-    unsafe { core::ptr::read_volatile(&RUNQ_PID_OFFSET) }
-}
-
-/// The u32 at `offset` in a task_struct.
-#[inline(always)]
-fn task_u32(task: *const u8, offset: u64) -> Option<u32> {
+fn task_u64(task: *const u8, offset: &u64) -> u64 {
+    // SAFETY: a load-time constant.
+    let offset = unsafe { core::ptr::read_volatile(offset) };
     // SAFETY: a kernel pointer from the tracepoint; the helper checks the read.
-    unsafe { bpf_probe_read_kernel(task.wrapping_add(offset as usize).cast::<u32>()) }.ok()
+    unsafe { bpf_probe_read_kernel(task.wrapping_add(offset as usize).cast::<u64>()) }.unwrap_or(0)
 }
 
 #[inline(always)]
 fn count(index: u32) {
     if let Some(slot) = COUNTERS.get_ptr_mut(index) {
-        // SAFETY: per-CPU slot; the tracepoints run with preemption off.
+        // SAFETY: per-CPU slot; the tracepoint runs with preemption off.
         unsafe { *slot += 1 };
     }
 }

@@ -315,6 +315,12 @@ impl Session {
         Ok(())
     }
 
+    /// The run-queue tracer's per-CPU totals since it started, when it runs (a few lookups:
+    /// the agent reads them every window for its metrics).
+    pub(crate) fn runq_totals(&self) -> Option<crate::profile::runq::RunQueue> {
+        (self.runq.as_ref()).map(|t| t.totals(&self.sampler.cpus))
+    }
+
     /// Table loader figures now, when stacks are walked by table.
     pub(crate) fn unwind_stats(&self) -> Option<crate::unwind::LoaderStats> {
         self.loader.as_ref().map(|l| l.stats())

@@ -552,3 +552,82 @@ fn stack_copies_of_programs_started_under_the_agent_are_counted_and_walked() {
     );
     assert!(agent.stop().success());
 }
+
+/// `--runq on`: /metrics has each CPU's run-queue waits as a Prometheus histogram (cumulative
+/// buckets, +Inf equal to the count), and CPU 0's sum grows by at least what the kernel
+/// counted of the waits of three threads that shared it meanwhile (`profiler-lab contend`).
+#[test]
+fn runqueue_histograms_hold_the_kernels_waits_per_cpu() {
+    if !require_bpf() {
+        return;
+    }
+    let _serial = exclusive();
+    let dir = TempDir::new("agent-runq");
+    let agent = Agent::start(
+        &dir.file("data"),
+        &["--window", "1s", "-F", "19", "--runq", "on"],
+    );
+    let cpu0_sum = |text: &str| {
+        parse(text)
+            .get("profiler_runqueue_latency_seconds_sum{cpu=\"0\"}")
+            .copied()
+    };
+    let scrape = || String::from_utf8_lossy(&agent.get("/metrics").1).into_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let before = loop {
+        if let Some(sum) = cpu0_sum(&scrape()) {
+            break sum;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no run-queue histogram:\n{}",
+            scrape()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let lab = run_program(
+        Path::new(env!("CARGO_BIN_EXE_profiler-lab")),
+        &["contend", "--cpu", "0", "--threads", "3", "--ms", "1000"],
+        Duration::from_secs(60),
+    );
+    assert!(lab.status.success(), "profiler-lab contend: {lab:?}");
+    let waited_s: f64 = String::from_utf8_lossy(&lab.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' ')?.1.parse::<f64>().ok())
+        .sum::<f64>()
+        / 1e9;
+    // Two cuts later the window with the lab's last waits is in.
+    std::thread::sleep(Duration::from_millis(2500));
+    let text = scrape();
+    let after = cpu0_sum(&text).expect("the histogram of CPU 0");
+    eprintln!(
+        "CPU 0: {:.3} s of waits in the window, the contenders' {waited_s:.3} s",
+        after - before
+    );
+    assert!(
+        waited_s > 1.0 && after - before >= 0.98 * waited_s,
+        "CPU 0's waits grew by {} s, the contenders alone waited {waited_s} s",
+        after - before
+    );
+    // Cumulative buckets: non-decreasing with the bound, +Inf equal to the count.
+    let prefix = "profiler_runqueue_latency_seconds_bucket{cpu=\"0\",le=\"";
+    let mut buckets: Vec<(f64, f64)> = parse(&text)
+        .into_iter()
+        .filter_map(|(series, n)| {
+            let le = series.strip_prefix(prefix)?.strip_suffix("\"}")?;
+            Some((
+                if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                },
+                n,
+            ))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert!(buckets.len() > 10, "{text}");
+    assert!(buckets.windows(2).all(|w| w[0].1 <= w[1].1), "{buckets:?}");
+    let count = parse(&text)["profiler_runqueue_latency_seconds_count{cpu=\"0\"}"];
+    assert_eq!(buckets.last().unwrap().1, count, "+Inf is the count");
+}

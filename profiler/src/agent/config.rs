@@ -45,6 +45,8 @@ pub struct AgentConfig {
     pub unwind_tables: TablePolicy,
     /// Name Python frames in CPython processes.
     pub python: bool,
+    /// Time every thread's run-queue waits (`/metrics` histograms per CPU).
+    pub runq: bool,
 }
 
 impl Default for AgentConfig {
@@ -71,6 +73,9 @@ impl Default for AgentConfig {
             // maps cost the agent CPU and memory for libraries no stack went through.
             unwind_tables: TablePolicy::Reached,
             python: true,
+            // About 0.4 us a context switch (BENCHMARKS.md): more than the agent's budget on
+            // a host that switches a lot, so asked for.
+            runq: false,
         }
     }
 }
@@ -103,8 +108,17 @@ pub enum ConfigError {
     Unwind(String),
     #[error("unwind-tables must be all or reached, got `{0}`")]
     UnwindTables(String),
-    #[error("python must be on or off, got `{0}`")]
-    Python(String),
+    #[error("{key} must be on or off, got `{value}`")]
+    OnOff { key: &'static str, value: String },
+}
+
+/// A switch's value in the file: `on` or `off`.
+fn on_off(key: &'static str, value: String) -> Result<bool, ConfigError> {
+    match value.as_str() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(ConfigError::OnOff { key, value }),
+    }
 }
 
 /// Largest config file read: the keys fit in a few hundred bytes.
@@ -143,6 +157,8 @@ pub struct FileConfig {
     pub unwind_tables: Option<String>,
     /// `on` or `off`.
     pub python: Option<String>,
+    /// `on` or `off`.
+    pub runq: Option<String>,
 }
 
 impl FileConfig {
@@ -188,6 +204,7 @@ impl FileConfig {
             unwind_memory,
             unwind_tables,
             python,
+            runq,
         } = self;
         if let Some(hz) = frequency {
             c.frequency_hz = check_hz(hz, MAX_HZ)?;
@@ -240,11 +257,10 @@ impl FileConfig {
             c.unwind_memory = parse_bytes(&m).map_err(key("unwind-memory"))?;
         }
         if let Some(p) = python {
-            c.python = match p.as_str() {
-                "on" => true,
-                "off" => false,
-                _ => return Err(ConfigError::Python(p)),
-            };
+            c.python = on_off("python", p)?;
+        }
+        if let Some(r) = runq {
+            c.runq = on_off("runq", r)?;
         }
         Ok(())
     }
@@ -361,6 +377,7 @@ mod tests {
                 "unwind must be auto, fp or dwarf, got `frames`",
             ),
             ("python = \"yes\"", "python must be on or off, got `yes`"),
+            ("runq = \"1\"", "runq must be on or off, got `1`"),
             (
                 "unwind-tables = \"some\"",
                 "unwind-tables must be all or reached, got `some`",

@@ -72,6 +72,9 @@ pub(crate) struct Metrics {
     pub python_processes: Option<u64>,
     /// Samples of new Python processes that woke the sampler thread (`Session::python_exec_wakes`).
     pub python_exec_wakes: Option<u64>,
+    /// The run-queue tracer's per-CPU totals at the last cut (`--runq on`), cumulative as
+    /// Prometheus histograms are.
+    pub runq: Option<crate::profile::runq::RunQueue>,
     /// The sampler program loaded and how many the kernel refused before it
     /// (`bpf::variant`); None until sampling starts.
     pub sampler: Option<(&'static str, usize)>,
@@ -278,6 +281,9 @@ impl Metrics {
         self.render_lifecycle(&mut o);
         self.render_python(&mut o);
         self.render_sampler(&mut o);
+        if let Some(rq) = &self.runq {
+            render_runq(&mut o, rq);
+        }
         render_own_usage(&mut o);
         o
     }
@@ -568,6 +574,44 @@ fn render_own_usage(o: &mut String) {
         "Resident memory of the agent.",
         "gauge",
         &[("", rss as f64)],
+    );
+}
+
+/// `profiler_runqueue_latency_seconds`: each CPU's waits as a histogram (cumulative `le`
+/// buckets at the log2 bounds, 2 us to 2^32 us), and the switches traced.
+fn render_runq(o: &mut String, rq: &crate::profile::runq::RunQueue) {
+    let name = "profiler_runqueue_latency_seconds";
+    let _ = writeln!(
+        o,
+        "# HELP {name} Waits of threads for a CPU, from their wake-up or preemption until they ran, by the CPU they ran on."
+    );
+    let _ = writeln!(o, "# TYPE {name} histogram");
+    for c in &rq.cpus {
+        let cpu = c.cpu;
+        let mut below = 0;
+        for (b, n) in c.histogram.iter().enumerate().take(c.histogram.len() - 1) {
+            below += n;
+            let le = profiler_common::runq::bucket_floor_ns(b + 1) as f64 / 1e9;
+            let _ = writeln!(o, "{name}_bucket{{cpu=\"{cpu}\",le=\"{le}\"}} {below}");
+        }
+        let count: u64 = c.histogram.iter().sum();
+        let _ = writeln!(o, "{name}_bucket{{cpu=\"{cpu}\",le=\"+Inf\"}} {count}");
+        let _ = writeln!(o, "{name}_sum{{cpu=\"{cpu}\"}} {}", c.delay_ns as f64 / 1e9);
+        let _ = writeln!(o, "{name}_count{{cpu=\"{cpu}\"}} {count}");
+    }
+    metric(
+        o,
+        "profiler_runqueue_switches_total",
+        "Context switches the run-queue tracer saw.",
+        "counter",
+        &[("", value(rq.switches))],
+    );
+    metric(
+        o,
+        "profiler_runqueue_threads_lost_total",
+        "Threads whose waits could not be timed (the tracer's thread map was full).",
+        "counter",
+        &[("", value(rq.threads_lost))],
     );
 }
 

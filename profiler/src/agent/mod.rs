@@ -255,8 +255,7 @@ fn session_config(config: &AgentConfig, settle_delay: Option<Duration>) -> Sessi
         unwind_memory: config.unwind_memory,
         unwind_tables: config.unwind_tables,
         python: config.python,
-        // Not yet kept window by window (the tracer's totals run from its start).
-        runq: false,
+        runq: config.runq,
         // Tables compiled once survive restarts, next to the store (docs/unwinding.md).
         unwind_cache: Some(config.data_dir.join("unwind-tables")),
         kernel_record_bytes: sampler::KERNEL_RECORD_BYTES,

@@ -177,6 +177,7 @@ impl Stage {
                 self.shared.metrics().python_processes =
                     session.python_processes().map(|n| n as u64);
                 self.shared.metrics().python_exec_wakes = session.python_exec_wakes();
+                self.shared.metrics().runq = session.runq_totals();
                 if let Some(stats) = session.unwind_stats() {
                     self.shared.metrics().add_unwind(
                         &stats,

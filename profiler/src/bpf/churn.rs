@@ -44,7 +44,7 @@ pub(crate) struct ChurnTracer {
 impl ChurnTracer {
     /// Loads and attaches both programs. Needs CAP_BPF + CAP_PERFMON (or root).
     pub(crate) fn start() -> Result<Self, BpfError> {
-        let mut ebpf = super::load_tracer(&[MAP_CHURN_PATHS, MAP_ATTACH])?;
+        let mut ebpf = super::load_tracer(&[MAP_CHURN_PATHS, MAP_ATTACH], &[])?;
         let tgid_offset = super::task::TaskOffsets::get().tgid;
         for (name, tracepoint) in [
             (PROGRAM_MKDIR, "cgroup_mkdir"),

@@ -205,12 +205,13 @@ fn shrink(loader: &mut EbpfLoader<'_>, maps: &[&'static str]) {
 }
 
 /// The object for a tracer that uses the maps `keep` of `TRACER_MAPS` and none of the
-/// sampler's, every other large map at its smallest.
-fn load_tracer(keep: &[&str]) -> Result<Ebpf, BpfError> {
+/// sampler's, every other large map at its smallest, with the load-time globals `extra`
+/// besides the task offsets.
+fn load_tracer(keep: &[&str], extra: &[(&'static str, u64)]) -> Result<Ebpf, BpfError> {
     let task = task::TaskOffsets::get().globals();
     let mut loader = EbpfLoader::new();
-    for (global, offset) in &task {
-        loader.override_global(global, offset, true);
+    for (global, value) in task.iter().chain(extra) {
+        loader.override_global(global, value, true);
     }
     shrink(&mut loader, SAMPLER_MAPS);
     let others: Vec<&'static str> = TRACER_MAPS

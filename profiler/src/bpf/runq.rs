@@ -1,14 +1,14 @@
-//! The run-queue tracer, user side of profiler-ebpf `runq`: loads its three programs onto the
-//! sched_switch, sched_wakeup and sched_wakeup_new raw tracepoints and reads what they kept
-//! into a `RunQueue` (threads, histograms per CPU and per cgroup, counters).
+//! The run-queue tracer, user side of profiler-ebpf `runq`: loads its program onto the
+//! sched_switch raw tracepoint and reads what it kept into a `RunQueue` (threads, histograms
+//! per CPU and per cgroup, counters).
 use aya::{
     Ebpf,
     maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
     programs::RawTracePoint,
 };
 use profiler_common::runq::{
-    BUCKETS, CgroupBucket, CpuRow, MAP_CGROUP_HIST, MAP_COUNTERS, MAP_CPU_HIST, MAP_THREADS,
-    PROGRAM_SWITCH, PROGRAM_WAKEUP, PROGRAM_WAKEUP_NEW, Thread, counter,
+    BUCKETS, CgroupBucket, CpuRow, GLOBAL_TRACE_START, MAP_CGROUP_HIST, MAP_COUNTERS, MAP_CPU_HIST,
+    MAP_THREADS, PROGRAM_SWITCH, Thread, counter,
 };
 
 use super::BpfError;
@@ -26,28 +26,33 @@ pub(crate) struct RunqTracer {
 }
 
 impl RunqTracer {
-    /// Loads and attaches the programs. Needs CAP_BPF + CAP_PERFMON (or root), and the
-    /// kernel's BTF for `task_struct.pid` and its state.
+    /// Loads and attaches the program. Needs CAP_BPF + CAP_PERFMON (or root), and the kernel's
+    /// BTF for `task_struct`'s `sched_info` (CONFIG_SCHED_INFO, which /proc/PID/schedstat
+    /// shows) and `se`.
     pub(crate) fn start() -> Result<Self, BpfError> {
-        let task = super::task::TaskOffsets::get();
-        if task.pid.is_none() || task.state.is_none() {
+        if super::task::TaskOffsets::get().runq.is_none() {
             return Err(BpfError::Missing(
-                "task_struct.pid or its state in the kernel's BTF",
+                "task_struct.sched_info in the kernel's BTF (CONFIG_SCHED_INFO)",
             ));
         }
-        let mut ebpf = super::load_tracer(&[MAP_THREADS, MAP_CPU_HIST, MAP_CGROUP_HIST])?;
-        for (name, tracepoint) in [
-            (PROGRAM_WAKEUP, "sched_wakeup"),
-            (PROGRAM_WAKEUP_NEW, "sched_wakeup_new"),
-            (PROGRAM_SWITCH, "sched_switch"),
-        ] {
-            let program: &mut RawTracePoint = ebpf
-                .program_mut(name)
-                .ok_or(BpfError::Missing("run-queue program"))?
-                .try_into()?;
-            program.load().map_err(|e| super::rejected(name, e))?;
-            program.attach(tracepoint)?;
+        let keep = [MAP_THREADS, MAP_CPU_HIST, MAP_CGROUP_HIST];
+        let start = [(GLOBAL_TRACE_START, crate::util::monotonic_ns())];
+        let mut ebpf = super::load_tracer(&keep, &start)?;
+        let mut threads: HashMap<_, u32, Thread> = HashMap::try_from(
+            ebpf.map_mut(MAP_THREADS)
+                .ok_or(BpfError::Missing(MAP_THREADS))?,
+        )?;
+        for (tid, thread) in baselines(start[0].1) {
+            let _ = threads.insert(tid, thread, 0);
         }
+        let program: &mut RawTracePoint = ebpf
+            .program_mut(PROGRAM_SWITCH)
+            .ok_or(BpfError::Missing("run-queue program"))?
+            .try_into()?;
+        program
+            .load()
+            .map_err(|e| super::rejected(PROGRAM_SWITCH, e))?;
+        program.attach("sched_switch")?;
         let mut take = |name: &'static str| ebpf.take_map(name).ok_or(BpfError::Missing(name));
         Ok(Self {
             threads: HashMap::try_from(take(MAP_THREADS)?)?,
@@ -121,14 +126,13 @@ impl RunqTracer {
             .threads
             .iter()
             .flatten()
-            .filter(|(_, t)| t.switches > 0 || t.runtime_ns > 0)
+            .filter(|(_, t)| t.waits > 0 || t.runtime_ns > 0)
             .map(|(tid, t)| ThreadWaits {
                 tid,
                 pid: t.pid,
                 comm: crate::util::comm_str(&t.comm),
                 cgroup_id: t.cgroup_id,
                 runtime_ns: t.runtime_ns,
-                switches: t.switches.into(),
                 waits: t.waits.into(),
                 preempted: t.preempted.into(),
                 delay_ns: t.delay_ns,
@@ -140,4 +144,42 @@ impl RunqTracer {
         v.sort_by_key(|t| (std::cmp::Reverse(t.delay_ns), t.tid));
         v
     }
+}
+
+/// Every thread's entry as the program starts it, from what the kernel counted so far
+/// (/proc/PID/task/TID/schedstat: time on a CPU, time waited, times it got a CPU): the wait
+/// a thread is in when the tracer attaches, or that ends before its first switch-out, is then
+/// counted whole. Threads that start after `trace_start` need none.
+fn baselines(trace_start: u64) -> Vec<(u32, Thread)> {
+    let mut v = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return v;
+    };
+    for p in procs.flatten() {
+        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
+                continue;
+            };
+            let mut n = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+            if let (Some(Some(runtime)), Some(Some(run_delay)), Some(Some(pcount))) =
+                (n.next(), n.next(), n.next())
+            {
+                let thread = Thread {
+                    seen_pcount: pcount,
+                    seen_run_delay: run_delay,
+                    seen_runtime: runtime,
+                    seen_ns: trace_start,
+                    ..Thread::default()
+                };
+                v.push((tid, thread));
+            }
+        }
+    }
+    v
 }

@@ -10,9 +10,21 @@ use profiler_common::{churn::GLOBAL_TGID_OFFSET, exits::GLOBAL_EXIT_CODE_OFFSET,
 pub(crate) struct TaskOffsets {
     pub exit_code: Option<u64>,
     pub tgid: Option<u64>,
-    pub pid: Option<u64>,
-    /// `__state` (5.14+) or `state`.
-    pub state: Option<u64>,
+    /// The run-queue program's fields; None without `sched_info` (CONFIG_SCHED_INFO).
+    pub runq: Option<RunqOffsets>,
+}
+
+/// Offsets in `task_struct` of what the kernel counts of a task's waits and runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RunqOffsets {
+    /// `sched_info.pcount`, `.run_delay`, `.last_arrival`.
+    pub pcount: u64,
+    pub run_delay: u64,
+    pub arrival: u64,
+    /// `se.exec_start`, `se.sum_exec_runtime`.
+    pub exec_start: u64,
+    pub sum_exec: u64,
+    pub start_time: u64,
 }
 
 impl TaskOffsets {
@@ -30,22 +42,38 @@ impl TaskOffsets {
 
     fn from_btf(btf: &[u8]) -> TaskOffsets {
         let field = |name| member_offset(btf, "task_struct", name);
+        // A member of a struct embedded in task_struct.
+        let nested = |outer, kind, name| Some(field(outer)? + member_offset(btf, kind, name)?);
+        let runq = || {
+            Some(RunqOffsets {
+                pcount: nested("sched_info", "sched_info", "pcount")?,
+                run_delay: nested("sched_info", "sched_info", "run_delay")?,
+                arrival: nested("sched_info", "sched_info", "last_arrival")?,
+                exec_start: nested("se", "sched_entity", "exec_start")?,
+                sum_exec: nested("se", "sched_entity", "sum_exec_runtime")?,
+                start_time: field("start_time")?,
+            })
+        };
         TaskOffsets {
             exit_code: field("exit_code"),
             tgid: field("tgid"),
-            pid: field("pid"),
-            state: field("__state").or_else(|| field("state")),
+            runq: runq(),
         }
     }
 
     /// Every offset as its program's global (0 where unknown: the program stays idle), for
     /// `EbpfLoader::override_global` (which keeps a reference: the caller holds the array).
-    pub(super) fn globals(&self) -> [(&'static str, u64); 4] {
+    pub(super) fn globals(&self) -> [(&'static str, u64); 8] {
+        let r = self.runq.unwrap_or_default();
         [
             (GLOBAL_EXIT_CODE_OFFSET, self.exit_code.unwrap_or(0)),
             (GLOBAL_TGID_OFFSET, self.tgid.unwrap_or(0)),
-            (runq::GLOBAL_PID_OFFSET, self.pid.unwrap_or(0)),
-            (runq::GLOBAL_STATE_OFFSET, self.state.unwrap_or(0)),
+            (runq::GLOBAL_PCOUNT_OFFSET, r.pcount),
+            (runq::GLOBAL_RUN_DELAY_OFFSET, r.run_delay),
+            (runq::GLOBAL_ARRIVAL_OFFSET, r.arrival),
+            (runq::GLOBAL_EXEC_START_OFFSET, r.exec_start),
+            (runq::GLOBAL_SUM_EXEC_OFFSET, r.sum_exec),
+            (runq::GLOBAL_START_TIME_OFFSET, r.start_time),
         ]
     }
 
@@ -56,8 +84,14 @@ impl TaskOffsets {
         TaskOffsets {
             exit_code: Some(t.exit_code.unwrap_or(8)),
             tgid: Some(t.tgid.unwrap_or(8)),
-            pid: Some(t.pid.unwrap_or(8)),
-            state: Some(t.state.unwrap_or(8)),
+            runq: Some(t.runq.unwrap_or(RunqOffsets {
+                pcount: 8,
+                run_delay: 16,
+                arrival: 24,
+                exec_start: 32,
+                sum_exec: 40,
+                start_time: 48,
+            })),
         }
     }
 }
@@ -129,12 +163,13 @@ mod tests {
             super::member_offset(b"not btf", "task_struct", "exit_code"),
             None
         );
-        // The run-queue programs' fields, on every kernel we run on (`state` before 5.14).
-        let t = super::TaskOffsets::from_btf(&btf);
-        assert!(t.pid.is_some_and(|p| p > 64) && t.tgid == t.pid.map(|p| p + 4));
+        // The run-queue program's fields: sched_info's counters are adjacent (pcount, then
+        // run_delay; last_arrival after them), and se's runtime follows its exec_start.
+        let r = (super::TaskOffsets::from_btf(&btf).runq).expect("sched_info in the BTF");
+        assert_eq!(r.run_delay, r.pcount + 8, "{r:?}");
         assert!(
-            t.state.is_some_and(|s| s < 64),
-            "state is near the start: {t:?}"
+            r.arrival > r.run_delay && r.sum_exec == r.exec_start + 8,
+            "{r:?}"
         );
     }
 }

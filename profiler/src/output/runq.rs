@@ -1,5 +1,5 @@
 //! `report --runq`: who waited for a CPU, as `perf sched latency` prints it (task, runtime,
-//! switches, average and longest wait, when) plus who ran on that CPU instead, then the
+//! waits (its switches in), average and longest wait, when) plus who ran on that CPU instead, then the
 //! waits' log2 histogram (as bcc's runqlat) and each CPU's and cgroup's share.
 use std::fmt::Write as _;
 
@@ -32,17 +32,8 @@ pub(crate) fn runq_table(profile: &Profile, threads: usize) -> Option<String> {
     }
     let _ = writeln!(
         o,
-        "\n{:<16} {:>7} {:>7} {:>11} {:>8} {:>7} {:>9} {:>9} {:>9} {:>4}  ran instead (share of that CPU)",
-        "task",
-        "pid",
-        "tid",
-        "runtime ms",
-        "switches",
-        "waits",
-        "avg ms",
-        "max ms",
-        "max at s",
-        "cpu"
+        "\n{:<16} {:>7} {:>7} {:>11} {:>7} {:>9} {:>9} {:>9} {:>4}  ran instead (share of that CPU)",
+        "task", "pid", "tid", "runtime ms", "waits", "avg ms", "max ms", "max at s", "cpu"
     );
     for w in longest_waits(profile, 0, threads) {
         let t = w.thread;
@@ -52,12 +43,11 @@ pub(crate) fn runq_table(profile: &Profile, threads: usize) -> Option<String> {
         };
         let _ = writeln!(
             o,
-            "{:<16} {:>7} {:>7} {:>11.3} {:>8} {:>7} {:>9.3} {:>9.3} {:>9.3} {:>4}  {instead}",
+            "{:<16} {:>7} {:>7} {:>11.3} {:>7} {:>9.3} {:>9.3} {:>9.3} {:>4}  {instead}",
             t.comm,
             t.pid,
             t.tid,
             t.runtime_ns as f64 / 1e6,
-            t.switches,
             t.waits,
             t.avg_delay_ns() as f64 / 1e6,
             t.max_delay_ns as f64 / 1e6,

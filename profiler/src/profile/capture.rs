@@ -680,7 +680,6 @@ fn write_runq(w: &mut Writer<impl Write>, runq: Option<&RunQueue>) -> io::Result
         for v in [
             t.cgroup_id,
             t.runtime_ns,
-            t.switches,
             t.waits,
             t.preempted,
             t.delay_ns,
@@ -731,7 +730,6 @@ fn read_runq(r: &mut Reader<'_>) -> io::Result<Option<RunQueue>> {
                 comm: r.s()?,
                 cgroup_id: r.u()?,
                 runtime_ns: r.u()?,
-                switches: r.u()?,
                 waits: r.u()?,
                 preempted: r.u()?,
                 delay_ns: r.u()?,

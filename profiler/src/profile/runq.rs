@@ -44,10 +44,9 @@ pub struct ThreadWaits {
     pub comm: String,
     pub cgroup_id: u64,
     pub runtime_ns: u64,
-    /// Times it got a CPU.
-    pub switches: u64,
+    /// Waits: the times it got a CPU.
     pub waits: u64,
-    /// Waits that began with a preemption (the rest with a wake-up).
+    /// Waits that began with a preemption (the rest with a wake-up or a yield).
     pub preempted: u64,
     pub delay_ns: u64,
     /// The longest wait: how long, its end (offset from the recording's start) and CPU.

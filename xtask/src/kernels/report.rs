@@ -140,7 +140,7 @@ pub(super) fn programs_of(test: &str) -> &'static str {
         // Which sampler variant loaded is the kernel's choice; `check` names them all.
         t if t.starts_with("record") => "a sampler",
         "agent" => "a sampler",
-        "runq" => "runq_switch, runq_wakeup, runq_wakeup_new",
+        "runq" => "runq_switch",
         "doctor" | "doctor-v2" | "crashloop-v2" => "a sampler, churn_mkdir, churn_rmdir",
         _ => "",
     }

@@ -42,7 +42,6 @@ fn sample_runq() -> crate::profile::runq::RunQueue {
                 comm: "ksoftirqd/1".into(),
                 cgroup_id: 42,
                 runtime_ns: 5_000,
-                switches: 7,
                 waits: 6,
                 preempted: 2,
                 delay_ns: 1_000_050_000,
