@@ -53,7 +53,7 @@ struct Run<T> {
 
 /// Runs the agent and perf side by side under the load, prints the comparison and the targets,
 /// and writes target/bench/agent.json.
-pub(crate) fn agent(seconds: u64, big_binaries: bool) -> Result<()> {
+pub(crate) fn agent(seconds: u64, big_binaries: bool, agent_args: &[String]) -> Result<()> {
     let (bin, out_dir) = prepare(Extras {
         bench: true,
         ..Extras::default()
@@ -62,7 +62,7 @@ pub(crate) fn agent(seconds: u64, big_binaries: bool) -> Result<()> {
     fs::create_dir_all(&tmp)?;
     catch_ctrl_c();
     let load = Load::start(big_binaries);
-    let result = side_by_side(&bin, &tmp, seconds);
+    let result = side_by_side(&bin, &tmp, seconds, agent_args);
     let load = load.stop();
     let _ = fs::remove_dir_all(&tmp);
     let (ours, perf) = result?;
@@ -127,7 +127,12 @@ impl Load {
 /// The agent (probed through its API) and `perf record` over the same period (the issue's
 /// "side by side"): the same churn, the same other load, and half the wall time of two runs
 /// in a row.
-fn side_by_side(bin: &Path, tmp: &Path, seconds: u64) -> Result<(Run<Probed>, Run<()>)> {
+fn side_by_side(
+    bin: &Path,
+    tmp: &Path,
+    seconds: u64,
+    agent_args: &[String],
+) -> Result<(Run<Probed>, Run<()>)> {
     let data = tmp.join("data");
     let api = probe::free_loopback_port()?;
     let mut cmd = Command::new(bin);
@@ -136,7 +141,8 @@ fn side_by_side(bin: &Path, tmp: &Path, seconds: u64) -> Result<(Run<Probed>, Ru
         .arg("--listen")
         .arg(api.to_string())
         .arg("--data-dir")
-        .arg(&data);
+        .arg(&data)
+        .args(agent_args);
     let perf_data = tmp.join("perf.data");
     let perf = thread::spawn(move || {
         let mut cmd = Command::new("perf");

@@ -98,6 +98,9 @@ enum Bench {
         /// churn alone; this load shows the peak RSS (VmHWM) a big binary costs.
         #[arg(long)]
         big_binaries: bool,
+        /// More `profiler agent` options, after `--` (e.g. `-- --runq on`).
+        #[arg(last = true)]
+        agent_args: Vec<String>,
     },
     /// The heat-map page: time, peak RSS and size for a synthetic hour on 64 CPUs (22.8M
     /// samples), and for a real capture of this host; render time in headless Chromium.
@@ -206,7 +209,8 @@ fn dispatch(task: Task) -> Result<ExitCode> {
         Task::Bench(Bench::Agent {
             seconds,
             big_binaries,
-        }) => bench_agent::agent(seconds, big_binaries)?,
+            agent_args,
+        }) => bench_agent::agent(seconds, big_binaries, &agent_args)?,
         Task::Bench(Bench::Heatmap {
             hours,
             cpus,
