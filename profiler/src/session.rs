@@ -165,34 +165,8 @@ impl Session {
         config: &SessionConfig,
         notice: &mut dyn FnMut(Notice),
     ) -> Result<Self, SessionError> {
-        let in_kernel = config.cgroups.iter().all(CgroupTarget::is_v2)
-            && config.cgroups.len() <= profiler_common::MAX_CGROUP_FILTER as usize;
-        let (kernel_cgroups, user_cgroups) = if in_kernel {
-            (
-                config.cgroups.iter().map(CgroupTarget::dir).collect(),
-                Vec::new(),
-            )
-        } else {
-            (Vec::new(), config.cgroups.clone())
-        };
-        for t in &config.cgroups {
-            notice(Notice::CgroupFilter {
-                target: t.clone(),
-                in_kernel,
-            });
-        }
-        // A host where the walk cannot work still records everything else.
-        let python = if config.python {
-            match crate::python::KernelFacts::find() {
-                Ok(f) => Some(f),
-                Err(e) => {
-                    notice(Notice::Warning(format!("no Python frames: {e}")));
-                    None
-                }
-            }
-        } else {
-            None
-        };
+        let (kernel_cgroups, user_cgroups) = split_cgroups(&config.cgroups, notice);
+        let python = python_facts(config.python, notice);
         // Process records first, so none a sample depends on can be missed.
         let kernel_records = open_kernel_records(config.kernel_record_bytes, notice);
         // The loader is made before the program is attached (`Sampler::start`), so the
@@ -484,6 +458,42 @@ impl Session {
         self.start_mono_ns = end_mono_ns;
         Ok((meta, k))
     }
+}
+
+/// The `--cgroup` targets filtered in the kernel (their directories) and those filtered in
+/// the collector: all in the kernel when every one is cgroup2 and they fit its filter, else
+/// all in the collector. Says which for each.
+fn split_cgroups(
+    cgroups: &[CgroupTarget],
+    notice: &mut dyn FnMut(Notice),
+) -> (Vec<std::path::PathBuf>, Vec<CgroupTarget>) {
+    let in_kernel = cgroups.iter().all(CgroupTarget::is_v2)
+        && cgroups.len() <= profiler_common::MAX_CGROUP_FILTER as usize;
+    for t in cgroups {
+        notice(Notice::CgroupFilter {
+            target: t.clone(),
+            in_kernel,
+        });
+    }
+    if in_kernel {
+        (cgroups.iter().map(CgroupTarget::dir).collect(), Vec::new())
+    } else {
+        (Vec::new(), cgroups.to_vec())
+    }
+}
+
+/// What the Python walk needs of this host, when Python frames are asked for; a host where
+/// the walk cannot work is told in a warning and records everything else.
+fn python_facts(
+    wanted: bool,
+    notice: &mut dyn FnMut(Notice),
+) -> Option<crate::python::KernelFacts> {
+    if !wanted {
+        return None;
+    }
+    crate::python::KernelFacts::find()
+        .map_err(|e| notice(Notice::Warning(format!("no Python frames: {e}"))))
+        .ok()
 }
 
 /// The run-queue tracer, a nicety: a kernel that refuses it is told in a warning.
