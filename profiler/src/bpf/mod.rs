@@ -162,10 +162,7 @@ fn load_object(settings: &Settings) -> Result<Ebpf, BpfError> {
     let s = settings;
     let wakeup_bytes = u64::from(s.ring_bytes / WAKEUP_FRACTION);
     let task = s.task.globals();
-    let mut loader = EbpfLoader::new();
-    for (global, offset) in &task {
-        loader.override_global(global, offset, true);
-    }
+    let mut loader = with_globals(&task);
     shrink(&mut loader, TRACER_MAPS);
     Ok(loader
         .override_global(ebpf_log::GLOBAL_LOG_LEVEL, &s.log_level, true)
@@ -196,6 +193,15 @@ const SAMPLER_MAPS: &[&str] = &[
     unwind::MAP_RULES,
 ];
 
+/// A loader with the load-time globals `globals` (name, value) set.
+fn with_globals<'a>(globals: &'a [(&'static str, u64)]) -> EbpfLoader<'a> {
+    let mut loader = EbpfLoader::new();
+    for (global, value) in globals {
+        loader.override_global(global, value, true);
+    }
+    loader
+}
+
 /// Makes `maps` as small as the kernel allows: one entry, a page of ring buffer.
 fn shrink(loader: &mut EbpfLoader<'_>, maps: &[&'static str]) {
     for &name in maps {
@@ -208,11 +214,9 @@ fn shrink(loader: &mut EbpfLoader<'_>, maps: &[&'static str]) {
 /// sampler's, every other large map at its smallest, with the load-time globals `extra`
 /// besides the task offsets.
 fn load_tracer(keep: &[&str], extra: &[(&'static str, u64)]) -> Result<Ebpf, BpfError> {
-    let task = task::TaskOffsets::get().globals();
-    let mut loader = EbpfLoader::new();
-    for (global, value) in task.iter().chain(extra) {
-        loader.override_global(global, value, true);
-    }
+    let mut globals = task::TaskOffsets::get().globals().to_vec();
+    globals.extend_from_slice(extra);
+    let mut loader = with_globals(&globals);
     shrink(&mut loader, SAMPLER_MAPS);
     let others: Vec<&'static str> = TRACER_MAPS
         .iter()
@@ -513,6 +517,11 @@ impl Sampler {
             )?;
         }
         // Exit statuses are a nicety: a kernel that refuses the tracepoint still samples.
+        if settings.task.exit_code.is_none() {
+            log::warn!(
+                "cannot find task_struct.exit_code in /sys/kernel/btf/vmlinux: exit statuses are not recorded"
+            );
+        }
         let exits = settings
             .task
             .exit_code

@@ -36,7 +36,7 @@ pub struct ReportArgs {
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
     /// Print who waited for a CPU (`record --runq`), as `perf sched latency`: each thread's
-    /// runtime, switches, average and longest wait (when, on which CPU) and who ran on that
+    /// runtime, waits, average and longest wait (when, on which CPU) and who ran on that
     /// CPU meanwhile; then the waits' histogram, per CPU and per cgroup. --top threads.
     #[arg(long)]
     pub runq: bool,
