@@ -128,7 +128,8 @@ fn the_doctor_names_a_starved_thread_and_who_held_its_cpu() {
         .trim()
         .parse()
         .unwrap();
-    // perf sched records every switch of the same seconds: the reference for the longest wait.
+    // perf sched records every switch from before the doctor starts until after its window
+    // ends: the reference for the waits it saw.
     let dir = TempDir::new("starve");
     let perf_data = dir.file("perf.data");
     let perf = std::thread::spawn({
@@ -136,7 +137,7 @@ fn the_doctor_names_a_starved_thread_and_who_held_its_cpu() {
         move || {
             run_program(
                 &tool("perf", "linux-perf").expect("perf"),
-                &["sched", "record", "-o", &perf_data, "--", "sleep", "6"],
+                &["sched", "record", "-o", &perf_data, "--", "sleep", "20"],
                 TIMEOUT,
             )
         }
@@ -156,7 +157,9 @@ fn the_doctor_names_a_starved_thread_and_who_held_its_cpu() {
     assert!(v["verdict"] != "healthy", "{v}");
     let problem = profiler_tests::doctor_problem(&v, "waker (tid");
     assert!(problem.contains("while rt-spinner"), "{problem}");
-    // Every second of throttling makes one wait of ~950 ms: the longest of any window agree.
+    // The doctor's longest wait is one perf saw too. Not perf's longest: the throttled
+    // phases vary in length on a busy machine, and perf's 20 s hold more of them than the
+    // doctor's 4 s (one run saw 0.53 s at most in perf's 6 s, 0.95 s in the doctor's window).
     // `perf sched timehist` (not `latency`: Debian's perf 6.1 pairs only sched_wakeup, which
     // it no longer records) gives each switch-in's scheduling delay.
     let timehist = run_program(
@@ -165,18 +168,23 @@ fn the_doctor_names_a_starved_thread_and_who_held_its_cpu() {
         TIMEOUT,
     );
     expect_success(&timehist, "perf sched timehist");
-    let perf_max = perf_max_delay_s(&String::from_utf8_lossy(&timehist.stdout), waker)
+    let perf_waits = perf_delays_s(&String::from_utf8_lossy(&timehist.stdout), waker);
+    let nearest = (perf_waits.iter().copied())
+        .min_by(|a, b| (a - ours).abs().total_cmp(&(b - ours).abs()))
         .expect("the waker in perf sched timehist");
-    eprintln!("waker's longest wait: ours {ours:.3} s, perf sched {perf_max:.3} s");
+    let perf_max = perf_waits.iter().copied().fold(0.0, f64::max);
+    eprintln!(
+        "waker's longest wait: ours {ours:.3} s; perf sched saw {nearest:.3} s, at most {perf_max:.3} s"
+    );
     assert!(
-        (ours - perf_max).abs() / perf_max <= 0.05,
-        "ours {ours} s, perf sched timehist {perf_max} s"
+        (ours - nearest).abs() / nearest <= 0.05 && perf_max >= 0.95 * ours,
+        "ours {ours} s, the nearest of perf sched timehist's {nearest} s (longest {perf_max} s)"
     );
 }
 
-/// The longest `sch delay` of `tid` in `perf sched timehist` (`time [cpu] name[tid/pid] wait
+/// Every `sch delay` of `tid` in `perf sched timehist` (`time [cpu] name[tid/pid] wait
 /// sch-delay run`, ms), s.
-fn perf_max_delay_s(text: &str, tid: u64) -> Option<f64> {
+fn perf_delays_s(text: &str, tid: u64) -> Vec<f64> {
     let tag = format!("[{tid}/");
     text.lines()
         .filter_map(|l| {
@@ -184,6 +192,6 @@ fn perf_max_delay_s(text: &str, tid: u64) -> Option<f64> {
             let at = fields.iter().position(|f| f.contains(&tag))?;
             fields.get(at + 2)?.parse::<f64>().ok()
         })
-        .max_by(f64::total_cmp)
         .map(|ms| ms / 1e3)
+        .collect()
 }
